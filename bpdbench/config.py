@@ -1,0 +1,109 @@
+"""The typed run configuration. The CLI only fills this in; the resolved copy is stored with every result."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from dataclasses import asdict, dataclass, replace
+from importlib import metadata
+from pathlib import Path
+
+METHODS = ("ar", "bpd")
+HEAD_PROFILES = ("quick", "full", "init")
+
+
+class ConfigError(ValueError):
+    """One-line configuration problems (unknown names, bad values)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    task: str = "xsum"
+    model: str = "qwen2.5-coder-0.5b"
+    method: str = "bpd"
+    heads: int = 8                        # use the first N heads
+    heads_profile: str = "quick"          # which cached heads to use / train when missing ("init" = untrained)
+    heads_path: str | None = None         # explicit heads directory (ours or a Medusa-1 checkpoint)
+    rescorer: str = "none"
+    alpha: float | None = None
+    k: int = 16
+    limit: int | None = 10
+    offset: int = 0
+    max_new_tokens: int | None = None     # None -> the task's default
+    max_prompt_tokens: int = 1024         # prompts are left-truncated beyond this (long articles)
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    threads: int | None = None
+    data_dir: str | None = None
+    data_file: str | None = None
+    out: str | None = None
+    resume: bool = False
+    check_lossless: bool = True
+
+    def validate(self) -> "RunConfig":
+        from tasks import TASKS
+        from .models import DTYPES
+
+        if self.method not in METHODS:
+            raise ConfigError(f"unknown method '{self.method}'; valid: {', '.join(METHODS)}")
+        if self.task not in TASKS:
+            raise ConfigError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
+        if self.heads_profile not in HEAD_PROFILES:
+            raise ConfigError(f"unknown heads profile '{self.heads_profile}'; valid: {', '.join(HEAD_PROFILES)}")
+        for name in ("heads", "k", "offset"):
+            if getattr(self, name) < (0 if name == "offset" else 1):
+                raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        return self
+
+    def out_dir(self) -> Path:
+        if self.out:
+            return Path(self.out)
+        tag = self.method if self.method == "ar" else f"{self.method}-{self.rescorer}"
+        return Path("results") / "runs" / f"{self.task}-{self.model.replace('/', '_')}-{tag}-{self.dtype}"
+
+    def replace(self, **kw) -> "RunConfig":
+        return replace(self, **kw)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def environment(threads: int, device: str, dtype: str) -> dict:
+    """What a reader needs to reproduce or compare a number: versions, machine, commit."""
+    versions = {}
+    for pkg in ("torch", "transformers", "tokenizers", "gguf", "numpy", "kenlm", "bpdbench"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    return {"versions": versions, "python": platform.python_version(), "platform": platform.platform(),
+            "processor": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads, "device": device,
+            "dtype": dtype, "git_commit": git_commit()}
+
+
+def git_commit() -> str:
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return (sha + ("-dirty" if dirty else "")) or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()

@@ -1,0 +1,131 @@
+"""Blockwise prediction heads in the Medusa-1 layout.
+
+Head i maps the base model's final hidden state at position t to a distribution over token t+2+i (the base's own
+head predicts t+1). Each head is a residual block `x + SiLU(W x + b)` followed by a vocabulary projection. Our
+trained heads share the base model's frozen `lm_head` (saving 136M parameters per head on Qwen 0.5B) and draft over a
+frequency *shortlist* of the vocabulary: drafting is then a single small batched matmul, while verification keeps
+the exact full-vocabulary base head, so decoding stays lossless. Published Medusa-1 checkpoints, which carry their
+own projections (`{i}.1.weight`), load through the same class.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+WEIGHTS = "medusa_lm_head.pt"
+
+
+class ResBlock(nn.Module):
+    """Medusa's block; zero-initialised W and b make a fresh head copy the base head (a safe starting point)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.linear = nn.Linear(d, d)
+        nn.init.zeros_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + F.silu(self.linear(x))
+
+
+@dataclass
+class HeadsInfo:
+    base_model: str
+    num_heads: int
+    num_layers: int = 1
+    shared_lm_head: bool = True
+    shortlist_size: int | None = None
+    extra: dict = field(default_factory=dict)  # training profile, seconds, agreement report
+
+
+class Heads(nn.Module):
+    def __init__(self, d: int, num_heads: int, num_layers: int = 1, vocab: int | None = None):
+        super().__init__()
+        self.num_layers = num_layers
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(d) for _ in range(num_layers)]) for _ in range(num_heads))
+        # Own projections only for foreign Medusa checkpoints; ours reuse the base lm_head.
+        self.proj = nn.ModuleList(nn.Linear(d, vocab, bias=False) for _ in range(num_heads)) if vocab else None
+        self.register_buffer("shortlist", None, persistent=False)
+        self._packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def features(self, hidden: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """[..., d] -> [n, ..., d]: residual-block outputs of the first n heads."""
+        return torch.stack([blk(hidden) for blk in list(self.blocks)[: n or self.num_heads]])
+
+    def pack(self, lm_head: nn.Linear) -> None:
+        """Precompute stacked weights (and the shortlisted projection) so drafting is two batched matmuls."""
+        if self.num_layers != 1 or self.proj is not None:
+            self._packed = None
+            return
+        w = torch.stack([b[0].linear.weight for b in self.blocks])          # [h, d, d]
+        bias = torch.stack([b[0].linear.bias for b in self.blocks])         # [h, d]
+        proj = lm_head.weight if self.shortlist is None else lm_head.weight[self.shortlist]
+        self._packed = (w.to(lm_head.weight.dtype), bias.to(lm_head.weight.dtype), proj.contiguous())
+
+    @torch.no_grad()
+    def draft_logits(self, hidden: torch.Tensor, n: int, lm_head: nn.Linear, context: list[int] | None = None
+                     ) -> torch.Tensor:
+        """hidden [d] at the last decided position -> [n, V'] logits over the draft vocabulary (V' = shortlist).
+        `context` is unused here; it lets context-based drafters (test oracles, prompt lookup) share the stage."""
+        if self._packed is not None:
+            w, bias, proj = self._packed
+            x = hidden.to(w.dtype)
+            z = x + F.silu(torch.baddbmm(bias[:n, :, None], w[:n], x.expand(n, -1)[:, :, None]).squeeze(-1))
+            return z @ proj.T
+        z = self.features(hidden, n)
+        if self.proj is not None:
+            return torch.stack([self.proj[i](z[i]) for i in range(n)])
+        w = lm_head.weight if self.shortlist is None else lm_head.weight[self.shortlist]
+        return z @ w.T
+
+    def to_token_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        return idx if self.shortlist is None else self.shortlist[idx]
+
+
+def save(heads: Heads, info: HeadsInfo, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    state = {}
+    for i, blk in enumerate(heads.blocks):
+        for j, rb in enumerate(blk):
+            state[f"{i}.{j}.linear.weight"] = rb.linear.weight.detach().float().cpu()
+            state[f"{i}.{j}.linear.bias"] = rb.linear.bias.detach().float().cpu()
+        if heads.proj is not None:
+            state[f"{i}.{heads.num_layers}.weight"] = heads.proj[i].weight.detach().cpu()
+    torch.save(state, out / WEIGHTS)
+    if heads.shortlist is not None:
+        torch.save(heads.shortlist.cpu(), out / "shortlist.pt")
+    config = {"medusa_num_heads": info.num_heads, "medusa_num_layers": info.num_layers,
+              "base_model_name_or_path": info.base_model, "bpdbench": {
+                  "shared_lm_head": heads.proj is None, "shortlist_size": info.shortlist_size, **info.extra}}
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def load(path: Path, d: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple[Heads, dict]:
+    """Load our heads or a Medusa-1 checkpoint (`medusa_lm_head.pt` or `.safetensors`)."""
+    config = json.loads((path / "config.json").read_text())
+    n, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
+    if (path / WEIGHTS).exists():
+        state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
+    else:
+        from safetensors.torch import load_file
+        state = load_file(str(path / "medusa_lm_head.safetensors"))
+    proj_key = f"0.{layers}.weight"
+    vocab = state[proj_key].shape[0] if proj_key in state else None
+    heads = Heads(d, n, layers, vocab)
+    mapped = {}
+    for key, value in state.items():
+        i, j, *rest = key.split(".")
+        mapped[f"proj.{i}.weight" if int(j) == layers else f"blocks.{i}.{j}.{'.'.join(rest)}"] = value
+    heads.load_state_dict(mapped)
+    if (path / "shortlist.pt").exists():
+        heads.shortlist = torch.load(path / "shortlist.pt", weights_only=True)
+    return heads.to(device=device, dtype=dtype).eval().requires_grad_(False), config

@@ -1,0 +1,20 @@
+"""Task registry: one module per task, each exposing `TASK`; `get_task` is the only lookup the CLI needs."""
+from __future__ import annotations
+
+from . import (cnn_dailymail, lambada, mt_bench, multi_news, newsroom, prompts, samsum, spec_bench, squad,
+               xsum)
+from .base import DataError, Example, Task, default_data_dir, load_examples, select, split
+
+_MODULES = (lambada, squad, cnn_dailymail, samsum, xsum, multi_news, newsroom, mt_bench, spec_bench, prompts)
+TASKS: dict[str, Task] = {module.TASK.name: module.TASK for module in _MODULES}
+
+
+def get_task(name: str) -> Task:
+    """Look up a task; the error lists valid names so a typo on the command line is self-explaining."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASKS)}") from None
+
+
+__all__ = ["TASKS", "DataError", "Example", "Task", "default_data_dir", "get_task", "load_examples", "select", "split"]

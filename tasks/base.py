@@ -1,0 +1,144 @@
+"""Task contract: every task adapter is one small module that registers a `Task`.
+
+A task turns data files into `Example`s (prompt + reference) and scores one decoded output. The decoding engine
+never looks inside a task; the runner only calls `load_examples`, `split`, `select`, and `task.score`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+class DataError(RuntimeError):
+    """A missing or malformed dataset; the message is one line naming the file and the layout to supply."""
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str
+    prompt: str                       # user message (chat tasks) or raw text to continue (completion tasks)
+    reference: str | tuple[str, ...] | None = None
+    target: str | None = None         # teacher-forced continuation to score (LAMBADA target word), else None
+    category: str | None = None       # e.g. MT-Bench / Spec-Bench category
+    turns: tuple[str, ...] = ()       # all user turns of a multi-turn chat prompt (turns[0] == prompt)
+    unit: str | None = None           # examples sharing a unit (SQuAD article) land on the same side of the split
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    group: str                        # LM | QA | S-SUM | L-SUM | CHAT (paper's grouping)
+    chat: bool                        # wrap the prompt in the model's chat template when it has one
+    files: tuple[str, ...]            # paths under the data dir, tried in order
+    layout: str                       # one-line field layout, used in error messages
+    parse: Callable[[dict], Example]  # one JSON record -> Example
+    score: Callable[[Example, str], dict[str, float]] = field(default=lambda ex, out: {})
+    metrics: tuple[str, ...] = ()     # names of the keys `score` returns (summary columns)
+    hf: tuple[str, str | None, str] | None = None  # (dataset path, config, split) for Hub fallback
+    # True -> example belongs to the held-out slice. The int is the example's index, or the index of its `unit`
+    # in order of first appearance when the example has one. None -> default rule `index % 10 == 9`.
+    heldout_key: Callable[[int, Example], bool] | None = None
+    max_new_tokens: int = 128         # sensible default generation length for this task
+    note: str = ""                    # extra one-line hint for the missing-data error (e.g. licensing)
+
+
+def default_data_dir() -> Path | None:
+    """$BPDBENCH_DATA, else the shared data checkout next to the repo, so a fresh clone works without flags."""
+    env = os.environ.get("BPDBENCH_DATA")
+    if env:
+        return Path(env)
+    shared = Path(__file__).resolve().parents[2] / "shared" / "data"
+    return shared if shared.is_dir() else None
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """Errors must stay one line so CLI output and logs remain greppable."""
+    text = re.sub(r"\s+", " ", str(text)).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _parse_file(task: Task, path: Path) -> list[Example]:
+    examples: list[Example] = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{task.name}: {path}:{lineno}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not valid JSON ({_one_line(err.msg)}); expected {task.layout}") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{where}: expected a JSON object; expected {task.layout}")
+            try:
+                examples.append(task.parse(record))
+            except KeyError as err:
+                raise DataError(f"{where}: missing field {err.args[0]!r}; expected {task.layout}") from None
+            except (TypeError, ValueError, IndexError, AttributeError) as err:
+                raise DataError(f"{where}: bad record ({_one_line(err)}); expected {task.layout}") from None
+    if not examples:
+        raise DataError(f"{task.name}: {path} holds no examples; expected {task.layout}")
+    return examples
+
+
+def _load_hub(task: Task) -> tuple[list[Example] | None, str]:
+    """Best-effort Hub fallback; returns (examples or None, reason it was not used) and never raises."""
+    if task.hf is None:
+        return None, ""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return None, " (Hub fallback skipped: HF_HUB_OFFLINE=1)"
+    path, config, split_name = task.hf
+    try:
+        import datasets
+
+        rows = datasets.load_dataset(path, config, split=split_name)
+        examples = [task.parse({"id": str(i), **dict(row)}) for i, row in enumerate(rows)]
+    except Exception as err:  # any failure (network, missing package, schema) -> the one-line file error
+        return None, f" (Hub fallback {path} failed: {type(err).__name__})"
+    return examples, ""
+
+
+def load_examples(task: Task, data_dir: Path | None, data_file: Path | None = None) -> list[Example]:
+    """Read a task's JSONL; a missing or malformed file raises a one-line `DataError` telling the user what to supply."""
+    if data_file is not None:
+        data_file = Path(data_file)
+        if not data_file.is_file():
+            raise DataError(f"{task.name}: data file not found: {data_file} ({task.layout})")
+        return _parse_file(task, data_file)
+    if not task.files:
+        raise DataError(f"{task.name}: pass --data-file PATH ({task.layout})")
+    root = Path(data_dir) if data_dir is not None else None
+    if root is not None:
+        for rel in task.files:
+            if (root / rel).is_file():
+                return _parse_file(task, root / rel)
+    examples, hub_reason = _load_hub(task)
+    if examples:
+        return examples
+    expected = f"{root}/{task.files[0]}" if root is not None else f"<data-dir>/{task.files[0]}"
+    note = f" {task.note};" if task.note else ""
+    raise DataError(f"{task.name}: no data file;{note} expected {expected} ({task.layout}); "
+                    f"set --data-dir or BPDBENCH_DATA{hub_reason}")
+
+
+def split(task: Task, examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    """(eval, heldout): held-out examples tune heads / alpha and are never evaluated, so the rule must be stable."""
+    rule = task.heldout_key or (lambda index, ex: index % 10 == 9)
+    unit_index: dict[str, int] = {}
+    evaluated: list[Example] = []
+    heldout: list[Example] = []
+    for i, ex in enumerate(examples):
+        index = i if ex.unit is None else unit_index.setdefault(ex.unit, len(unit_index))
+        (heldout if rule(index, ex) else evaluated).append(ex)
+    return evaluated, heldout
+
+
+def select(examples: list[Example], offset: int = 0, limit: int | None = None) -> list[Example]:
+    """Deterministic contiguous slice, so runs with the same offset/limit compare the same examples."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise ValueError(f"offset and limit must be >= 0 (got offset={offset}, limit={limit})")
+    return examples[offset:] if limit is None else examples[offset:offset + limit]
