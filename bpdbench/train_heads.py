@@ -36,7 +36,7 @@ class Profile:
     batch_positions: int = 512
     negatives: int = 512
     lr: float = 2e-3
-    max_prompt_tokens: int = 384
+    max_prompt_tokens: int = 256
     shortlist: int = 32768
     num_heads: int = 8
     eval_fraction: float = 0.125

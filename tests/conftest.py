@@ -27,3 +27,26 @@ def make_tiny_model(vocab: int = 96, seed: int = 0):
 def tiny_model():
     torch.set_num_threads(1)
     return make_tiny_model()
+
+
+def write_tiny_hf_model(path, vocab: int = 128):
+    """A tiny Qwen2 model + character-level tokenizer saved as a normal HF folder (loads offline by path)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)]
+    table = {"<unk>": 0, "<eos>": 1, **{c: i + 2 for i, c in enumerate(chars)}}
+    core = Tokenizer(models.WordLevel(table, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", eos_token="<eos>", pad_token="<unk>")
+    model = make_tiny_model(vocab=vocab)
+    model.generation_config.eos_token_id = 1
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    return write_tiny_hf_model(tmp_path_factory.mktemp("tiny-model"))

@@ -1,0 +1,103 @@
+"""CLI end to end on a tiny model: result files, certificate, resume after an interrupt, one-line errors."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from bpdbench import runner
+from bpdbench.cli import app
+from bpdbench.config import RunConfig
+
+
+@pytest.fixture()
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "prompt": f"Example number {i}: the quick brown fox"} for i in range(5)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def test_run_writes_results_and_certifies(tiny_model_dir, prompts_file, tmp_path):
+    out = tmp_path / "run"
+    code, text = cli("run", "--task", "prompts", "--data-file", prompts_file, "--model", tiny_model_dir,
+                     "--heads-profile", "init", "--heads", "4", "--limit", "3", "--max-new-tokens", "12",
+                     "--dtype", "float32", "--out", out)
+    assert code == 0, text
+    records = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in records] == ["p0", "p1", "p2"]
+    assert all(r["lossless"] and r["first_divergence"] is None for r in records)
+    summary = pd.read_csv(out / "summary.csv")
+    for col in ("task", "model", "method", "rescorer", "dtype", "n_examples", "new_tokens", "serial_calls",
+                "block_efficiency", "lossless_rate", "seconds", "tokens_per_s"):
+        assert col in summary.columns
+    row = summary.iloc[0]
+    assert row.new_tokens == sum(r["new_tokens"] for r in records)
+    assert row.block_efficiency == row.new_tokens / row.serial_calls
+    config = json.loads((out / "config.json").read_text())
+    assert config["config"]["dtype"] == "float32" and "git_commit" in config["environment"]
+    assert "torch" in config["environment"]["versions"] and config["environment"]["threads"] >= 1
+    assert (out / "summary.md").read_text().startswith("| task |")
+
+
+def test_ar_block_efficiency_is_exactly_one(tiny_model_dir, prompts_file, tmp_path):
+    cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), method="ar", limit=4,
+                    max_new_tokens=10, dtype="float32", out=str(tmp_path / "ar"))
+    row = runner.run(cfg, log=lambda m: None)
+    assert row["block_efficiency"] == 1.0 and row["lossless_rate"] == 1.0
+
+
+def test_resume_after_interrupt_loses_nothing(tiny_model_dir, prompts_file, tmp_path):
+    cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads_profile="init",
+                    heads=2, limit=5, max_new_tokens=8, dtype="float32", out=str(tmp_path / "r"))
+    seen = []
+
+    def interrupt_after_two(record):
+        seen.append(record["id"])
+        if len(seen) == 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(cfg, log=lambda m: None, progress=interrupt_after_two)
+    lines = (tmp_path / "r" / "examples.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    with pytest.raises(FileExistsError):
+        runner.run(cfg, log=lambda m: None)
+    row = runner.run(cfg.replace(resume=True), log=lambda m: None)
+    ids = [json.loads(line)["id"] for line in (tmp_path / "r" / "examples.jsonl").read_text().splitlines()]
+    assert ids == ["p0", "p1", "p2", "p3", "p4"] and row["n_examples"] == 5
+
+
+def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path):
+    cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads_profile="init",
+                    heads=2, limit=1, max_new_tokens=4, dtype="float32", out=str(tmp_path / "r"))
+    runner.run(cfg, log=lambda m: None)
+    with pytest.raises(ValueError, match="config differs in heads"):
+        runner.run(cfg.replace(resume=True, heads=1), log=lambda m: None)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--task", "nope"], "unknown task 'nope'; valid: lambada"),
+    (["--method", "beam"], "unknown method 'beam'; valid: ar, bpd"),
+    (["--rescorer", "nope"], "unknown rescorer 'nope'; valid: none"),
+    (["--dtype", "int3"], "unknown dtype 'int3'"),
+    (["--model", "no-such-model"], "unknown model 'no-such-model'; valid: qwen2.5-coder-0.5b"),
+    (["--task", "prompts"], "pass --data-file"),
+])
+def test_bad_input_is_one_line_error(args, needle, tmp_path):
+    code, text = cli("run", *args, "--out", tmp_path / "x")
+    assert code == 2
+    error = [line for line in text.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and needle in error[0], text
