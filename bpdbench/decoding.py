@@ -9,6 +9,7 @@ so each step is exactly one serial call of the base model.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -17,6 +18,8 @@ from transformers import DynamicCache
 
 from .heads import Heads
 from .metrics import Counters
+from .tree import Tree, build_tree, compact_cache, model_inputs
+from .tree import accept as tree_accept
 from rescorers.base import Lattice, Rescorer
 
 
@@ -34,13 +37,7 @@ class Generation:
     tokens: list[int]
     counters: Counters
     step_log: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
-
-
-def _forward(model, ids: list[int], cache: DynamicCache) -> torch.Tensor:
-    """One serial call of the base model over `ids` appended to the cache; returns final hidden states [T, d]."""
-    x = torch.tensor([ids], device=model.device)
-    out = model.model(input_ids=x, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0]
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify"), 0.0))
 
 
 def _greedy(model, hidden: torch.Tensor) -> list[int]:
@@ -49,7 +46,8 @@ def _greedy(model, hidden: torch.Tensor) -> list[int]:
 
 def prefill(model, prompt_ids: list[int]) -> State:
     cache = DynamicCache()
-    hidden = _forward(model, prompt_ids, cache)
+    x = torch.tensor([prompt_ids], device=model.device)
+    hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0]
     nxt = _greedy(model, hidden[-1:])[0]
     return State(cache, hidden[-1], nxt, list(prompt_ids) + [nxt])
 
@@ -74,29 +72,36 @@ def refine(lattice: Lattice | None, rescorer: Rescorer | None, context: list[int
     return rescorer.refine(lattice, context)
 
 
-def verify(model, state: State, drafts: list[list[int]]) -> tuple[torch.Tensor, list[list[int]]]:
-    """One forward over [next_token] + draft; returns hidden states and the base's greedy token at each position."""
-    if len(drafts) != 1:
-        raise NotImplementedError("multi-draft verification is provided by verify_tree")
-    hidden = _forward(model, [state.next_token] + drafts[0], state.cache)
-    return hidden, [_greedy(model, hidden)]
+@dataclass
+class Verified:
+    tree: Tree
+    hidden: torch.Tensor        # [n_nodes, d] final hidden states
+    greedy: list[int]           # base greedy token after each node
+    past: int                   # cache length before the verify forward
 
 
-def accept(draft_ids: list[int], greedy: list[int]) -> int:
-    """Length of the longest draft prefix equal to the base's greedy choice (greedy[j] follows position j)."""
-    a = 0
-    while a < len(draft_ids) and draft_ids[a] == greedy[a]:
-        a += 1
-    return a
+def verify(model, state: State, drafts: list[list[int]]) -> Verified:
+    """One serial call: the base scores [next_token] + every draft (a chain, or a trie for several drafts)."""
+    tree = build_tree(state.next_token, drafts)
+    past = state.cache.get_seq_length()
+    out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
+    hidden = out.last_hidden_state[0]
+    return Verified(tree, hidden, _greedy(model, hidden), past)
 
 
-def advance(state: State, hidden: torch.Tensor, draft_ids: list[int], greedy: list[int], a: int) -> list[int]:
-    """Keep next_token + a accepted drafts in the cache, drop the rest; the bonus token becomes next_token."""
-    remove = len(draft_ids) - a
-    if remove:
-        state.cache.crop(-remove)  # negative = tokens to remove, in both old and new transformers conventions
-    new = draft_ids[:a] + [greedy[a]]
-    state.hidden, state.next_token = hidden[a], greedy[a]
+def accept(v: Verified) -> tuple[int, int]:
+    """(index of the winning draft, number of its tokens equal to the base's greedy choice)."""
+    return tree_accept(v.tree, v.greedy)
+
+
+def advance(state: State, v: Verified, best: int, a: int) -> list[int]:
+    """Keep the root and the accepted nodes in the KV cache; the bonus token becomes next_token."""
+    path = v.tree.paths[best][:a]
+    keep = [0] + path
+    compact_cache(state.cache, v.past, len(v.tree.tokens), keep)
+    last = keep[-1]
+    new = [v.tree.tokens[n] for n in path] + [v.greedy[last]]
+    state.hidden, state.next_token = v.hidden[last], v.greedy[last]
     state.context.extend(new)
     return new
 
@@ -110,24 +115,35 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int
     """Greedy decoding; with heads, blockwise parallel. Stops at EOS (kept) or max_new_tokens, identically."""
     counters = Counters()
     gen = Generation([], counters)
+    clock = time.perf_counter()
     state = prefill(model, prompt_ids)
     counters.serial_calls += 1
+    gen.seconds["prefill"], clock = _lap(clock)
     out = [state.next_token]
     if rescorer is not None:
         rescorer.reset(list(prompt_ids))
     while not _done(out, max_new_tokens, eos_ids):
         lattice = draft(heads, state, n_heads, model.lm_head, k if rescorer is not None else 1)
         drafts = refine(lattice, rescorer, state.context)
-        hidden, greedy = verify(model, state, drafts)
-        a = accept(drafts[0], greedy[0])
-        out.extend(advance(state, hidden, drafts[0], greedy[0], a))
-        counters.record_step(len(drafts[0]), a)
-        gen.step_log.append((len(drafts[0]), a))
+        t_draft, clock = _lap(clock)
+        verified = verify(model, state, drafts)
+        best, a = accept(verified)
+        out.extend(advance(state, verified, best, a))
+        counters.record_step(len(drafts[best]), a)
+        gen.step_log.append((len(drafts[best]), a))
+        t_verify, clock = _lap(clock)
+        gen.seconds["draft"] += t_draft
+        gen.seconds["verify"] += t_verify
         if on_step:
             on_step(len(out))
     gen.tokens = _truncate(out, max_new_tokens, eos_ids)
     counters.new_tokens = len(gen.tokens)
     return gen
+
+
+def _lap(since: float) -> tuple[float, float]:
+    now = time.perf_counter()
+    return now - since, now
 
 
 def _done(out: list[int], max_new_tokens: int, eos_ids: set[int]) -> bool:

@@ -106,9 +106,9 @@ def test_cache_is_cropped_to_accepted_prefix(tiny_model):
     state = decoding.prefill(tiny_model, PROMPT)
     assert state.cache.get_seq_length() == len(PROMPT)
     draft = [1, 2, 3, 4]
-    hidden, greedy = decoding.verify(tiny_model, state, [draft])
+    verified = decoding.verify(tiny_model, state, [draft])
     assert state.cache.get_seq_length() == len(PROMPT) + 5
-    decoding.advance(state, hidden, draft, greedy[0], a=1)
+    decoding.advance(state, verified, 0, a=1)
     assert state.cache.get_seq_length() == len(PROMPT) + 2
     # The cropped cache continues exactly like a fresh prefill of the same tokens.
     fresh = DynamicCache()

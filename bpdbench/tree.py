@@ -1,0 +1,96 @@
+"""Verify many drafts in one forward: a token trie, its attention mask, greedy acceptance and KV compaction.
+
+p drafts that share prefixes are merged into a trie rooted at the base's next token; each node attends to the KV
+cache and to its ancestors only (a 4D boolean mask with tree position ids, passed to the unmodified transformers
+model). A node is accepted when its token equals the base's greedy choice at its parent, so one forward scores every
+path. A single draft is a chain, for which the mask is plain causal and compaction is a crop.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Tree:
+    tokens: list[int]        # node 0 is the root (the base's next token, certain)
+    parents: list[int]       # parent node index, -1 for the root
+    depths: list[int]        # root = 0
+    paths: list[list[int]]   # per draft: its node indices, root excluded
+
+    @property
+    def is_chain(self) -> bool:
+        return all(p == i - 1 for i, p in enumerate(self.parents))
+
+
+def build_tree(root: int, drafts: list[list[int]]) -> Tree:
+    tokens, parents, depths, paths = [root], [-1], [0], []
+    children: dict[tuple[int, int], int] = {}
+    for draft in drafts:
+        node, path = 0, []
+        for tok in draft:
+            key = (node, tok)
+            if key not in children:
+                children[key] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                depths.append(depths[node] + 1)
+            node = children[key]
+            path.append(node)
+        paths.append(path)
+    return Tree(tokens, parents, depths, paths)
+
+
+def ancestors_mask(tree: Tree) -> torch.Tensor:
+    """[n, n] bool: node i may attend to node j iff j is i or an ancestor of i."""
+    n = len(tree.tokens)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            mask[i, j] = True
+            j = tree.parents[j]
+    return mask
+
+
+def model_inputs(tree: Tree, past: int, device) -> dict:
+    """Keyword arguments for `model.model(...)`: ids, and for real trees a 4D mask and tree position ids."""
+    ids = torch.tensor([tree.tokens], device=device)
+    if tree.is_chain:
+        return {"input_ids": ids}
+    n = len(tree.tokens)
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), ancestors_mask(tree)], dim=1)
+    pos = torch.tensor([[past + d for d in tree.depths]], device=device)
+    return {"input_ids": ids, "attention_mask": mask[None, None].to(device), "position_ids": pos}
+
+
+def accept(tree: Tree, greedy: list[int]) -> tuple[int, int]:
+    """(best draft, accepted length): the longest path whose every node equals the greedy choice at its parent.
+    Ties go to the earlier (better-ranked) draft."""
+    best, best_a = 0, -1
+    for d, path in enumerate(tree.paths):
+        a = 0
+        while a < len(path) and tree.tokens[path[a]] == greedy[tree.parents[path[a]]]:
+            a += 1
+        if a > best_a:
+            best, best_a = d, a
+    return best, max(best_a, 0)
+
+
+def compact_cache(cache, past: int, n_nodes: int, keep: list[int]) -> None:
+    """Keep the cache entries of `keep` (node indices, root first, in path order), drop the other tree nodes."""
+    if keep == list(range(len(keep))):
+        cache.crop(-(n_nodes - len(keep))) if n_nodes > len(keep) else None
+        return
+    index = torch.tensor([past + k for k in keep])
+    for layer in _layers(cache):
+        layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys.index_select(-2, index.to(layer.keys.device))], -2)
+        layer.values = torch.cat([layer.values[..., :past, :],
+                                  layer.values.index_select(-2, index.to(layer.values.device))], -2)
+
+
+def _layers(cache):
+    if hasattr(cache, "layers"):  # transformers >= 4.56: one object per layer with .keys / .values
+        return cache.layers
+    raise NotImplementedError("tree verification needs a transformers Cache with per-layer .keys/.values (>= 4.56)")
