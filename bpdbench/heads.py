@@ -76,16 +76,21 @@ class Heads(nn.Module):
                      ) -> torch.Tensor:
         """hidden [d] at the last decided position -> [n, V'] logits over the draft vocabulary (V' = shortlist).
         `context` is unused here; it lets context-based drafters (test oracles, prompt lookup) share the stage."""
+        return self.logits(hidden[None], n, lm_head)[0]
+
+    @torch.no_grad()
+    def logits(self, hidden: torch.Tensor, n: int, lm_head: nn.Linear) -> torch.Tensor:
+        """hidden [N, d] -> [N, n, V']: all heads at many positions (analysis replays a whole trajectory)."""
         if self._packed is not None:
             w, bias, proj = self._packed
             x = hidden.to(w.dtype)
-            z = x + F.silu(torch.baddbmm(bias[:n, :, None], w[:n], x.expand(n, -1)[:, :, None]).squeeze(-1))
-            return z @ proj.T
-        z = self.features(hidden, n)
+            z = x[None] + F.silu(torch.einsum("hde,ne->hnd", w[:n], x) + bias[:n, None])
+            return (z @ proj.T).transpose(0, 1)
+        z = self.features(hidden, n)                                     # [n, N, d]
         if self.proj is not None:
-            return torch.stack([self.proj[i](z[i]) for i in range(n)])
+            return torch.stack([self.proj[i](z[i]) for i in range(n)], 1)
         w = lm_head.weight if self.shortlist is None else lm_head.weight[self.shortlist]
-        return z @ w.T
+        return (z @ w.T).transpose(0, 1)
 
     def to_token_ids(self, idx: torch.Tensor) -> torch.Tensor:
         return idx if self.shortlist is None else self.shortlist[idx]
