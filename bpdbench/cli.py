@@ -48,6 +48,8 @@ def run(task: str = typer.Option("xsum", help="task name (see `bpdbench tasks`)"
         heads_profile: str = typer.Option("quick", help="quick | full | init (untrained)"),
         heads_path: Optional[str] = typer.Option(None, help="heads directory (ours or Medusa-1)"),
         rescorer: str = typer.Option("none", help="draft rescorer (see `bpdbench rescorers`)"),
+        alpha: Optional[float] = typer.Option(None, help="rescorer weight; default: tuned (results/alpha.json)"),
+        k: int = typer.Option(16, help="lattice width (top-k per head) for rescorers"),
         limit: Optional[int] = typer.Option(10, help="number of examples"),
         offset: int = typer.Option(0, help="first example (deterministic order)"),
         max_new_tokens: Optional[int] = typer.Option(None, help="default: the task's"),
@@ -64,11 +66,12 @@ def run(task: str = typer.Option("xsum", help="task name (see `bpdbench tasks`)"
     import pandas as pd
 
     cfg = RunConfig(task=task, model=model, method=method, heads=heads, heads_profile=heads_profile,
-                    heads_path=heads_path, rescorer=rescorer, limit=limit, offset=offset,
+                    heads_path=heads_path, rescorer=rescorer, alpha=alpha, k=k, limit=limit, offset=offset,
                     max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, data_dir=data_dir,
                     data_file=data_file, out=out, resume=resume)
     from rescorers import get_rescorer
     get_rescorer(rescorer)  # fail fast on an unknown name
+    cfg.validate()
     totals = {"tokens": 0, "calls": 0, "seconds": 0.0}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[stats]}"), console=console, transient=False) as bar:
@@ -127,6 +130,123 @@ def train_heads_cmd(model: str = typer.Option("qwen2.5-coder-0.5b"),
     if threads:
         torch.set_num_threads(threads)
     train_heads.train(model, profile, out=Path(out) if out else None, log=lambda m: console.print(m))
+
+
+@app.command("train-rescorer")
+@one_line_errors
+def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"),
+                       model: str = typer.Option("qwen2.5-coder-0.5b", help="target model (its tokenizer)"),
+                       order: int = typer.Option(4, help="n-gram order"),
+                       size: str = typer.Option("m", help="neural size: s | m | l"),
+                       minutes: float = typer.Option(15.0, help="neural training budget"),
+                       corpus: Optional[list[str]] = typer.Option(None, help="corpus files (default: shared C4 + "
+                                                                  "WikiText; never task data)"),
+                       memory: str = typer.Option("500M", help="lmplz -S memory cap"),
+                       discount_fallback: bool = typer.Option(False, help="for tiny corpora")):
+    """Train a draft rescorer for a target model: KenLM n-gram over its token ids, or a small neural LM."""
+    import rescorers
+    from . import models
+    from tasks import corpus_files
+    files = [Path(c) for c in corpus] if corpus else corpus_files()
+    if kind == "ngram":
+        from rescorers.ngram import train_ngram
+        tok = models.load_tokenizer(model)
+        out = rescorers.artefact_dir(rescorers.RescorerSpec(f"ngram{order}", "", "ngram", order=order), model)
+        path = train_ngram(order, lambda s: tok(s, add_special_tokens=False)["input_ids"], files, out,
+                           memory=memory, discount_fallback=discount_fallback)
+        console.print(f"{order}-gram for {model} written to {path}")
+    elif kind == "neural":
+        from .train_rescorer import train_neural
+        path = train_neural(size, model, minutes=minutes, log=lambda m: console.print(m, highlight=False))
+        console.print(f"neural-{size} for {model} written to {path}")
+    else:
+        raise ValueError(f"unknown rescorer kind '{kind}'; valid: ngram, neural")
+
+
+def _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                  data_dir=None, data_file=None) -> RunConfig:
+    return RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
+                     max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
+                     data_file=data_file).validate()
+
+
+_T = typer.Option("xsum", help="task")
+_M = typer.Option("qwen2.5-coder-0.5b", help="model")
+_H = typer.Option(8, help="heads")
+_HP = typer.Option("quick", help="heads profile")
+_L = typer.Option(30, help="examples")
+_O = typer.Option(0, help="offset")
+_N = typer.Option(None, help="max new tokens (default: task's)")
+_D = typer.Option("bfloat16", help="dtype")
+_TH = typer.Option(None, help="threads")
+_DD = typer.Option(None, help="data dir")
+_DF = typer.Option(None, help="data file (task prompts)")
+
+
+@app.command()
+@one_line_errors
+def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 4, ... up to it)"), model: str = _M,
+           heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
+           out: Optional[str] = typer.Option(None)):
+    """Oracle block efficiency of the top-k lattice (best achievable path) for k = 1, 2, 4, ..., K: CSV + PNG."""
+    from . import analysis
+    from .results import to_markdown
+    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                        data_dir, data_file)
+    ctx, examples = analysis.prepare(cfg, log=console.print)
+    ks = [x for x in analysis.KS if x <= k] + ([k] if k not in analysis.KS else [])
+    df = analysis.oracle_table(ctx, examples, Path(out or f"results/oracle/{task}"), ks=tuple(sorted(set(ks))))
+    print(to_markdown(df))
+
+
+@app.command()
+@one_line_errors
+def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L,
+            offset: int = _O, max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16,
+            threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
+    """Consecutive repetition in drafts (plain vs 2-gram rescored) and per-head entropy / h_max: CSV + PNG."""
+    from . import analysis
+    from .results import to_markdown
+    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                        data_dir, data_file)
+    ctx, examples = analysis.prepare(cfg, log=console.print)
+    res = analysis.analyze(ctx, examples, Path(out or f"results/analysis/{task}"), log=console.print)
+    print(to_markdown(res["repetition"]))
+    print(to_markdown(res["entropy"]))
+
+
+@app.command()
+@one_line_errors
+def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle-k16", help="comma-separated"),
+           model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
+           out: Optional[str] = typer.Option(None)):
+    """Block efficiency of several draft methods replayed on the same greedy trajectories (first = baseline)."""
+    from . import analysis
+    from .results import to_markdown
+    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                        data_dir, data_file)
+    ctx, examples = analysis.prepare(cfg, log=console.print)
+    df = analysis.replay_methods(ctx, examples, methods.split(","), Path(out or f"results/replay/{task}"),
+                                 log=console.print)
+    print(to_markdown(df))
+
+
+@app.command()
+@one_line_errors
+def tune(task: str = _T, rescorer: str = typer.Option(..., help="rescorer to tune"), model: str = _M,
+         heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = typer.Option(20, help="held-out examples"),
+         max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD,
+         data_file: Optional[str] = _DF):
+    """Pick alpha on the task's held-out slice (never evaluated) and store it in results/alpha.json."""
+    from . import analysis
+    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, 0, max_new_tokens, dtype, k, threads,
+                        data_dir, data_file)
+    ctx, examples = analysis.prepare(cfg, log=console.print, heldout=True)
+    res = analysis.tune(ctx, examples, rescorer, log=console.print)
+    console.print(f"{task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} held-out examples "
+                  f"(stored in results/alpha.json)")
 
 
 def main() -> None:

@@ -144,6 +144,17 @@ def load(name_or_path: str, dtype: str = "bfloat16", device: str = "cpu"):
     return model, tok
 
 
+def load_tokenizer(name_or_path: str):
+    """Tokenizer only (rescorer training needs the target's ids, not its weights)."""
+    from transformers import AutoTokenizer
+
+    if name_or_path in MODELS:
+        for dtype in DTYPES:
+            if (dense_cache_dir(name_or_path, dtype) / "tokenizer.json").exists():
+                return AutoTokenizer.from_pretrained(dense_cache_dir(name_or_path, dtype))
+    return load(name_or_path, "bfloat16")[1]
+
+
 def _build_dense_cache(spec: ModelSpec, dtype: str, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 

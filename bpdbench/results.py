@@ -71,7 +71,9 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
     cfg = config["config"]
     seconds = sum(r["seconds"] for r in records)
     row = {"task": cfg["task"], "model": cfg["model"], "method": cfg["method"], "rescorer": cfg["rescorer"],
-           "heads": cfg["heads"] if cfg["method"] != "ar" else 0, "dtype": cfg["dtype"], "n_examples": len(records),
+           "heads": cfg["heads"] if cfg["method"] != "ar" else 0, "alpha": config["resolved"].get("alpha"),
+           "k": config["resolved"].get("k"), "p": config["resolved"].get("p"), "dtype": cfg["dtype"],
+           "n_examples": len(records),
            "new_tokens": total.new_tokens, "serial_calls": total.serial_calls,
            **{k: v for k, v in ratios(total).items() if not k.startswith("head")},
            "lossless_rate": _mean([r["lossless"] for r in records if r.get("lossless") is not None]),

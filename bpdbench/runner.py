@@ -9,6 +9,7 @@ from typing import Callable
 
 import torch
 
+import rescorers
 import tasks as task_registry
 from . import decoding, models
 from .config import RunConfig, environment
@@ -122,6 +123,18 @@ def resolve_heads(cfg: RunConfig, model, tok, log: Log) -> Heads | None:
     return heads
 
 
+def _alpha(cfg: RunConfig, spec) -> tuple[float | None, str]:
+    """--alpha wins; else the value `bpdbench tune` stored for this task; else the rescorer's default."""
+    if spec.kind in ("none", "kbest"):
+        return None, "n/a"
+    if cfg.alpha is not None:
+        return cfg.alpha, "--alpha"
+    tuned = rescorers.tuned_alpha(cfg.task, spec.name, cfg.model)
+    if tuned is not None:
+        return tuned, str(rescorers.ALPHA_FILE)
+    return spec.default_alpha, "default (not tuned)"
+
+
 def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     cfg = cfg.validate()
     threads = setup_torch(cfg)
@@ -131,11 +144,14 @@ def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     examples = task_registry.select(task_registry.split(task, examples)[0], cfg.offset, cfg.limit)
     model, tok = models.load(cfg.model, cfg.dtype, cfg.device)
     heads = resolve_heads(cfg, model, tok, log)
-    rescorer = None  # the rescorer registry holds only "none" in the core engine
+    spec = rescorers.get_rescorer(cfg.rescorer)
+    alpha, alpha_source = _alpha(cfg, spec)
+    rescorer = rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log) if heads is not None else None
     max_new = cfg.max_new_tokens or task.max_new_tokens
     eos = eos_ids(model, tok)
     meta = {"config": cfg.to_dict(), "resolved": {"max_new_tokens": max_new, "eos_ids": sorted(eos),
-            "n_selected": len(examples), "model_id": models.model_id(cfg.model)},
+            "n_selected": len(examples), "model_id": models.model_id(cfg.model), "rescorer": spec.name,
+            "alpha": alpha, "alpha_source": alpha_source, "k": cfg.k if rescorer else 1, "p": spec.p},
             "environment": environment(threads, str(model.device), cfg.dtype)}
     out = cfg.out_dir()
     writer = ResultWriter(out, meta, cfg.resume)
@@ -147,7 +163,8 @@ def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     for ex in todo:
         prompt_ids = encode_prompt(tok, task, ex, cfg.max_prompt_tokens)
         t0 = time.perf_counter()
-        gen = decoding.generate(model, prompt_ids, max_new, eos, heads=heads, n_heads=cfg.heads)
+        gen = decoding.generate(model, prompt_ids, max_new, eos, heads=heads, n_heads=cfg.heads, rescorer=rescorer,
+                                k=cfg.k)
         seconds = time.perf_counter() - t0
         record = {"id": ex.id, "category": ex.category, "prompt_tokens": len(prompt_ids), "seconds": seconds,
                   **gen.counters.to_dict()}

@@ -1,28 +1,95 @@
-"""Registry of draft rescorers (the refine stage). Each entry names a factory; `none` is plain BPD."""
+"""Registry of draft rescorers (the refine stage). One entry per name; `none` is plain BPD.
+
+A spec says what a rescorer needs (`kind`), how many drafts it returns (`p`) and its default interpolation weight;
+artefacts (KenLM binaries, small neural LMs) live in the cache, one directory per (rescorer, target model).
+"""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
 
 from .base import Lattice, Rescorer
+
+ALPHA_FILE = Path("results") / "alpha.json"
 
 
 @dataclass(frozen=True)
 class RescorerSpec:
     name: str
     description: str
-    build: Callable[..., Rescorer | None]
+    kind: str                 # none | kbest | ngram | neural | hf
+    p: int = 1                # drafts verified per step
+    order: int = 0            # n-gram order
+    size: str = ""            # neural size
+    default_alpha: float = 0.0
 
 
-RESCORERS: dict[str, RescorerSpec] = {
-    "none": RescorerSpec("none", "plain BPD: the heads' top-1 draft", lambda **_: None),
-}
+RESCORERS: dict[str, RescorerSpec] = {s.name: s for s in (
+    RescorerSpec("none", "plain BPD: the heads' top-1 draft", "none"),
+    RescorerSpec("ngram2", "global 2-gram rescoring, 1-best path (KenLM)", "ngram", order=2, default_alpha=0.5),
+    RescorerSpec("ngram4", "global 4-gram rescoring, 1-best path (KenLM)", "ngram", order=4, default_alpha=0.5),
+    RescorerSpec("16best-0gram", "16 best paths by head scores, verified in one forward", "kbest", p=16),
+    RescorerSpec("16best-ngram4", "16 best paths under heads + 4-gram, verified in one forward", "ngram", p=16,
+                 order=4, default_alpha=0.5),
+    RescorerSpec("neural-s", "local rescoring with a small neural LM (~2% of target compute)", "neural", size="s",
+                 default_alpha=0.5),
+    RescorerSpec("neural-m", "local rescoring with a small neural LM (~4% of target compute)", "neural", size="m",
+                 default_alpha=0.5),
+    RescorerSpec("neural-l", "local rescoring with a small neural LM (~6% of target compute)", "neural", size="l",
+                 default_alpha=0.5),
+)}
 
 
 def get_rescorer(name: str) -> RescorerSpec:
+    if name.startswith("hf:") and len(name) > 3:
+        return RescorerSpec(name, f"local rescoring with the same-tokenizer model {name[3:]}", "hf", default_alpha=0.5)
     if name not in RESCORERS:
-        raise ValueError(f"unknown rescorer '{name}'; valid: {', '.join(RESCORERS)}")
+        raise ValueError(f"unknown rescorer '{name}'; valid: {', '.join(RESCORERS)}, hf:<model>")
     return RESCORERS[name]
 
 
-__all__ = ["Lattice", "Rescorer", "RESCORERS", "RescorerSpec", "get_rescorer"]
+def artefact_dir(spec: RescorerSpec, model_name: str) -> Path:
+    from bpdbench.models import cache_root
+    tag = f"ngram{spec.order}" if spec.kind == "ngram" else f"neural-{spec.size}"
+    return cache_root() / "rescorers" / f"{tag}-{model_name.replace('/', '_')}"
+
+
+def tuned_alpha(task: str, rescorer: str, model_name: str) -> float | None:
+    if not ALPHA_FILE.exists():
+        return None
+    return json.loads(ALPHA_FILE.read_text()).get(f"{model_name}/{task}/{rescorer}")
+
+
+def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, device: str = "cpu",
+          log=print) -> Rescorer | None:
+    """Instantiate a rescorer; a missing artefact is a one-line error naming the command that makes it."""
+    alpha = spec.default_alpha if alpha is None else alpha
+    if spec.kind == "none":
+        return None
+    if spec.kind == "kbest":
+        from .kbest import KBestRescorer
+        return KBestRescorer(spec.name, p=spec.p)
+    if spec.kind == "ngram":
+        from .ngram import NgramRescorer
+        path = artefact_dir(spec, model_name) / f"ngram{spec.order}.bin"
+        if not path.exists():
+            raise FileNotFoundError(f"rescorer '{spec.name}' needs a {spec.order}-gram for {model_name}: run "
+                                    f"`bpdbench train-rescorer ngram --order {spec.order} --model {model_name}`")
+        return NgramRescorer(spec.name, path, alpha=alpha, p=spec.p, k=k)
+    if spec.kind == "neural":
+        from .neural import NeuralRescorer
+        path = artefact_dir(spec, model_name)
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"rescorer '{spec.name}' is not trained for {model_name}: run "
+                                    f"`bpdbench train-rescorer neural --size {spec.size} --model {model_name}`")
+        return NeuralRescorer(spec.name, path, alpha=alpha, k=k, device=device)
+    if spec.kind == "hf":
+        from bpdbench import models
+        from .neural import NeuralRescorer
+        lm, _ = models.load(spec.name[3:], "bfloat16", device)
+        return NeuralRescorer(spec.name, lm, alpha=alpha, k=k, device=device)
+    raise ValueError(f"rescorer kind '{spec.kind}' has no builder")
+
+
+__all__ = ["Lattice", "Rescorer", "RESCORERS", "RescorerSpec", "get_rescorer", "build", "tuned_alpha"]

@@ -55,6 +55,17 @@ def default_data_dir() -> Path | None:
     return shared if shared.is_dir() else None
 
 
+def corpus_files(data_dir: Path | None = None) -> list[Path]:
+    """The general LM-training corpus (C4 + WikiText) for rescorers; it holds no evaluated task data."""
+    data_dir = data_dir or default_data_dir()
+    corpus = data_dir / "corpus" if data_dir else None
+    files = sorted(corpus.glob("*.jsonl")) + sorted(corpus.glob("*.txt")) if corpus and corpus.is_dir() else []
+    if not files:
+        raise DataError(f"no LM-training corpus; expected {corpus or '<data_dir>/corpus'}/*.jsonl (field text) or "
+                        f"*.txt; set --data-dir or BPDBENCH_DATA, or pass --corpus FILE")
+    return files
+
+
 def _one_line(text: str, limit: int = 160) -> str:
     """Errors must stay one line so CLI output and logs remain greppable."""
     text = re.sub(r"\s+", " ", str(text)).strip()

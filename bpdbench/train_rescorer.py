@@ -1,0 +1,227 @@
+"""Train the small neural rescoring LMs (rescorers/neural.py) on general text, on a wall-clock CPU budget.
+
+Why this recipe: the paper trains its rescorers on C4 and found in-domain training no better, so we use the shared
+C4 sample plus WikiText-2 (never task data). The corpus is small (~1.6M target tokens), so a 15-minute run sees well
+under two epochs: no dropout, random contiguous windows, AdamW with a cosine schedule driven by *elapsed time*
+(the budget, not a step count, is what is fixed). Held-out = 5% of documents, so perplexity measures new text.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from . import models
+
+CORPUS_FILES = ("c4_en_validation_2k.jsonl", "wikitext2_valid.tokens.txt", "wikitext2_test.tokens.txt")
+_WIKI_TITLE = re.compile(r"^ = [^=].* = $")
+_WIKI_HEADING = re.compile(r"^[\s=]+|[\s=]+$")
+_WIKI_DETOK = [(" <unk>", ""), (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" , ", ", "), (" . ", ". "), (" ; ", "; "),
+               (" : ", ": "), (" 's", "'s"), (" n't", "n't"), ("( ", "("), (" )", ")"), (" ' ", "' ")]
+
+
+def neural_dir(size: str, model_name: str) -> Path:
+    return models.cache_root() / "rescorers" / f"neural-{size}-{model_name.replace('/', '_')}"
+
+
+def _detok(line: str) -> str:
+    """Undo WikiText's tokenisation (" @-@ ", " , "), so the LM sees text spaced like what the target writes; drop
+    its <unk> placeholders rather than teach the LM a token pattern the target never writes."""
+    for a, b in _WIKI_DETOK:
+        line = line.replace(a, b)
+    return line.strip()
+
+
+def corpus_documents(path: Path) -> list[str]:
+    """C4: one document per JSONL record. WikiText: one document per article (split at top-level titles)."""
+    text = Path(path).read_text(encoding="utf-8")
+    if path.suffix == ".jsonl":
+        return [t for t in (json.loads(line).get("text", "") for line in text.splitlines() if line.strip()) if t.strip()]
+    docs: list[list[str]] = []
+    for line in text.splitlines():
+        if _WIKI_TITLE.match(line) or not docs:
+            docs.append([])
+        if line.strip():
+            docs[-1].append(_WIKI_HEADING.sub("", line) if line.lstrip().startswith("=") else _detok(line))
+    return ["\n".join(d) for d in docs if d]
+
+
+def split_documents(docs: list[list[int]], frac: float = 0.05, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+    """Deterministic document-level split: (train, held-out); at least one held-out document when there are two."""
+    order = list(range(len(docs)))
+    random.Random(seed).shuffle(order)
+    n_held = max(1, round(frac * len(docs))) if len(docs) > 1 else 0
+    held = set(order[:n_held])
+    return [d for i, d in enumerate(docs) if i not in held], [d for i, d in enumerate(docs) if i in held]
+
+
+def to_stream(docs: list[list[int]], sep_id: int | None) -> torch.Tensor:
+    """Concatenate documents (separated by the target's EOS when known, as the target sees document ends)."""
+    out: list[int] = []
+    for d in docs:
+        out.extend(d)
+        if sep_id is not None:
+            out.append(sep_id)
+    return torch.tensor(out, dtype=torch.long)
+
+
+def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 16, lr: float = 1e-3, warmup: int = 30,
+             max_steps: int | None = None, seed: int = 0, log: Callable[[str], None] = print) -> dict:
+    """AdamW on random windows of `ids` until `seconds` (or `max_steps`); lr: linear warmup, cosine in time to 10%."""
+    T = lm.cfg.max_len
+    if len(ids) < T + 2:
+        raise ValueError(f"training stream has {len(ids)} tokens, need > {T + 1}")
+    inp, tgt = lm.cols(ids), lm.targets(ids)
+    decay = [p for n, p in lm.named_parameters() if p.dim() == 2 and not n.startswith("emb")]
+    rest = [p for n, p in lm.named_parameters() if not (p.dim() == 2 and not n.startswith("emb"))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=lr, betas=(0.9, 0.95))
+    g = torch.Generator().manual_seed(seed)
+    lm.train()
+    t0, last_log, step, losses = time.time(), time.time(), 0, []
+    while True:
+        elapsed = time.time() - t0
+        progress = max(elapsed / seconds if seconds > 0 else 1.0, step / max_steps if max_steps else 0.0)
+        if progress >= 1.0:
+            break
+        cur = lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+        for group in opt.param_groups:
+            group["lr"] = cur
+        off = torch.randint(0, len(ids) - T - 1, (batch,), generator=g)
+        idx = off[:, None] + torch.arange(T)[None]
+        loss = lm.loss(inp[idx], tgt[idx + 1])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss))
+        step += 1
+        if time.time() - last_log > 30:
+            last_log = time.time()
+            log(f"  step {step}: loss {sum(losses[-20:]) / len(losses[-20:]):.3f}, lr {cur:.2e}, "
+                f"{step * batch * T / (time.time() - t0):.0f} tok/s, {time.time() - t0:.0f}s")
+    lm.eval()
+    return {"steps": step, "tokens_seen": step * batch * T, "seconds": round(time.time() - t0, 1), "losses": losses}
+
+
+@torch.no_grad()
+def evaluate(lm, ids: torch.Tensor, max_tokens: int = 32768, batch: int = 8) -> tuple[float, int]:
+    """Mean next-token loss (nats) over non-overlapping windows; targets outside the shortlist are skipped."""
+    T = lm.cfg.max_len
+    ids = ids[: max_tokens + 1]
+    n = (len(ids) - 1) // T
+    if n == 0:
+        raise ValueError(f"held-out stream has {len(ids)} tokens, need > {T}")
+    x, y = lm.cols(ids[: n * T]).view(n, T), lm.targets(ids[1: n * T + 1]).view(n, T)
+    total, count = 0.0, 0
+    lm.eval()
+    for s in range(0, n, batch):
+        c = int((y[s:s + batch] != -100).sum())
+        total += float(lm.loss(x[s:s + batch], y[s:s + batch])) * c
+        count += c
+    return total / max(count, 1), count
+
+
+def _load_shortlist(model_name: str) -> torch.Tensor:
+    from .train_heads import heads_dir
+
+    path = heads_dir(model_name, "quick") / "shortlist.pt"
+    if not path.exists():
+        raise FileNotFoundError(f"no vocabulary shortlist at {path}: run `bpdbench train-heads --model {model_name}` first")
+    return torch.load(path, weights_only=True)
+
+
+def _target_tokenizer(model_name: str):
+    from transformers import AutoTokenizer
+
+    src = models.dense_cache_dir(model_name, "bfloat16") if model_name in models.MODELS else Path(model_name)
+    if model_name in models.MODELS and not (src / "config.json").exists():
+        models.load(model_name, "bfloat16")  # builds the offline safetensors + tokenizer cache once
+    tok = AutoTokenizer.from_pretrained(str(src))
+    tok.model_max_length = 1 << 30  # whole documents; silences the "sequence longer than" warning
+    return tok, src
+
+
+def _tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> list[list[int]]:
+    """Token ids per document; cached across sizes (keyed by the files' sizes and mtimes) when `cache` is given."""
+    key = hashlib.sha256(json.dumps([[str(f), f.stat().st_size, f.stat().st_mtime] for f in files]).encode()).hexdigest()
+    if cache is not None and cache.exists():
+        saved = torch.load(cache, weights_only=True)
+        if saved.get("key") == key:
+            return saved["docs"]
+    t0 = time.time()
+    docs = [ids for f in files for ids in (tokenize(d) for d in corpus_documents(f)) if ids]
+    log(f"  tokenized {len(docs)} documents, {sum(map(len, docs))} tokens in {time.time() - t0:.0f}s")
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"key": key, "docs": docs}, cache)
+    return docs
+
+
+def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: torch.Tensor | None = None,
+                 out: Path | None = None, minutes: float = 15, log: Callable[[str], None] = print, *,
+                 tokenize: Callable[[str], list[int]] | None = None, corpus_files: list[Path] | None = None,
+                 sep_id: int | None = None, batch: int = 16, lr: float = 1e-3, max_steps: int | None = None,
+                 eval_tokens: int = 32768, seed: int = 0) -> Path:
+    """Train a size-`size` rescoring LM for `minutes` of wall clock and save it (with report.json) to `out`.
+
+    Tests inject `tokenize`/`corpus_files`/`sep_id`; the CLI path uses the target's own tokenizer and its EOS as
+    the document separator. Held-out evaluation (capped at `eval_tokens`) runs after the budget.
+    """
+    from rescorers.neural import QWEN_05B_MACS, SmallLM, make_config, save_lm, target_macs
+
+    out = Path(out) if out is not None else neural_dir(size, model_name)
+    if shortlist is None:
+        shortlist = _load_shortlist(model_name)
+    cfg = make_config(size, len(shortlist))
+    t_macs = QWEN_05B_MACS if model_name == models.DEFAULT_MODEL else None
+    cache = None
+    if tokenize is None:
+        tok, src = _target_tokenizer(model_name)
+        tokenize = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        sep_id = tok.eos_token_id if sep_id is None else sep_id
+        cache = models.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
+        if (Path(src) / "config.json").exists():
+            t_macs = target_macs(json.loads((Path(src) / "config.json").read_text()))
+    if corpus_files is None:
+        import tasks
+
+        data = tasks.default_data_dir()
+        if data is None:
+            raise FileNotFoundError("no shared data dir for the rescorer corpus: set BPDBENCH_DATA")
+        corpus_files = [data / "corpus" / f for f in CORPUS_FILES if (data / "corpus" / f).exists()]
+        if not corpus_files:
+            raise FileNotFoundError(f"no corpus files ({', '.join(CORPUS_FILES)}) under {data / 'corpus'}")
+    docs = _tokenized_corpus([Path(f) for f in corpus_files], tokenize, cache, log)
+    train_docs, held_docs = split_documents(docs, 0.05, seed)
+    train_ids, held_ids = to_stream(train_docs, sep_id), to_stream(held_docs, sep_id)
+    torch.manual_seed(seed)
+    lm = SmallLM(cfg, shortlist)
+    macs = cfg.macs_per_token()
+    log(f"neural-{size}: {lm.num_params() / 1e6:.2f}M params, {macs / 1e6:.2f}M MACs/token"
+        + (f" ({100 * macs / t_macs:.2f}% of target)" if t_macs else "")
+        + f"; {len(train_ids)} train / {len(held_ids)} held-out tokens; {minutes:g} min budget")
+    stats = train_lm(lm, train_ids, minutes * 60, batch=batch, lr=lr, max_steps=max_steps, seed=seed, log=log)
+    loss, n_eval = evaluate(lm, held_ids, eval_tokens)
+    coverage = float((lm.targets(train_ids) != -100).float().mean())
+    report = {
+        "size": size, "model": model_name, "params": lm.num_params(), "macs_per_token": macs,
+        "target_macs_per_token": t_macs, "pct_target_compute": round(100 * macs / t_macs, 3) if t_macs else None,
+        "config": cfg.__dict__, "train_tokens": len(train_ids), "shortlist_coverage": round(coverage, 5),
+        "steps": stats["steps"], "tokens_seen": stats["tokens_seen"], "seconds": stats["seconds"],
+        "final_train_loss": round(sum(stats["losses"][-20:]) / max(1, len(stats["losses"][-20:])), 4),
+        "heldout_tokens": n_eval, "heldout_loss": round(loss, 4), "heldout_ppl": round(math.exp(loss), 2),
+        "batch": batch, "lr": lr, "seed": seed, "corpus_files": [str(f) for f in corpus_files],
+    }
+    save_lm(lm, out)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    log(f"neural-{size}: {stats['steps']} steps, {stats['tokens_seen']} tokens in {stats['seconds']:.0f}s; "
+        f"held-out loss {loss:.3f} (ppl {math.exp(loss):.1f}) -> {out}")
+    return out

@@ -1,0 +1,81 @@
+"""Draft refinement end to end on a tiny model: n-gram training, rescored runs, oracle, analyses, alpha tuning."""
+from __future__ import annotations
+
+import json
+import random
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from bpdbench.cli import app
+
+pytestmark = pytest.mark.usefixtures("kenlm_required")
+
+
+@pytest.fixture()
+def kenlm_required():
+    import os
+    try:
+        import kenlm  # noqa: F401
+        from rescorers.ngram import find_kenlm_tool
+        find_kenlm_tool("lmplz")
+    except Exception as e:  # noqa: BLE001
+        if os.environ.get("BPDBENCH_REQUIRE_KENLM", "0") not in ("", "0"):
+            pytest.fail(f"KenLM required but unavailable: {e}")
+        pytest.skip(f"KenLM unavailable: {e}")
+
+
+@pytest.fixture()
+def workspace(tmp_path, monkeypatch, tiny_model_dir):
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    rng = random.Random(0)
+    words = "the cat sat on a mat and then it ran to see the dog who was not happy".split()
+    data = tmp_path / "data"
+    (data / "corpus").mkdir(parents=True)
+    (data / "corpus" / "c4.jsonl").write_text("\n".join(
+        json.dumps({"text": " ".join(rng.choice(words) for _ in range(40))}) for _ in range(200)) + "\n")
+    (data / "xsum").mkdir()
+    (data / "xsum" / "test.jsonl").write_text("\n".join(json.dumps(
+        {"id": str(i), "document": " ".join(rng.choice(words) for _ in range(30)), "summary": "a cat sat"})
+        for i in range(20)) + "\n")
+    return {"data": data, "model": str(tiny_model_dir)}
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_refinement_pipeline(workspace):
+    ws = workspace
+    common = ["--model", ws["model"], "--heads-profile", "init", "--heads", "3", "--dtype", "float32",
+              "--data-dir", ws["data"], "--max-new-tokens", "10"]
+    cli("train-rescorer", "ngram", "--order", "2", "--model", ws["model"], "--corpus", ws["data"] / "corpus" /
+        "c4.jsonl", "--discount-fallback")
+    # Real decoding with every lattice method stays lossless.
+    for rescorer in ("ngram2", "16best-0gram"):
+        cli("run", "--task", "xsum", "--rescorer", rescorer, "--k", "4", "--limit", "2", "--out", f"r-{rescorer}",
+            *common)
+        row = pd.read_csv(f"r-{rescorer}/summary.csv").iloc[0]
+        assert row.lossless_rate == 1.0 and row.rescorer == rescorer
+    cli("oracle", "--task", "xsum", "--k", "8", "--limit", "3", "--out", "o", *common)
+    oracle = pd.read_csv("o/oracle.csv")
+    assert list(oracle.k) == [1, 2, 4, 8]
+    assert list(oracle.block_efficiency) == sorted(oracle.block_efficiency)
+    assert (ws["data"].parent / "o" / "oracle.png").exists()
+    cli("analyze", "--task", "xsum", "--limit", "2", "--k", "4", "--out", "a", *common)
+    rep = pd.read_csv("a/repetition.csv")
+    assert list(rep.drafts) == ["plain", "ngram2"] and rep.repeat_share.between(0, 1).all()
+    ent = pd.read_csv("a/entropy.csv")
+    assert len(ent) == 3 and 1 <= ent.h_max.iloc[0] <= 3
+    cli("replay", "--task", "xsum", "--methods", "bpd,ngram2,16best-0gram,oracle-k4", "--k", "4", "--limit", "3",
+        "--out", "rp", *common)
+    rp = pd.read_csv("rp/replay.csv").set_index("method")
+    assert rp.loc["16best-0gram", "block_efficiency"] <= rp.loc["oracle-k4", "block_efficiency"]
+    cli("tune", "--task", "xsum", "--rescorer", "ngram2", "--limit", "2", "--k", "4", *common[:-4],
+        "--data-dir", ws["data"], "--max-new-tokens", "10")
+    alpha = json.loads(open("results/alpha.json").read())
+    assert f"{ws['model']}/xsum/ngram2" in alpha
