@@ -125,7 +125,7 @@ def resolve_heads(cfg: RunConfig, model, tok, log: Log) -> Heads | None:
 
 def _alpha(cfg: RunConfig, spec) -> tuple[float | None, str]:
     """--alpha wins; else the value `bpdbench tune` stored for this task; else the rescorer's default."""
-    if spec.kind in ("none", "kbest"):
+    if spec.kind in ("none", "kbest", "tree"):
         return None, "n/a"
     if cfg.alpha is not None:
         return cfg.alpha, "--alpha"

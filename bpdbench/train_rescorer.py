@@ -76,6 +76,7 @@ def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 16, lr: floa
              max_steps: int | None = None, seed: int = 0, log: Callable[[str], None] = print) -> dict:
     """AdamW on random windows of `ids` until `seconds` (or `max_steps`); lr: linear warmup, cosine in time to 10%."""
     T = lm.cfg.max_len
+    warmup = min(warmup, max(1, max_steps // 10)) if max_steps else warmup
     if len(ids) < T + 2:
         raise ValueError(f"training stream has {len(ids)} tokens, need > {T + 1}")
     inp, tgt = lm.cols(ids), lm.targets(ids)
@@ -101,7 +102,7 @@ def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 16, lr: floa
         loss.backward()
         torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
         opt.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         step += 1
         if time.time() - last_log > 30:
             last_log = time.time()

@@ -18,7 +18,7 @@ ALPHA_FILE = Path("results") / "alpha.json"
 class RescorerSpec:
     name: str
     description: str
-    kind: str                 # none | kbest | ngram | neural | hf
+    kind: str                 # none | kbest | tree | ngram | neural | hf
     p: int = 1                # drafts verified per step
     order: int = 0            # n-gram order
     size: str = ""            # neural size
@@ -32,6 +32,8 @@ RESCORERS: dict[str, RescorerSpec] = {s.name: s for s in (
     RescorerSpec("16best-0gram", "16 best paths by head scores, verified in one forward", "kbest", p=16),
     RescorerSpec("16best-ngram4", "16 best paths under heads + 4-gram, verified in one forward", "ngram", p=16,
                  order=4, default_alpha=0.5),
+    RescorerSpec("medusa", "Medusa tree (mc_sim_7b_63, 63 nodes) over the top-10 lattice, one tree-masked forward",
+                 "tree", p=63),
     RescorerSpec("neural-s", "local rescoring with a small neural LM (~2% of target compute)", "neural", size="s",
                  default_alpha=0.5),
     RescorerSpec("neural-m", "local rescoring with a small neural LM (~4% of target compute)", "neural", size="m",
@@ -70,6 +72,9 @@ def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, devi
     if spec.kind == "kbest":
         from .kbest import KBestRescorer
         return KBestRescorer(spec.name, p=spec.p)
+    if spec.kind == "tree":
+        from .medusa import MedusaTree
+        return MedusaTree(spec.name)
     if spec.kind == "ngram":
         from .ngram import NgramRescorer
         path = artefact_dir(spec, model_name) / f"ngram{spec.order}.bin"
