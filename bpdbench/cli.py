@@ -249,6 +249,15 @@ def tune(task: str = _T, rescorer: str = typer.Option(..., help="rescorer to tun
                   f"(stored in results/alpha.json)")
 
 
+@app.command()
+@one_line_errors
+def tables(results: str = typer.Option("results", help="results directory")):
+    """Rebuild every table under results/tables/ from the result files alone."""
+    from .tables import build
+    for path in build(Path(results)):
+        print(path)
+
+
 def main() -> None:
     app()
 

@@ -23,8 +23,8 @@ from . import models
 CORPUS_FILES = ("c4_en_validation_2k.jsonl", "wikitext2_valid.tokens.txt", "wikitext2_test.tokens.txt")
 _WIKI_TITLE = re.compile(r"^ = [^=].* = $")
 _WIKI_HEADING = re.compile(r"^[\s=]+|[\s=]+$")
-_WIKI_DETOK = [(" <unk>", ""), (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" , ", ", "), (" . ", ". "), (" ; ", "; "),
-               (" : ", ": "), (" 's", "'s"), (" n't", "n't"), ("( ", "("), (" )", ")"), (" ' ", "' ")]
+_WIKI_DETOK = [(" <unk>", ""), (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" , ", ", "), (" . ", ". "),
+               (" ; ", "; "), (" : ", ": "), (" 's", "'s"), (" n't", "n't"), ("( ", "("), (" )", ")"), (" ' ", "' ")]
 
 
 def neural_dir(size: str, model_name: str) -> Path:
@@ -43,7 +43,8 @@ def corpus_documents(path: Path) -> list[str]:
     """C4: one document per JSONL record. WikiText: one document per article (split at top-level titles)."""
     text = Path(path).read_text(encoding="utf-8")
     if path.suffix == ".jsonl":
-        return [t for t in (json.loads(line).get("text", "") for line in text.splitlines() if line.strip()) if t.strip()]
+        texts = (json.loads(line).get("text", "") for line in text.splitlines() if line.strip())
+        return [t for t in texts if t.strip()]
     docs: list[list[str]] = []
     for line in text.splitlines():
         if _WIKI_TITLE.match(line) or not docs:
@@ -53,7 +54,8 @@ def corpus_documents(path: Path) -> list[str]:
     return ["\n".join(d) for d in docs if d]
 
 
-def split_documents(docs: list[list[int]], frac: float = 0.05, seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
+def split_documents(docs: list[list[int]], frac: float = 0.05,
+                    seed: int = 0) -> tuple[list[list[int]], list[list[int]]]:
     """Deterministic document-level split: (train, held-out); at least one held-out document when there are two."""
     order = list(range(len(docs)))
     random.Random(seed).shuffle(order)
@@ -135,7 +137,8 @@ def _load_shortlist(model_name: str) -> torch.Tensor:
 
     path = heads_dir(model_name, "quick") / "shortlist.pt"
     if not path.exists():
-        raise FileNotFoundError(f"no vocabulary shortlist at {path}: run `bpdbench train-heads --model {model_name}` first")
+        raise FileNotFoundError(f"no vocabulary shortlist at {path}: "
+                                f"run `bpdbench train-heads --model {model_name}` first")
     return torch.load(path, weights_only=True)
 
 
@@ -152,7 +155,8 @@ def _target_tokenizer(model_name: str):
 
 def _tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> list[list[int]]:
     """Token ids per document; cached across sizes (keyed by the files' sizes and mtimes) when `cache` is given."""
-    key = hashlib.sha256(json.dumps([[str(f), f.stat().st_size, f.stat().st_mtime] for f in files]).encode()).hexdigest()
+    stamp = [[str(f), f.stat().st_size, f.stat().st_mtime] for f in files]
+    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()
     if cache is not None and cache.exists():
         saved = torch.load(cache, weights_only=True)
         if saved.get("key") == key:

@@ -20,7 +20,7 @@ score terms excluded: they add 2 x ctx x d per layer, <= 0.5M at ctx 256; the ta
 | size | d   | layers | heads | d_ff | params (S=32768) | MACs/token | % of target |
 |------|-----|--------|-------|------|------------------|------------|-------------|
 | s    | 224 | 4      | 4     | 608  | 9.78M            | 9.78M      | 1.98%       |
-| m    | 384 | 4      | 6     | 1024 | 19.67M           | 19.66M     | 3.98%       |
+| m    | 384 | 4      | 6     | 1024 | 19.66M           | 19.66M     | 3.98%       |
 | l    | 448 | 6      | 7     | 1216 | 29.31M           | 29.30M     | 5.93%       |
 
 Context bound: the LM attends to at most `max_len` = 256 tokens (its training window), draft tokens included. When
@@ -74,7 +74,8 @@ def make_config(size: str, shortlist_size: int) -> SmallLMConfig:
 def target_macs(hf_config: dict) -> int:
     """MACs/token of a Llama/Qwen-style target from its HF config.json (GQA projections, SwiGLU, untied head)."""
     d, L, f = hf_config["hidden_size"], hf_config["num_hidden_layers"], hf_config["intermediate_size"]
-    kv = hf_config.get("num_key_value_heads", hf_config["num_attention_heads"]) * (d // hf_config["num_attention_heads"])
+    heads = hf_config["num_attention_heads"]
+    kv = hf_config.get("num_key_value_heads", heads) * (d // heads)
     return L * (2 * d * d + 2 * d * kv + 3 * d * f) + hf_config["vocab_size"] * d
 
 
@@ -223,10 +224,12 @@ class NeuralRescorer:
     p = 1
 
     def __init__(self, name: str, lm: str | Path | SmallLM, alpha: float, k: int = 16, device: str = "cpu",
-                 dtype: torch.dtype | str = torch.float32):
+                 dtype: torch.dtype | str = torch.float32, threads: int | None = None):
+        """`threads`: intra-op threads during `refine` only (restored after); batch-1 GEMVs this small can lose
+        more to thread sync than they gain, unlike the base model's forward. None leaves torch's setting alone."""
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        self.name, self.alpha, self.k = name, float(alpha), int(k)
+        self.name, self.alpha, self.k, self.threads = name, float(alpha), int(k), threads
         if isinstance(lm, SmallLM):
             lm = lm.to(device=device, dtype=dtype).eval().requires_grad_(False)
         else:
@@ -267,8 +270,18 @@ class NeuralRescorer:
             self._hidden = self._run(new)
         self._ctx = list(context)
 
-    @torch.inference_mode()
     def refine(self, lattice: Lattice, context: list[int]) -> list[list[int]]:
+        if self.threads is None:
+            return self._refine(lattice, context)
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)
+        try:
+            return self._refine(lattice, context)
+        finally:
+            torch.set_num_threads(before)
+
+    @torch.inference_mode()
+    def _refine(self, lattice: Lattice, context: list[int]) -> list[list[int]]:
         ids, lp = lattice.ids[:, : self.k].to(self.device), lattice.logprobs[:, : self.k].to(self.device).float()
         h = ids.shape[0]
         if h - 1 > self.max_len - self.keep:

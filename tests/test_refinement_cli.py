@@ -61,21 +61,27 @@ def test_refinement_pipeline(workspace):
             *common)
         row = pd.read_csv(f"r-{rescorer}/summary.csv").iloc[0]
         assert row.lossless_rate == 1.0 and row.rescorer == rescorer
-    cli("oracle", "--task", "xsum", "--k", "8", "--limit", "3", "--out", "o", *common)
-    oracle = pd.read_csv("o/oracle.csv")
+    cli("oracle", "--task", "xsum", "--k", "8", "--limit", "3", *common)
+    oracle = pd.read_csv("results/oracle/xsum/oracle.csv")
     assert list(oracle.k) == [1, 2, 4, 8]
     assert list(oracle.block_efficiency) == sorted(oracle.block_efficiency)
-    assert (ws["data"].parent / "o" / "oracle.png").exists()
-    cli("analyze", "--task", "xsum", "--limit", "2", "--k", "4", "--out", "a", *common)
-    rep = pd.read_csv("a/repetition.csv")
+    assert (ws["data"].parent / "results" / "oracle" / "xsum" / "oracle.png").exists()
+    cli("analyze", "--task", "xsum", "--limit", "2", "--k", "4", *common)
+    rep = pd.read_csv("results/analysis/xsum/repetition.csv")
     assert list(rep.drafts) == ["plain", "ngram2"] and rep.repeat_share.between(0, 1).all()
-    ent = pd.read_csv("a/entropy.csv")
+    ent = pd.read_csv("results/analysis/xsum/entropy.csv")
     assert len(ent) == 3 and 1 <= ent.h_max.iloc[0] <= 3
     cli("replay", "--task", "xsum", "--methods", "bpd,ngram2,16best-0gram,oracle-k4", "--k", "4", "--limit", "3",
-        "--out", "rp", *common)
-    rp = pd.read_csv("rp/replay.csv").set_index("method")
+        *common)
+    rp = pd.read_csv("results/replay/xsum/replay.csv").set_index("method")
     assert rp.loc["16best-0gram", "block_efficiency"] <= rp.loc["oracle-k4", "block_efficiency"]
     cli("tune", "--task", "xsum", "--rescorer", "ngram2", "--limit", "2", "--k", "4", *common[:-4],
         "--data-dir", ws["data"], "--max-new-tokens", "10")
     alpha = json.loads(open("results/alpha.json").read())
     assert f"{ws['model']}/xsum/ngram2" in alpha
+    cli("tables", "--results", "results")
+    lattice = pd.read_csv("results/tables/top16_lattice.csv").set_index("method")
+    assert lattice.loc["bpd", "paper_block_efficiency"] == 1.13  # XSum, from ../shared/paper/reference_tables.csv
+    assert "relative_change_pct" in lattice.columns
+    for name in ("oracle_vs_k", "repetition", "entropy", "top16_lattice_wide"):
+        assert (ws["data"].parent / "results" / "tables" / f"{name}.md").exists()

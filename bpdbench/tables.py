@@ -1,0 +1,95 @@
+"""`bpdbench tables`: the paper's tables, rendered from result files only (never from stdout).
+
+Reads `results/replay/<task>/replay.csv` (lattice methods on shared greedy trajectories), `results/oracle/<task>/
+oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/runs/*/summary.csv`, and writes CSV +
+Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from .results import to_markdown
+
+PAPER_METHOD = {"neural-m": "neural-61m"}   # our name -> the paper's name for the same role
+LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle-k16"]
+TASK_ORDER = ["lambada", "squad", "cnn_dailymail", "samsum", "multi_news", "xsum", "newsroom", "mt_bench"]
+
+
+def reference_tables() -> pd.DataFrame | None:
+    path = Path(__file__).resolve().parents[2] / "shared" / "paper" / "reference_tables.csv"
+    return pd.read_csv(path) if path.exists() else None
+
+
+def _collect(results: Path, sub: str, name: str) -> pd.DataFrame:
+    frames = [pd.read_csv(p) for p in sorted((results / sub).glob(f"*/{name}"))]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def lattice_table(results: Path) -> pd.DataFrame:
+    ours = _collect(results, "replay", "replay.csv")
+    if ours.empty:
+        return ours
+    ours = ours[ours.method.isin(LATTICE_METHODS)]
+    ref = reference_tables()
+    rows = []
+    for (task, method), g in ours.groupby(["task", "method"], sort=False):
+        r = g.iloc[-1]
+        row = {"task": task, "method": method, "n_examples": int(r.n_examples),
+               "block_efficiency": round(float(r.block_efficiency), 3)}
+        base = ours[(ours.task == task) & (ours.method == "bpd")]
+        if method not in ("bpd", "oracle-k16") and not base.empty:
+            row["relative_change_pct"] = round(100 * (r.block_efficiency / base.block_efficiency.iloc[-1] - 1), 2)
+        if ref is not None:
+            p = ref[(ref.task == task) & (ref.method == PAPER_METHOD.get(method, method))]
+            if not p.empty:
+                row["paper_block_efficiency"] = p.block_efficiency.iloc[0]
+                row["paper_relative_change_pct"] = p.relative_change_pct.iloc[0]
+        rows.append(row)
+    df = pd.DataFrame(rows)
+    df["_t"] = df.task.map(lambda t: TASK_ORDER.index(t) if t in TASK_ORDER else 99)
+    df["_m"] = df.method.map(LATTICE_METHODS.index)
+    return df.sort_values(["_t", "_m"]).drop(columns=["_t", "_m"]).reset_index(drop=True)
+
+
+def lattice_wide(df: pd.DataFrame) -> pd.DataFrame:
+    """The paper's layout: one row per task, one column per method ("ours (paper)")."""
+    def cell(r) -> str:
+        s = f"{r.block_efficiency:.2f}"
+        if pd.notna(r.get("relative_change_pct")):
+            s += f" ({r.relative_change_pct:+.1f}%)"
+        if pd.notna(r.get("paper_block_efficiency")):
+            s += f" [paper {r.paper_block_efficiency:.2f}]"
+        return s
+    wide = df.assign(cell=df.apply(cell, axis=1)).pivot(index="task", columns="method", values="cell")
+    wide = wide[[m for m in LATTICE_METHODS if m in wide.columns]]
+    order = [t for t in TASK_ORDER if t in wide.index] + [t for t in wide.index if t not in TASK_ORDER]
+    return wide.loc[order].reset_index()
+
+
+def build(results: Path = Path("results")) -> list[Path]:
+    out = results / "tables"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def emit(name: str, df: pd.DataFrame, title: str) -> None:
+        if df.empty:
+            return
+        df.to_csv(out / f"{name}.csv", index=False)
+        (out / f"{name}.md").write_text(f"# {title}\n\n" + to_markdown(df))
+        written.extend([out / f"{name}.csv", out / f"{name}.md"])
+
+    lat = lattice_table(results)
+    emit("top16_lattice", lat, "Block efficiency with the top-16 lattice (ours vs paper)")
+    if not lat.empty:
+        emit("top16_lattice_wide", lattice_wide(lat), "Block efficiency, paper layout: ours (rel. change) [paper]")
+    emit("oracle_vs_k", _collect(results, "oracle", "oracle.csv"), "Oracle block efficiency vs k")
+    emit("repetition", _collect(results, "analysis", "repetition.csv"),
+         "Consecutive repetition in drafts, before/after 2-gram rescoring")
+    emit("entropy", _collect(results, "analysis", "entropy.csv"), "Per-head entropy and h_max")
+    runs = _collect(results, "runs", "summary.csv")
+    if not runs.empty:
+        emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
+             "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
+    return written
