@@ -1,0 +1,68 @@
+"""Heads: Medusa-1 on-disk layout round trip, foreign checkpoints with own projections, training signal."""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from bpdbench import heads as H
+from bpdbench import train_heads
+
+
+def test_save_load_roundtrip_shared_projection(tmp_path, tiny_model):
+    torch.manual_seed(0)
+    h = H.Heads(32, 3)
+    for p in h.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    h.shortlist = torch.tensor([1, 5, 9, 20])
+    H.save(h, H.HeadsInfo("tiny", 3, shortlist_size=4), tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["medusa_num_heads"] == 3 and cfg["medusa_num_layers"] == 1 and cfg["base_model_name_or_path"] == "tiny"
+    state = torch.load(tmp_path / H.WEIGHTS)
+    assert set(state) == {f"{i}.0.linear.{w}" for i in range(3) for w in ("weight", "bias")}
+    loaded, _ = H.load(tmp_path, 32)
+    x = torch.randn(32)
+    assert torch.allclose(loaded.draft_logits(x, 3, tiny_model.lm_head), h.draft_logits(x, 3, tiny_model.lm_head))
+    assert loaded.to_token_ids(torch.tensor([2])).item() == 9
+
+
+def test_medusa_checkpoint_with_own_projections(tmp_path, tiny_model):
+    """A published Medusa-1 checkpoint: ModuleList of Sequential(ResBlock, Linear(d, V)), 2 heads."""
+    torch.manual_seed(1)
+    state = {}
+    for i in range(2):
+        state[f"{i}.0.linear.weight"] = torch.randn(32, 32) * 0.1
+        state[f"{i}.0.linear.bias"] = torch.randn(32) * 0.1
+        state[f"{i}.1.weight"] = torch.randn(96, 32)
+    torch.save(state, tmp_path / H.WEIGHTS)
+    (tmp_path / "config.json").write_text(json.dumps({"medusa_num_heads": 2, "medusa_num_layers": 1,
+                                                      "base_model_name_or_path": "x"}))
+    heads, _ = H.load(tmp_path, 32)
+    x = torch.randn(32)
+    z = x + torch.nn.functional.silu(state["1.0.linear.weight"] @ x + state["1.0.linear.bias"])
+    expected = state["1.1.weight"] @ z
+    assert torch.allclose(heads.draft_logits(x, 2, tiny_model.lm_head)[1], expected, atol=1e-5)
+
+
+def test_fit_learns_a_shift_rule():
+    """Synthetic teacher: head i's target is a fixed linear function of x; training must raise agreement."""
+    torch.manual_seed(2)
+    d, vocab, h, n = 16, 40, 2, 600
+    lm_w = torch.randn(vocab, d)
+    x = torch.randn(n, d)
+    seqs = []
+    for s in range(0, n, 50):
+        hid = x[s:s + 50]
+        prev = torch.cat([torch.zeros(1, d), hid[:-1]])
+        logits = prev @ lm_w.roll(3, 0).T * 3          # teacher at step s depends on x_{s-1}: head 0 can learn it
+        lp = torch.log_softmax(logits, -1)
+        top_lp, top_ids = lp.topk(train_heads.TOPK_TEACHER, -1)
+        seqs.append((hid, top_ids, top_lp, top_ids[:, 0]))
+    shortlist = torch.arange(vocab)
+    before = train_heads.agreement(lm_w, torch.zeros(h, d, d), torch.zeros(h, d), seqs, shortlist, h)
+    prof = train_heads.Profile(n_prompts=0, gen_tokens=0, steps=150, batch_positions=128, negatives=8, lr=1e-2)
+    x_, tid, tlp, valid = train_heads._targets(seqs, h)
+    w, b = train_heads.fit(lm_w, x_, tid, tlp, valid, shortlist, prof, log=lambda m: None)
+    after = train_heads.agreement(lm_w, w, b, seqs, shortlist, h)
+    assert after["top1"][0] > before["top1"][0] + 0.1
+    assert all(0 <= v <= 1 for v in after["top16"])
