@@ -258,6 +258,40 @@ def tables(results: str = typer.Option("results", help="results directory")):
         print(path)
 
 
+@app.command()
+@one_line_errors
+def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench, prompts, ...)"),
+          methods: str = typer.Option("ar,bpd,hf-greedy,hf-pld,hf-assisted",
+                                      help="comma-separated: ar, bpd, a rescorer name, hf-greedy, hf-pld, "
+                                           "hf-assisted (ar, the baseline, always runs)"),
+          model: str = _M, heads: int = _H, heads_profile: str = _HP,
+          limit: Optional[int] = typer.Option(20, help="prompts"), offset: int = _O,
+          per_category: Optional[int] = typer.Option(None, help="first N prompts of each category instead of "
+                                                                "--limit (Spec-Bench)"),
+          repeats: int = typer.Option(3, help="timed repeats per prompt and method (median kept)"),
+          max_new_tokens: int = typer.Option(128, help="max new tokens"), dtype: str = _D,
+          device: str = typer.Option("cpu", help="cpu | cuda | auto"), threads: Optional[int] = _TH,
+          k: int = typer.Option(16, help="lattice width for rescorers"),
+          assistant: Optional[str] = typer.Option(None, help="hf-assisted draft model (default "
+                                                             "qwen2.5-coder-0.5b; same tokenizer as the target)"),
+          data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
+          out: Optional[str] = typer.Option(None, help="default: results/speed/<task>")):
+    """Wall-clock speedup over our greedy loop (ar) of BPD, rescorers and transformers' generate (greedy, PLD,
+    assisted) on identical outputs: speed.jsonl, speed.csv, speed_by_category.csv, config.json."""
+    import pandas as pd
+    from . import speed as speed_lib
+    from .results import to_markdown
+    cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
+                    max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, k=k,
+                    data_dir=data_dir, data_file=data_file, out=out)
+    out_dir = speed_lib.run(cfg, [m.strip() for m in methods.split(",") if m.strip()], repeats, assistant,
+                            per_category, log=lambda m: console.print(m, highlight=False, soft_wrap=True))
+    print(to_markdown(pd.read_csv(out_dir / "speed.csv")))
+    if (out_dir / "speed_by_category.csv").exists():
+        print(to_markdown(pd.read_csv(out_dir / "speed_by_category.csv")))
+    console.print(f"results in {out_dir}")
+
+
 def main() -> None:
     app()
 

@@ -84,6 +84,7 @@ def self_distill(model, tok, prompts: list[list[int]], gen: int, batch: int, log
     eos = model.generation_config.eos_token_id
     data = []
     t0 = time.time()
+    prompts = sorted(prompts, key=len)  # batches of similar length waste little compute on padding
     for s in range(0, len(prompts), batch):
         chunk = prompts[s: s + batch]
         width = max(map(len, chunk))
@@ -198,8 +199,9 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed)
     log(f"training '{profile}' heads for {model_name}: {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
     data = self_distill(model, tok, prompts, p.gen_tokens, p.batch_gen, log)
-    n_eval = max(1, int(len(data) * p.eval_fraction))
-    train_data, eval_data = data[n_eval:], data[:n_eval]
+    every = max(2, round(1 / p.eval_fraction))  # held-out sequences spread over all prompt lengths and sources
+    train_data = [d for i, d in enumerate(data) if i % every]
+    eval_data = data[::every]
     eos = model.generation_config.eos_token_id
     shortlist = build_shortlist(tok, train_data, p.shortlist, tasks.default_data_dir(),
                                 set(eos if isinstance(eos, list) else [eos]))

@@ -74,9 +74,13 @@ def to_stream(docs: list[list[int]], sep_id: int | None) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.long)
 
 
-def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 16, lr: float = 1e-3, warmup: int = 30,
-             max_steps: int | None = None, seed: int = 0, log: Callable[[str], None] = print) -> dict:
-    """AdamW on random windows of `ids` until `seconds` (or `max_steps`); lr: linear warmup, cosine in time to 10%."""
+def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 8, lr: float = 1e-3, warmup: int = 30,
+             max_steps: int | None = None, seed: int = 0, bf16: bool = True,
+             log: Callable[[str], None] = print) -> dict:
+    """AdamW on random windows of `ids` until `seconds` (or `max_steps`); lr: linear warmup, cosine in time to 10%.
+
+    `bf16`: CPU autocast (fp32 master weights and loss): ~1.4x more tokens per second on this AVX512-BF16 CPU,
+    which matters more than bf16 rounding when the budget, not the data, limits training."""
     T = lm.cfg.max_len
     warmup = min(warmup, max(1, max_steps // 10)) if max_steps else warmup
     if len(ids) < T + 2:
@@ -99,7 +103,8 @@ def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 16, lr: floa
             group["lr"] = cur
         off = torch.randint(0, len(ids) - T - 1, (batch,), generator=g)
         idx = off[:, None] + torch.arange(T)[None]
-        loss = lm.loss(inp[idx], tgt[idx + 1])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = lm.loss(inp[idx], tgt[idx + 1])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(lm.parameters(), 1.0)
@@ -115,7 +120,7 @@ def train_lm(lm, ids: torch.Tensor, seconds: float, *, batch: int = 16, lr: floa
 
 
 @torch.no_grad()
-def evaluate(lm, ids: torch.Tensor, max_tokens: int = 32768, batch: int = 8) -> tuple[float, int]:
+def evaluate(lm, ids: torch.Tensor, max_tokens: int = 32768, batch: int = 8, bf16: bool = True) -> tuple[float, int]:
     """Mean next-token loss (nats) over non-overlapping windows; targets outside the shortlist are skipped."""
     T = lm.cfg.max_len
     ids = ids[: max_tokens + 1]
@@ -127,9 +132,18 @@ def evaluate(lm, ids: torch.Tensor, max_tokens: int = 32768, batch: int = 8) -> 
     lm.eval()
     for s in range(0, n, batch):
         c = int((y[s:s + batch] != -100).sum())
-        total += float(lm.loss(x[s:s + batch], y[s:s + batch])) * c
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            total += float(lm.loss(x[s:s + batch], y[s:s + batch])) * c
         count += c
     return total / max(count, 1), count
+
+
+def target_macs(hf_config: dict) -> int:
+    """MACs/token of a Llama/Qwen-style target from its HF config.json (GQA projections, SwiGLU, untied head)."""
+    d, L, f = hf_config["hidden_size"], hf_config["num_hidden_layers"], hf_config["intermediate_size"]
+    heads = hf_config["num_attention_heads"]
+    kv = hf_config.get("num_key_value_heads", heads) * (d // heads)
+    return L * (2 * d * d + 2 * d * kv + 3 * d * f) + hf_config["vocab_size"] * d
 
 
 def _load_shortlist(model_name: str) -> torch.Tensor:
@@ -173,14 +187,14 @@ def _tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> l
 def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: torch.Tensor | None = None,
                  out: Path | None = None, minutes: float = 15, log: Callable[[str], None] = print, *,
                  tokenize: Callable[[str], list[int]] | None = None, corpus_files: list[Path] | None = None,
-                 sep_id: int | None = None, batch: int = 16, lr: float = 1e-3, max_steps: int | None = None,
-                 eval_tokens: int = 32768, seed: int = 0) -> Path:
+                 sep_id: int | None = None, batch: int = 8, lr: float = 1e-3, max_steps: int | None = None,
+                 eval_tokens: int = 32768, seed: int = 0, bf16: bool = True) -> Path:
     """Train a size-`size` rescoring LM for `minutes` of wall clock and save it (with report.json) to `out`.
 
     Tests inject `tokenize`/`corpus_files`/`sep_id`; the CLI path uses the target's own tokenizer and its EOS as
     the document separator. Held-out evaluation (capped at `eval_tokens`) runs after the budget.
     """
-    from rescorers.neural import QWEN_05B_MACS, SmallLM, make_config, save_lm, target_macs
+    from rescorers.neural import QWEN_05B_MACS, SmallLM, make_config, save_lm
 
     out = Path(out) if out is not None else neural_dir(size, model_name)
     if shortlist is None:
@@ -213,8 +227,9 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
     log(f"neural-{size}: {lm.num_params() / 1e6:.2f}M params, {macs / 1e6:.2f}M MACs/token"
         + (f" ({100 * macs / t_macs:.2f}% of target)" if t_macs else "")
         + f"; {len(train_ids)} train / {len(held_ids)} held-out tokens; {minutes:g} min budget")
-    stats = train_lm(lm, train_ids, minutes * 60, batch=batch, lr=lr, max_steps=max_steps, seed=seed, log=log)
-    loss, n_eval = evaluate(lm, held_ids, eval_tokens)
+    stats = train_lm(lm, train_ids, minutes * 60, batch=batch, lr=lr, max_steps=max_steps, seed=seed, bf16=bf16,
+                     log=log)
+    loss, n_eval = evaluate(lm, held_ids, eval_tokens, bf16=bf16)
     coverage = float((lm.targets(train_ids) != -100).float().mean())
     report = {
         "size": size, "model": model_name, "params": lm.num_params(), "macs_per_token": macs,
@@ -223,7 +238,8 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
         "steps": stats["steps"], "tokens_seen": stats["tokens_seen"], "seconds": stats["seconds"],
         "final_train_loss": round(sum(stats["losses"][-20:]) / max(1, len(stats["losses"][-20:])), 4),
         "heldout_tokens": n_eval, "heldout_loss": round(loss, 4), "heldout_ppl": round(math.exp(loss), 2),
-        "batch": batch, "lr": lr, "seed": seed, "corpus_files": [str(f) for f in corpus_files],
+        "batch": batch, "seq_len": cfg.max_len, "lr": lr, "bf16_autocast": bf16, "seed": seed,
+        "corpus_files": [str(f) for f in corpus_files],
     }
     save_lm(lm, out)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -113,22 +113,29 @@ def test_matches_naive_local_rescoring(alpha):
 
 
 def test_cache_reused_across_calls_and_reset():
-    lm = tiny_lm()
-    r = NeuralRescorer("neural", lm, alpha=1.0, k=16)
+    r = NeuralRescorer("neural", tiny_lm(), alpha=1.0, k=16)
     h, ctx = 8, list(range(0, 40, 2))
     r.reset(ctx)
     r.refine(random_lattice(h, 16, 0), ctx)
-    assert (r.forwards, r.tokens_encoded) == (h, len(ctx) + h - 1)
+    assert r.ctx_tokens == len(ctx) and 1 <= r.forwards <= h
     ctx2 = ctx + [50, 52, 54]
     r.refine(random_lattice(h, 16, 1), ctx2)
-    assert (r.forwards, r.tokens_encoded) == (2 * h, len(ctx) + 3 + 2 * (h - 1))  # only the 3 new tokens
-    assert r.cache.length == len(ctx2)  # draft rolled back
+    assert r.ctx_tokens == len(ctx2) and r.forwards <= 2 * h  # only the 3 new tokens were encoded
+    assert r.state.length() == len(ctx2)  # draft rolled back
     r.reset(ctx2)
-    before = r.tokens_encoded
     r.refine(random_lattice(h, 16, 2), ctx2)
-    assert r.tokens_encoded - before == len(ctx2) + h - 1  # reset drops the cache
+    assert r.ctx_tokens == 2 * len(ctx2)  # reset drops the cache
     r.refine(random_lattice(h, 16, 3), [4] + ctx2)  # not an extension: recompute
-    assert r.tokens_encoded - before == 2 * (len(ctx2) + h - 1) + 1
+    assert r.ctx_tokens == 3 * len(ctx2) + 1
+
+
+def test_one_forward_per_step_when_lm_agrees():
+    r = NeuralRescorer("neural", tiny_lm(), alpha=0.0, k=16)
+    ctx = [2, 4, 6]
+    for step in range(4):
+        r.refine(random_lattice(8, 16, step), ctx)
+        ctx = ctx + [8, 10]
+    assert r.forwards == 4 and r.ctx_tokens == len(ctx) - 2
 
 
 def test_window_stays_bounded_and_matches_reference():
@@ -138,9 +145,10 @@ def test_window_stays_bounded_and_matches_reference():
     for step in range(30):
         lat = random_lattice(4, 16, step)
         out = r.refine(lat, ctx)
-        assert r.cache.length <= 32 - 3 and r._window == ctx[-len(r._window):]
+        assert r.state.length() <= 32 - 3 and r._window == ctx[-len(r._window):]
         assert out == [reference_refine(lm, lat, r._window, 2.0)]
         ctx = ctx + [2 * (step % 50), 2 * ((step * 7) % 50)]
+    assert len(r._window) < len(ctx) - 2
 
 
 def test_save_load_roundtrip(tmp_path):
@@ -172,3 +180,25 @@ def test_missing_shortlist_is_one_line_error(tmp_path, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="bpdbench train-heads"):
         train_neural("s", minutes=0)
+
+
+def test_hf_causal_lm_backend_matches_naive_rescoring():
+    """A Hugging Face LM over the target's vocabulary (the registry's `hf:<model>` rescorers) takes the same path."""
+    from conftest import make_tiny_model
+
+    model = make_tiny_model(vocab=96, seed=1)
+    r = NeuralRescorer("hf", model, alpha=1.5, k=8, max_len=32)
+    ctx, g = [3, 7, 11], torch.Generator().manual_seed(5)
+    for step in range(20):
+        ids = torch.stack([torch.randperm(96, generator=g)[:8] for _ in range(4)])
+        lat = Lattice(ids=ids, logprobs=torch.randn(4, 8, generator=g).sort(-1, descending=True).values)
+        out = r.refine(lat, ctx)
+        assert r.state.length() <= 32 - 3 and r._window == ctx[-len(r._window):]
+        draft: list[int] = []
+        for i in range(4):  # naive: full forward over the window the rescorer holds + draft so far
+            with torch.no_grad():
+                logp = torch.log_softmax(model(torch.tensor([r._window + draft])).logits[0, -1], -1)
+            draft.append(int(ids[i, int((lat.logprobs[i] + 1.5 * logp[ids[i]]).argmax())]))
+        assert out == [draft]
+        ctx = ctx + [int(ids[0, 0]), 5 + step]
+    assert len(r._window) < len(ctx) - 2  # the window was rebuilt at least once

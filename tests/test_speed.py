@@ -1,0 +1,134 @@
+"""`bpdbench speed` on a tiny model: result files, identical outputs across methods, speedup arithmetic."""
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from bpdbench import speed
+from bpdbench.cli import app
+
+METHODS = ["ar", "bpd", "16best-0gram", "medusa", "hf-greedy", "hf-pld"]
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)  # results/alpha.json lookups must not see the repo's
+
+
+@pytest.fixture()
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "prompt": f"Example {i}: the quick brown fox jumps"} for i in range(3)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def cli(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, result.output
+
+
+def speed_cli(model_dir, prompts_file, out, methods, *extra):
+    return cli("speed", "--task", "prompts", "--data-file", prompts_file, "--model", model_dir, "--heads-profile",
+               "init", "--heads", "4", "--dtype", "float32", "--threads", "1", "--methods", ",".join(methods),
+               "--limit", "2", "--repeats", "2", "--max-new-tokens", "12", "--out", out, *extra)
+
+
+def test_speed_writes_results_and_all_methods_identical(tiny_model_dir, prompts_file, tmp_path):
+    out = tmp_path / "speed"
+    code, text = speed_cli(tiny_model_dir, prompts_file, out, METHODS)
+    assert code == 0, text
+    assert {p.name for p in out.iterdir()} >= {"speed.jsonl", "speed.csv", "config.json"}
+    csv = pd.read_csv(out / "speed.csv")
+    assert list(csv.method) == METHODS
+    for col in ("n_prompts", "n_identical", "tokens", "seconds", "tokens_per_s", "speedup_vs_ar",
+                "block_efficiency", "median_spread"):
+        assert col in csv.columns
+    assert (csv.n_prompts == 2).all() and (csv.n_identical == 2).all(), text  # float32: exact ties only
+    ar = csv.set_index("method").loc["ar"]
+    assert ar.speedup_vs_ar == 1.0 and ar.block_efficiency == 1.0
+    assert (csv.tokens == ar.tokens).all()
+    records = [json.loads(line) for line in (out / "speed.jsonl").read_text().splitlines()]
+    assert len(records) == 2 * len(METHODS)
+    assert all(len(r["times"]) == 2 and r["identical"] and r["first_divergence"] is None for r in records)
+    config = json.loads((out / "config.json").read_text())
+    assert config["methods"] == METHODS and config["repeats"] == 2
+    assert "torch" in config["environment"]["versions"] and config["environment"]["dtype"] == "float32"
+    assert "| method |" in text  # the Markdown table, rendered from the CSV
+    assert not (out / "speed_by_category.csv").exists()  # `prompts` has no categories
+
+
+def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, prompts_file, tmp_path):
+    out = tmp_path / "assisted"
+    code, text = speed_cli(tiny_model_dir, prompts_file, out, ["hf-assisted"], "--assistant", tiny_model_dir)
+    assert code == 0, text
+    csv = pd.read_csv(out / "speed.csv").set_index("method")
+    assert list(csv.index) == ["ar", "hf-assisted"]  # ar is always added as the baseline
+    assert csv.loc["hf-assisted", "n_identical"] == 2
+    assert csv.loc["hf-assisted", "block_efficiency"] > 1.0  # a self-draft is always accepted
+
+
+def test_default_assistant_equal_to_target_is_skipped(tiny_model_dir, monkeypatch):
+    monkeypatch.setattr(speed, "DEFAULT_ASSISTANT", str(tiny_model_dir))
+    from bpdbench import models
+    from bpdbench.config import RunConfig
+    model, tok = models.load(str(tiny_model_dir), "float32")
+    cfg = RunConfig(model=str(tiny_model_dir), dtype="float32")
+    logs = []
+    decoders, resolved = speed.build_decoders(cfg, ["ar", "hf-assisted"], model, tok, {1}, 8, None, logs.append)
+    assert list(decoders) == ["ar"] and "hf-assisted" in resolved["skipped"]
+    assert len(logs) == 1 and logs[0].startswith("skipping hf-assisted")
+
+
+def test_speed_by_category(tiny_model_dir, tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"question_id": i, "category": cat, "turns": [f"Question {i} about {cat}"]}
+            for i, cat in enumerate(["writing", "math", "writing", "math", "qa"])]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "cat"
+    code, text = cli("speed", "--task", "spec_bench", "--data-file", path, "--model", tiny_model_dir,
+                     "--dtype", "float32", "--threads", "1", "--methods", "ar,hf-greedy", "--per-category", "1",
+                     "--repeats", "1", "--max-new-tokens", "6", "--out", out)
+    assert code == 0, text
+    by_cat = pd.read_csv(out / "speed_by_category.csv")
+    assert sorted(set(by_cat.category)) == ["math", "qa", "writing"]
+    assert len(by_cat) == 6 and (by_cat.n_prompts == 1).all()
+
+
+def test_unknown_method_is_one_line_error(tiny_model_dir, prompts_file, tmp_path):
+    code, text = speed_cli(tiny_model_dir, prompts_file, tmp_path / "x", ["ar", "warp-drive"])
+    assert code == 2 and "unknown method 'warp-drive'" in text
+
+
+def _rec(pid, method, seconds, identical=True, tokens=10, calls=10, category=None):
+    return {"id": pid, "category": category, "method": method, "tokens": tokens, "serial_calls": calls,
+            "median_s": seconds, "spread": 0.1, "identical": identical, "first_divergence": None if identical else 3}
+
+
+def test_speedup_is_ratio_of_sums_over_identical_prompts():
+    records = [_rec("a", "ar", 4.0), _rec("b", "ar", 6.0), _rec("c", "ar", 10.0),
+               _rec("a", "bpd", 2.0, calls=4), _rec("b", "bpd", 2.0, calls=5), _rec("c", "bpd", 1.0, identical=False),
+               _rec("a", "hf-pld", 8.0, identical=False), _rec("b", "hf-pld", 3.0), _rec("c", "hf-pld", 20.0)]
+    df = speed.summarize(records).set_index("method")
+    assert df.loc["ar", "speedup_vs_ar"] == 1.0 and df.loc["ar", "n_identical"] == 3
+    # bpd: c excluded -> (4 + 6) / (2 + 2); tokens and calls only over a, b
+    assert df.loc["bpd", "speedup_vs_ar"] == pytest.approx(2.5)
+    assert df.loc["bpd", "n_identical"] == 2 and df.loc["bpd", "n_prompts"] == 3
+    assert df.loc["bpd", "tokens"] == 20 and df.loc["bpd", "block_efficiency"] == pytest.approx(20 / 9)
+    assert df.loc["bpd", "tokens_per_s"] == pytest.approx(20 / 4)
+    # hf-pld: a excluded -> (6 + 10) / (3 + 20)
+    assert df.loc["hf-pld", "speedup_vs_ar"] == pytest.approx(16 / 23)
+    logs = []
+    speed.report_divergence(speed.summarize(records), records, logs.append)
+    assert len(logs) == 2 and "bpd diverges from ar on 1/3 prompts (prompt@token: c@3)" in logs[0]
+
+
+def test_speedup_per_category():
+    records = [_rec("a", "ar", 4.0, category="x"), _rec("b", "ar", 6.0, category="y"),
+               _rec("a", "bpd", 2.0, category="x"), _rec("b", "bpd", 1.0, category="y")]
+    df = speed.summarize(records, ("category", "method")).set_index(["category", "method"])
+    assert df.loc[("x", "bpd"), "speedup_vs_ar"] == 2.0 and df.loc[("y", "bpd"), "speedup_vs_ar"] == 6.0
