@@ -7,7 +7,7 @@ PIP     := $(BIN)/python -m pip
 TORCH   ?= torch==2.13.0
 export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
-.PHONY: install kenlm demo test test-fast heads-quick heads-full bench clean
+.PHONY: install kenlm demo test test-fast regress regress-update heads-quick heads-full bench clean
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,13 @@ test: install kenlm
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
+
+# CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
+regress: install kenlm
+	$(BIN)/bpdbench regress --baseline results/baseline.json
+
+regress-update: install kenlm
+	$(BIN)/bpdbench regress --baseline results/baseline.json --update
 
 heads-quick: install
 	$(BIN)/bpdbench train-heads --profile quick

@@ -61,11 +61,16 @@ def trajectories(ctx: Context, examples, k_max: int = 16) -> Iterator[tuple[obje
 
 def choosers(ctx: Context, names: list[str], alphas: dict[str, float] | None = None, log=print
              ) -> dict[str, tuple[Callable, int]]:
-    """name -> (draft rule, lattice width) for replay; oracle-k<K> entries are handled by the caller."""
+    """name -> (draft rule, lattice width) for replay: `bpd`, `bpd-h<N>` (first N heads), any rescorer name;
+    oracle-k<K> entries are handled by the caller."""
     out = {}
     for name in names:
         if name in ("bpd", "none"):
             out[name] = (replay.top1, 1)
+            continue
+        if name.startswith("bpd-h"):            # plain BPD with only the first N heads (efficiency vs h)
+            n = int(name[len("bpd-h"):])
+            out[name] = (lambda lat, ctx, n=n: [lat.ids[:n, 0].tolist()], 1)
             continue
         spec = rescorers.get_rescorer(name)
         alpha = (alphas or {}).get(name)

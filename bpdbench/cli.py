@@ -187,8 +187,8 @@ _DF = typer.Option(None, help="data file (task prompts)")
 @one_line_errors
 def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 4, ... up to it)"), model: str = _M,
            heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
-           max_new_tokens: Optional[int] = _N, dtype: str = _D, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
-           out: Optional[str] = typer.Option(None)):
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, threads: Optional[int] = _TH,
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
     """Oracle block efficiency of the top-k lattice (best achievable path) for k = 1, 2, 4, ..., K: CSV + PNG."""
     from . import analysis
     from .results import to_markdown
@@ -204,7 +204,8 @@ def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 
 @one_line_errors
 def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L,
             offset: int = _O, max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16,
-            threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
+            threads: Optional[int] = _TH,
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
     """Consecutive repetition in drafts (plain vs 2-gram rescored) and per-head entropy / h_max: CSV + PNG."""
     from . import analysis
     from .results import to_markdown
@@ -220,8 +221,8 @@ def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str
 @one_line_errors
 def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle-k16", help="comma-separated"),
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
-           max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
-           out: Optional[str] = typer.Option(None)):
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH,
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
     """Block efficiency of several draft methods replayed on the same greedy trajectories (first = baseline)."""
     from . import analysis
     from .results import to_markdown
@@ -237,8 +238,8 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle-
 @one_line_errors
 def tune(task: str = _T, rescorer: str = typer.Option(..., help="rescorer to tune"), model: str = _M,
          heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = typer.Option(20, help="held-out examples"),
-         max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD,
-         data_file: Optional[str] = _DF):
+         max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH,
+         data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF):
     """Pick alpha on the task's held-out slice (never evaluated) and store it in results/alpha.json."""
     from . import analysis
     cfg = _analysis_cfg(task, model, heads, heads_profile, limit, 0, max_new_tokens, dtype, k, threads,
@@ -247,6 +248,26 @@ def tune(task: str = _T, rescorer: str = typer.Option(..., help="rescorer to tun
     res = analysis.tune(ctx, examples, rescorer, log=console.print)
     console.print(f"{task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} held-out examples "
                   f"(stored in results/alpha.json)")
+
+
+@app.command()
+@one_line_errors
+def regress(baseline: str = typer.Option("results/baseline.json", help="baseline file"),
+            update: bool = typer.Option(False, help="re-run the grid and overwrite the baseline")):
+    """Re-run the fixed regression grid; exit 1 if block efficiency moved beyond tolerance or a run lost tokens."""
+    from .regress import regress as run_regress
+    path = Path(baseline)
+    if not update and not path.exists():
+        raise FileNotFoundError(f"no baseline at {path}; create it with `bpdbench regress --update`")
+    failures = run_regress(path, update, log=lambda m: console.print(m, highlight=False))
+    if update:
+        console.print(f"baseline written to {path}")
+    for f in failures:
+        console.print(f"[red]REGRESSION[/red] {f}", highlight=False, soft_wrap=True)
+    if failures:
+        raise typer.Exit(1)
+    if not update:
+        console.print("regression check passed")
 
 
 @app.command()

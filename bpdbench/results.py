@@ -27,7 +27,8 @@ class ResultWriter:
         out.mkdir(parents=True, exist_ok=True)
         if resume and (out / CONFIG).exists():
             old = json.loads((out / CONFIG).read_text())["config"]
-            changed = [k for k in old if k not in ("resume", "limit", "offset", "out") and old[k] != config["config"].get(k)]
+            new = config["config"]
+            changed = [k for k in old if k not in ("resume", "limit", "offset", "out") and old[k] != new.get(k)]
             if changed:
                 raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}; use a new --out")
         (out / CONFIG).write_text(json.dumps(config, indent=2, default=str))

@@ -84,6 +84,11 @@ def build(results: Path = Path("results")) -> list[Path]:
     emit("top16_lattice", lat, "Block efficiency with the top-16 lattice (ours vs paper)")
     if not lat.empty:
         emit("top16_lattice_wide", lattice_wide(lat), "Block efficiency, paper layout: ours (rel. change) [paper]")
+    rep = _collect(results, "replay", "replay.csv")
+    if not rep.empty and rep.method.str.startswith("bpd-h").any():
+        by_h = rep[rep.method.str.startswith("bpd-h")].assign(heads=lambda d: d.method.str[5:].astype(int))
+        emit("efficiency_vs_heads", by_h.pivot_table(index="task", columns="heads", values="block_efficiency")
+             .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed)")
     emit("oracle_vs_k", _collect(results, "oracle", "oracle.csv"), "Oracle block efficiency vs k")
     emit("repetition", _collect(results, "analysis", "repetition.csv"),
          "Consecutive repetition in drafts, before/after 2-gram rescoring")

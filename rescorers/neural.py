@@ -4,7 +4,7 @@ Design choices, and why:
 - Vocabulary = the heads' shortlist. Lattice candidates are always shortlist ids, so the output softmax covers only
   the shortlist (S ~ 32k columns instead of 152k: 4.6x cheaper output layer, which dominates a model this small).
   Inputs outside the shortlist (prompt tokens, rare code) map to one extra <unk> row rather than a full 152k-row
-  embedding: the corpus is ~1.6M tokens, far too little to learn 120k rare rows, and it keeps params ~ MACs.
+  embedding: the corpus is ~1.4M tokens, far too little to learn 120k rare rows, and it keeps params ~ MACs.
 - Tied input/output embeddings: same data-starvation argument (halves the parameters to fit), standard for LMs this
   size. The output uses rows [0, S) of the embedding; the <unk> row is input-only (it is never a target).
 - Pre-norm (RMSNorm), RoPE, SwiGLU MLP, causal SDPA; RoPE keeps a sliding window exact in relative positions, but we
@@ -266,7 +266,8 @@ class NeuralRescorer:
     Per `refine`: one forward of the context tokens new since the last call (usually accepted + bonus, 1-9 tokens)
     together with the heads' top-1 path (speculating the LM keeps it), then one more forward from each position
     where the LM picks another candidate; the draft is then rolled back. At most h forwards, 1 when nothing changes;
-    the choices are exactly those of the one-token-at-a-time greedy loop (causal attention).
+    the choices are those of the one-token-at-a-time greedy loop (causal attention; batched and single-token kernels
+    may round differently, which can only matter at exact near-ties).
     `lm` is a SmallLM directory or instance, or a Hugging Face causal LM sharing the target's tokenizer (kept in
     its own dtype; the window bound applies to it as well).
     """

@@ -1,0 +1,69 @@
+"""`bpdbench regress`: re-run a small fixed grid and compare with a committed baseline (CI regression of numbers).
+
+The grid is deterministic: float32, fixed examples, heads trained by the `ci` profile (fixed seed and step count).
+Block efficiency must stay within an absolute tolerance and every lossless_rate must be 1.0. Speedups are printed
+and only checked against a wide factor, because CI machines are noisy. `--update` rewrites the baseline.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+from . import runner
+from .config import RunConfig, environment
+
+GRID = {"tasks": {"xsum": 3, "squad": 3, "mt_bench": 3}, "methods": ["bpd", "16best-0gram", "medusa"],
+        "max_new_tokens": 24, "dtype": "float32", "heads_profile": "ci", "threads": 2}
+TOLERANCE = {"block_efficiency_abs": 0.05, "speedup_factor": 3.0}
+
+
+def run_grid(grid: dict, log=print) -> dict[str, dict]:
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for task, limit in grid["tasks"].items():
+            for method in grid["methods"]:
+                cfg = RunConfig(task=task, limit=limit, max_new_tokens=grid["max_new_tokens"], dtype=grid["dtype"],
+                                heads_profile=grid["heads_profile"], threads=grid["threads"],
+                                rescorer="none" if method == "bpd" else method, out=f"{tmp}/{task}-{method}")
+                row = runner.run(cfg, log=log)
+                out[f"{task}/{method}"] = {k: row.get(k) for k in ("block_efficiency", "lossless_rate", "new_tokens",
+                                                                      "serial_calls", "speedup_vs_ar")}
+                log(f"{task}/{method}: block efficiency {row['block_efficiency']:.4f}, lossless "
+                    f"{row['lossless_rate']:.2f}, speedup vs AR {row.get('speedup_vs_ar', float('nan')):.2f}")
+    return out
+
+
+def compare(baseline: dict, current: dict) -> list[str]:
+    """Human-readable failures; empty when the numbers hold."""
+    tol = baseline.get("tolerance", TOLERANCE)
+    failures = []
+    for key, base in baseline["results"].items():
+        cur = current.get(key)
+        if cur is None:
+            failures.append(f"{key}: missing from the current run")
+            continue
+        if cur["lossless_rate"] != 1.0:
+            failures.append(f"{key}: lossless_rate {cur['lossless_rate']} < 1.0")
+        diff = cur["block_efficiency"] - base["block_efficiency"]
+        if abs(diff) > tol["block_efficiency_abs"]:
+            failures.append(f"{key}: block efficiency {cur['block_efficiency']:.4f} vs baseline "
+                            f"{base['block_efficiency']:.4f} (diff {diff:+.4f} > {tol['block_efficiency_abs']})")
+        b, c = base.get("speedup_vs_ar"), cur.get("speedup_vs_ar")
+        if b and c and not (b / tol["speedup_factor"] <= c <= b * tol["speedup_factor"]):
+            failures.append(f"{key}: speedup {c:.2f} outside [{b / tol['speedup_factor']:.2f}, "
+                            f"{b * tol['speedup_factor']:.2f}]")
+    return failures
+
+
+def regress(baseline_path: Path, update: bool = False, log=print) -> list[str]:
+    grid = json.loads(baseline_path.read_text())["grid"] if baseline_path.exists() and not update else GRID
+    current = run_grid(grid, log)
+    if update:
+        import torch
+        baseline_path.parent.mkdir(parents=True, exist_ok=True)
+        baseline_path.write_text(json.dumps({"grid": grid, "tolerance": TOLERANCE, "results": current,
+                                             "environment": environment(torch.get_num_threads(), "cpu",
+                                                                        grid["dtype"])}, indent=2) + "\n")
+        return []
+    return compare(json.loads(baseline_path.read_text()), current)
