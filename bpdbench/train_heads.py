@@ -40,6 +40,7 @@ class Profile:
     shortlist: int = 32768
     num_heads: int = 8
     eval_fraction: float = 0.125
+    greedy_weight: float = 3.0     # sampling weight of greedy positions relative to prompt positions
     seed: int = 0
 
 
@@ -79,7 +80,9 @@ def prompt_pool(tok, n: int, max_tokens: int, seed: int) -> list[list[int]]:
 
 @torch.inference_mode()
 def self_distill(model, tok, prompts: list[list[int]], gen: int, batch: int, log: Callable[[str], None]):
-    """Batched greedy generation; returns per-sequence (hidden [G, d], teacher top-k ids/logprobs [G, k], length)."""
+    """Batched greedy generation. Per sequence: (hidden [P+G, d], teacher top-k ids [P+G, k] / logprobs, generated
+    ids [G], P): the prompt's own positions (teacher = the base's distribution over the real text, nearly free since
+    the prefill computed their hidden states) followed by the G greedy positions (teacher = the greedy choice)."""
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
     data = []
@@ -96,14 +99,31 @@ def self_distill(model, tok, prompts: list[list[int]], gen: int, batch: int, log
         hid = torch.stack([h[-1][:, -1, :] for h in out.hidden_states], 1).float()   # [B, G, d]
         logp = torch.log_softmax(torch.stack(out.logits, 1).float(), -1)           # [B, G, V]
         top_lp, top_ids = logp.topk(TOPK_TEACHER, -1)
+        prompt_hid = out.hidden_states[0][-1][:, :-1]                               # [B, W-1, d]
+        p_lp, p_ids = _teacher_topk(model, prompt_hid)
         new = out.sequences[:, width:]
         stop = set(eos if isinstance(eos, list) else [eos])
         for b in range(len(chunk)):
             seq = new[b].tolist()
             n = next((j + 1 for j, t in enumerate(seq) if t in stop), len(seq))  # garbage after EOS
-            data.append((hid[b, :n], top_ids[b, :n], top_lp[b, :n], new[b, :n]))
+            lo = width - len(chunk[b])                    # left padding
+            data.append((torch.cat([prompt_hid[b, lo:].float(), hid[b, :n]]),
+                         torch.cat([p_ids[b, lo:], top_ids[b, :n]]), torch.cat([p_lp[b, lo:], top_lp[b, :n]]),
+                         new[b, :n], width - 1 - lo))
         log(f"  self-distillation: {s + len(chunk)}/{len(prompts)} prompts, {time.time() - t0:.0f}s")
     return data
+
+
+def _teacher_topk(model, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k log-probs of the base head at many positions, in chunks (a [N, 152k] matrix at once is too big)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    lps, ids = [], []
+    for s in range(0, flat.shape[0], chunk):
+        lp, ix = torch.log_softmax(model.lm_head(flat[s:s + chunk]).float(), -1).topk(TOPK_TEACHER, -1)
+        lps.append(lp)
+        ids.append(ix)
+    shape = (*hidden.shape[:-1], TOPK_TEACHER)
+    return torch.cat(lps).reshape(shape), torch.cat(ids).reshape(shape)
 
 
 def build_shortlist(tok, data, size: int, data_dir: Path | None, extra: set[int]) -> torch.Tensor:
@@ -122,9 +142,9 @@ def build_shortlist(tok, data, size: int, data_dir: Path | None, extra: set[int]
 
 
 def _targets(data, h: int):
-    """Flatten to positions: x [N, d], target ids/logprobs [N, h, k], valid [N, h]."""
-    xs, tid, tlp, valid = [], [], [], []
-    for hid, ids, lp, _ in data:
+    """Flatten to positions: x [N, d], target ids/logprobs [N, h, k], valid [N, h], generated [N] (greedy part)."""
+    xs, tid, tlp, valid, gen = [], [], [], [], []
+    for hid, ids, lp, _, n_prompt in data:
         g = hid.shape[0]
         pos = torch.arange(g)
         src = pos[:, None] + 1 + torch.arange(h)[None]           # head i at step t learns step t+1+i's logits
@@ -134,7 +154,8 @@ def _targets(data, h: int):
         tid.append(ids[src])
         tlp.append(lp[src])
         valid.append(ok)
-    return torch.cat(xs), torch.cat(tid), torch.cat(tlp), torch.cat(valid)
+        gen.append(pos >= n_prompt)
+    return torch.cat(xs), torch.cat(tid), torch.cat(tlp), torch.cat(valid), torch.cat(gen)
 
 
 def _head_logits(w, b, x, proj):
@@ -142,16 +163,21 @@ def _head_logits(w, b, x, proj):
     return z @ proj.T                                             # [h, N, C]
 
 
-def fit(lm_w: torch.Tensor, x, tid, tlp, valid, shortlist, p: Profile, log) -> tuple[torch.Tensor, torch.Tensor]:
+def fit(lm_w: torch.Tensor, x, tid, tlp, valid, shortlist, p: Profile, log, weights: torch.Tensor | None = None
+        ) -> tuple[torch.Tensor, torch.Tensor]:
     h, d = tid.shape[1], x.shape[1]
     g = torch.Generator().manual_seed(p.seed)
     w = torch.zeros(h, d, d, requires_grad=True)
     b = torch.zeros(h, d, requires_grad=True)
     opt = torch.optim.AdamW([w, b], lr=p.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / p.steps)))
+    warm_cosine = lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / p.steps))  # noqa: E731
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, warm_cosine)
     t0 = time.time()
     for step in range(p.steps):
-        idx = torch.randint(0, x.shape[0], (min(p.batch_positions, x.shape[0]),), generator=g)
+        if weights is None:
+            idx = torch.randint(0, x.shape[0], (min(p.batch_positions, x.shape[0]),), generator=g)
+        else:
+            idx = torch.multinomial(weights, p.batch_positions, replacement=True, generator=g)
         neg = shortlist[torch.randint(0, len(shortlist), (p.negatives,), generator=g)]
         cand, inv = torch.unique(torch.cat([tid[idx].flatten(), neg]), return_inverse=True)
         pos = inv[: tid[idx].numel()].view(*tid[idx].shape)      # [B, h, k] columns of the targets in cand
@@ -171,7 +197,8 @@ def fit(lm_w: torch.Tensor, x, tid, tlp, valid, shortlist, p: Profile, log) -> t
 @torch.no_grad()
 def agreement(lm_w, w, b, data, shortlist, h: int) -> dict:
     """Per-head top-1 / top-16 agreement with the base's greedy continuation, drafting over the shortlist."""
-    x, tid, _, valid = _targets(data, h)
+    x, tid, _, valid, gen = _targets(data, h)
+    x, tid, valid = x[gen], tid[gen], valid[gen]
     proj = lm_w[shortlist]
     hit1, hit16 = torch.zeros(h), torch.zeros(h)
     for s in range(0, x.shape[0], 256):
@@ -206,10 +233,12 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     shortlist = build_shortlist(tok, train_data, p.shortlist, tasks.default_data_dir(),
                                 set(eos if isinstance(eos, list) else [eos]))
     lm_w = model.lm_head.weight.float()
-    x, tid, tlp, valid = _targets(train_data, p.num_heads)
-    log(f"  {x.shape[0]} training positions, shortlist {len(shortlist)}")
-    w, b = fit(lm_w, x, tid, tlp, valid, shortlist, p, log)
-    report = {"profile": profile, "train_positions": int(x.shape[0]), "seconds": round(time.time() - t0, 1),
+    x, tid, tlp, valid, gen = _targets(train_data, p.num_heads)
+    log(f"  {x.shape[0]} training positions ({int(gen.sum())} greedy), shortlist {len(shortlist)}")
+    weights = 1.0 + (p.greedy_weight - 1.0) * gen.float()  # the greedy part is what acceptance is measured on
+    w, b = fit(lm_w, x, tid, tlp, valid, shortlist, p, log, weights)
+    report = {"profile": profile, "train_positions": int(x.shape[0]), "greedy_positions": int(gen.sum()),
+              "seconds": round(time.time() - t0, 1),
               "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **asdict(p)}
     heads = Heads(x.shape[1], p.num_heads)
     for i, blk in enumerate(heads.blocks):

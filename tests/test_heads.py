@@ -57,11 +57,11 @@ def test_fit_learns_a_shift_rule():
         logits = prev @ lm_w.roll(3, 0).T * 3          # teacher at step s depends on x_{s-1}: head 0 can learn it
         lp = torch.log_softmax(logits, -1)
         top_lp, top_ids = lp.topk(train_heads.TOPK_TEACHER, -1)
-        seqs.append((hid, top_ids, top_lp, top_ids[:, 0]))
+        seqs.append((hid, top_ids, top_lp, top_ids[:, 0], 0))
     shortlist = torch.arange(vocab)
     before = train_heads.agreement(lm_w, torch.zeros(h, d, d), torch.zeros(h, d), seqs, shortlist, h)
     prof = train_heads.Profile(n_prompts=0, gen_tokens=0, steps=150, batch_positions=128, negatives=8, lr=1e-2)
-    x_, tid, tlp, valid = train_heads._targets(seqs, h)
+    x_, tid, tlp, valid, _ = train_heads._targets(seqs, h)
     w, b = train_heads.fit(lm_w, x_, tid, tlp, valid, shortlist, prof, log=lambda m: None)
     after = train_heads.agreement(lm_w, w, b, seqs, shortlist, h)
     assert after["top1"][0] > before["top1"][0] + 0.1
