@@ -75,7 +75,7 @@ def _pkg_dir(module: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -102,7 +102,7 @@ def gguf_path(spec: ModelSpec) -> Path:
             (part,) = [p for p in (d / "data").iterdir() if p.is_file()]
             with open(part, "rb") as r:
                 shutil.copyfileobj(r, w, 8 << 20)
-    if _sha256(tmp) != spec.sha256:
+    if sha256_file(tmp) != spec.sha256:
         tmp.unlink()
         raise ModelError(f"sha256 mismatch assembling '{spec.name}': reinstall {spec.pip[0].split('==')[0]}* "
                          f"packages at the pinned versions")

@@ -5,7 +5,6 @@ decode time. Training shells out to KenLM's lmplz/build_binary (built by `make k
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from bpdbench.lattice import DEFAULT_BEAM, pbest_rescored
+from bpdbench.models import sha256_file
 from rescorers.base import Lattice
 
 LN10 = math.log(10.0)
@@ -146,14 +146,6 @@ def _run(cmd: list[str]) -> None:
         raise RuntimeError(f"{Path(cmd[0]).name} failed (exit {proc.returncode}): {tail}")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def train_ngram(order: int, tokenize: Callable[[str], list[int]], corpus_files: list[Path], out_dir: Path,
                 memory: str = "500M", discount_fallback: bool = False) -> Path:
     """Train a modified-Kneser-Ney order-`order` LM over token ids; returns out_dir/ngram{order}.bin (trie).
@@ -194,7 +186,7 @@ def train_ngram(order: int, tokenize: Callable[[str], list[int]], corpus_files: 
         "memory": memory,
         "discount_fallback": discount_fallback,
         "binary": binary.name,
-        "sha256": _sha256(binary),
+        "sha256": sha256_file(binary),
         "seconds": round(time.time() - t0, 3),
     }
     (out_dir / f"ngram{order}.json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -23,6 +23,18 @@ def make_tiny_model(vocab: int = 96, seed: int = 0):
     return model
 
 
+def random_heads(lm_head, n: int, seed: int, std: float, d: int = 32):
+    """Heads with random weights (they accept little): the logic must stay lossless whatever they draft."""
+    from bpdbench.heads import Heads
+
+    torch.manual_seed(seed)
+    heads = Heads(d, n)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=std)
+    heads.pack(lm_head)
+    return heads
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     torch.set_num_threads(1)

@@ -7,6 +7,7 @@ from transformers import DynamicCache
 from bpdbench import decoding
 from bpdbench.heads import Heads
 from bpdbench.metrics import Counters, ratios
+from tests.conftest import random_heads
 
 PROMPT = [5, 17, 3, 42, 8, 11]
 
@@ -66,11 +67,7 @@ def test_wrong_heads_accept_nothing(tiny_model):
 
 
 def test_random_real_heads_are_lossless(tiny_model):
-    torch.manual_seed(1)
-    heads = Heads(32, 6)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    heads.pack(tiny_model.lm_head)
+    heads = random_heads(tiny_model.lm_head, 6, seed=1, std=0.5)
     ref = decoding.generate(tiny_model, PROMPT, 25, eos_ids=set()).tokens
     for n in (1, 3, 6):
         assert decoding.generate(tiny_model, PROMPT, 25, set(), heads=heads, n_heads=n).tokens == ref

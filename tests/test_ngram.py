@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from bpdbench.lattice import build_lattice, kbest_paths, pbest_rescored
+from bpdbench.models import sha256_file
 from rescorers import ngram
 from rescorers.base import Lattice
 
@@ -171,7 +172,7 @@ def test_train_ngram_tiny_corpus(tmp_path):
     meta = json.loads((out / "ngram3.json").read_text())
     assert meta["order"] == 3 and meta["n_lines"] == 60
     assert meta["n_tokens"] == sum(len(_tokenize(d)) for d in docs)
-    assert meta["sha256"] == ngram._sha256(binary) and len(meta["corpus_files"]) == 2
+    assert meta["sha256"] == sha256_file(binary) and len(meta["corpus_files"]) == 2
     assert not list(out.glob(".ngram_tmp_*"))  # temporaries removed
 
     scorer = ngram.KenLMScorer(binary)

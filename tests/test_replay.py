@@ -4,21 +4,15 @@ from __future__ import annotations
 import torch
 
 from bpdbench import decoding, replay
-from bpdbench.heads import Heads
 from bpdbench.metrics import ratios
 from rescorers.kbest import KBestRescorer
+from tests.conftest import random_heads
 
 PROMPT = [5, 17, 3, 42, 8, 11]
 
 
 def noisy_heads(tiny_model, seed=4, n=4):
-    torch.manual_seed(seed)
-    heads = Heads(32, n)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    heads.pack(tiny_model.lm_head)
-    return heads
-
+    return random_heads(tiny_model.lm_head, n, seed=seed, std=0.3)
 
 
 def test_replay_matches_real_decoding(tiny_model):

@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 from bpdbench import decoding
 from bpdbench.tree import ancestors_mask, build_tree
+from tests.conftest import random_heads
 
 PROMPT = [5, 17, 3, 42, 8, 11]
 
@@ -65,28 +66,18 @@ class ManyDrafts:
 
 
 def test_multi_draft_decoding_is_lossless(tiny_model):
-    from bpdbench.heads import Heads
-    torch.manual_seed(3)
-    heads = Heads(32, 4)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p, std=0.5)
-    heads.pack(tiny_model.lm_head)
+    heads = random_heads(tiny_model.lm_head, 4, seed=3, std=0.5)
     ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
     gen = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=ManyDrafts(), k=2)
     assert gen.tokens == ref
 
 
 def test_medusa_tree_paths_and_lossless_decoding(tiny_model):
-    from bpdbench.heads import Heads
     from rescorers.medusa import MC_SIM_7B_63, MedusaTree, auto_tree
     assert len(MC_SIM_7B_63) == 63 and max(map(len, MC_SIM_7B_63)) == 4
     tree = auto_tree([[0.6, 0.1, 0.05], [0.4, 0.1], [0.3]], nodes=6)
     assert tree[0] == [0] and len(tree) == 6 and all(p[:-1] in tree for p in tree if len(p) > 1)
-    torch.manual_seed(5)
-    heads = Heads(32, 4)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p, std=0.3)
-    heads.pack(tiny_model.lm_head)
+    heads = random_heads(tiny_model.lm_head, 4, seed=5, std=0.3)
     ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
     gen = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=MedusaTree("medusa"),
                             k=10)
