@@ -7,7 +7,7 @@ PIP     := $(BIN)/python -m pip
 TORCH   ?= torch==2.13.0
 export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
-.PHONY: install kenlm demo test test-fast regress regress-update heads-quick heads-full bench clean
+.PHONY: install kenlm demo test test-fast regress regress-update reproduce heads-quick heads-full bench clean
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,10 @@ regress: install kenlm
 
 regress-update: install kenlm
 	$(BIN)/bpdbench regress --baseline results/baseline.json --update
+
+# The CPU-scale grid behind results/ (resumable; about 2-3 hours on 2 cores).
+reproduce: install kenlm
+	bash scripts/reproduce.sh
 
 heads-quick: install
 	$(BIN)/bpdbench train-heads --profile quick
