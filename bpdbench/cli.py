@@ -45,7 +45,7 @@ def run(task: str = typer.Option("xsum", help="task name (see `bpdbench tasks`)"
         model: str = typer.Option("qwen2.5-coder-0.5b", help="registered name, local HF dir or Hub id"),
         method: str = typer.Option("bpd", help="bpd | ar"),
         heads: int = typer.Option(8, help="use the first N heads"),
-        heads_profile: str = typer.Option("quick", help="quick | full | init (untrained)"),
+        heads_profile: str = typer.Option("quick", help="quick | full | ci | init (untrained)"),
         heads_path: Optional[str] = typer.Option(None, help="heads directory (ours or Medusa-1)"),
         rescorer: str = typer.Option("none", help="draft rescorer (see `bpdbench rescorers`)"),
         alpha: Optional[float] = typer.Option(None, help="rescorer weight; default: tuned (results/alpha.json)"),

@@ -9,7 +9,7 @@ from importlib import metadata
 from pathlib import Path
 
 METHODS = ("ar", "bpd")
-HEAD_PROFILES = ("quick", "full", "init")
+HEAD_PROFILES = ("quick", "full", "ci", "init")  # ci: tiny fixed-step heads for CI smoke and regression
 
 
 class ConfigError(ValueError):

@@ -66,3 +66,8 @@ def test_fit_learns_a_shift_rule():
     after = train_heads.agreement(lm_w, w, b, seqs, shortlist, h)
     assert after["top1"][0] > before["top1"][0] + 0.1
     assert all(0 <= v <= 1 for v in after["top16"])
+
+
+def test_cli_profiles_match_training_profiles():
+    from bpdbench.config import HEAD_PROFILES
+    assert set(HEAD_PROFILES) == set(train_heads.PROFILES) | {"init"}
