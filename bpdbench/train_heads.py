@@ -129,7 +129,7 @@ def _teacher_topk(model, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.
 def build_shortlist(tok, data, size: int, data_dir: Path | None, extra: set[int]) -> torch.Tensor:
     """Most frequent ids in the base's own outputs (weighted up) and the corpus; drafting happens over these."""
     counts: Counter[int] = Counter()
-    for *_, seq in data:
+    for _, _, _, seq, _ in data:
         counts.update({t: 1000 for t in seq.tolist()})
     corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
     if corpus and corpus.exists():
