@@ -1,6 +1,6 @@
 """Greedy autoregressive and blockwise parallel decoding, as one loop of pure stages.
 
-    draft -> refine -> verify -> accept -> advance (crop the KV cache)
+    draft -> refine -> verify -> accept -> advance (keep the accepted path in the KV cache)
 
 Autoregressive decoding is the same loop with an empty draft, so both methods share prefill, stopping and
 counting, and "BPD output == greedy output" compares two runs of one code path that differ only in the draft.

@@ -45,7 +45,7 @@ class Profile:
 
 
 PROFILES = {"quick": Profile(n_prompts=128, gen_tokens=64, steps=250, max_prompt_tokens=192),
-            "full": Profile(n_prompts=1024, gen_tokens=96, steps=2500),
+            "full": Profile(n_prompts=768, gen_tokens=96, steps=1500),
             "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8)}
 
 
