@@ -107,5 +107,5 @@ def to_markdown(df: pd.DataFrame) -> str:
     """GitHub table without the `tabulate` dependency."""
     def fmt(v) -> str:
         return f"{v:.3f}" if isinstance(v, float) else str(v)
-    head = "| " + " | ".join(df.columns) + " |\n|" + "---|" * len(df.columns) + "\n"
+    head = "| " + " | ".join(map(str, df.columns)) + " |\n|" + "---|" * len(df.columns) + "\n"
     return head + "".join("| " + " | ".join(fmt(v) for v in row) + " |\n" for row in df.itertuples(index=False))

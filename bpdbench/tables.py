@@ -86,9 +86,14 @@ def build(results: Path = Path("results")) -> list[Path]:
         emit("top16_lattice_wide", lattice_wide(lat), "Block efficiency, paper layout: ours (rel. change) [paper]")
     rep = _collect(results, "replay", "replay.csv")
     if not rep.empty and rep.method.str.startswith("bpd-h").any():
-        by_h = rep[rep.method.str.startswith("bpd-h")].assign(heads=lambda d: d.method.str[5:].astype(int))
+        by_h = rep[rep.method.str.startswith("bpd-h") | (rep.method == "bpd")]
+        by_h = by_h.assign(heads=by_h.method.map(lambda m: 8 if m == "bpd" else int(m[5:])))
         emit("efficiency_vs_heads", by_h.pivot_table(index="task", columns="heads", values="block_efficiency")
-             .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed)")
+             .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed; 8 = all heads)")
+    if not rep.empty and (rep.method == "medusa").any():
+        med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle-k16"])]
+        emit("medusa_vs_bpd", med.pivot_table(index="task", columns="method", values="block_efficiency").round(3)
+             .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)")
     emit("oracle_vs_k", _collect(results, "oracle", "oracle.csv"), "Oracle block efficiency vs k")
     emit("repetition", _collect(results, "analysis", "repetition.csv"),
          "Consecutive repetition in drafts, before/after 2-gram rescoring")
