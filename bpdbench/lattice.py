@@ -200,7 +200,9 @@ def pbest_rescored(lat: Lattice, p: int, alpha: float, lm: StateLM, context: Seq
         if len(nxt) > B:
             alive = [(e[0], i, ns) for i, (ns, e) in enumerate(nxt.items()) if e[0] >= bound]  # the rest can't rank
             ranked = heapq.nlargest(B + 1, alive)
-            T = ranked[B][0]
+            # Scores are rebuilt as a + (v - a) below, which can round just under v: compare with a hair of slack,
+            # or a kept state tied with the cut (common with alpha = 0) would lose even its best path.
+            T = ranked[B][0] - 1e-9 * (1.0 + abs(ranked[B][0]))
             keep = [ns for _, _, ns in ranked[:B]]
         else:
             T = neg_inf
@@ -215,7 +217,7 @@ def pbest_rescored(lat: Lattice, p: int, alpha: float, lm: StateLM, context: Seq
                 new_states[ns] = [(sc + g, path + (t,)) for sc, path in plist if sc + g >= T]
             else:
                 new_states[ns] = _merge_top(e[1:], states, p, T)
-        states = new_states
+        states = {ns: plist for ns, plist in new_states.items() if plist}
     finals = [e for plist in states.values() for e in plist]
     finals.sort(key=lambda e: e[0], reverse=True)
     return [(sc, list(path)) for sc, path in finals[:p]]

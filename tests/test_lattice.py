@@ -178,3 +178,24 @@ def test_pbest_rescored_lazy_equals_beam_rule(beam, seed):
             got = pbest_rescored(lat, p, alpha, lm, [1, 2], beam=beam)
             assert [g[1] for g in got] == [list(w[1]) for w in want]
             assert [g[0] for g in got] == pytest.approx([w[0] for w in want], abs=1e-9)
+
+
+def test_pbest_with_alpha_zero_and_many_ties_keeps_p_paths():
+    """alpha = 0 makes every LM state tie with its siblings: the beam cut must not empty a kept state."""
+    import torch as _torch
+
+    class FlatLM:
+        def initial_state(self, context):
+            return ()
+
+        def score(self, state, token):
+            return -1.0, (state + (token,))[-3:]
+
+    h, k = 8, 16
+    ids = _torch.arange(h * k).view(h, k)
+    lps = _torch.full((h, k), -2.0)
+    lps[:, 0] = -0.5
+    lat = Lattice(ids, lps)
+    paths = pbest_rescored(lat, 16, 0.0, FlatLM(), beam=4)
+    assert len(paths) == 16 and paths[0][1] == ids[:, 0].tolist()
+    assert [s for s, _ in paths] == sorted((s for s, _ in paths), reverse=True)
