@@ -59,6 +59,16 @@ def write_tiny_hf_model(path, vocab: int = 128):
     return path
 
 
+def write_prompts(tmp_path, n: int):
+    """A `prompts` task file (JSONL with id, prompt) for CLI tests on the tiny model."""
+    import json
+
+    path = tmp_path / "prompts.jsonl"
+    rows = [{"id": f"p{i}", "prompt": f"Example number {i}: the quick brown fox"} for i in range(n)]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return write_tiny_hf_model(tmp_path_factory.mktemp("tiny-model"))

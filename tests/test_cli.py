@@ -9,15 +9,13 @@ from typer.testing import CliRunner
 
 from bpdbench import runner
 from bpdbench.cli import app
+from tests.conftest import write_prompts
 from bpdbench.config import RunConfig
 
 
 @pytest.fixture()
 def prompts_file(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"p{i}", "prompt": f"Example number {i}: the quick brown fox"} for i in range(5)]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
+    return write_prompts(tmp_path, 5)
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from bpdbench import speed
 from bpdbench.cli import app
+from tests.conftest import write_prompts
 
 METHODS = ["ar", "bpd", "16best-0gram", "medusa", "hf-greedy", "hf-pld"]
 
@@ -21,10 +22,7 @@ def isolated(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def prompts_file(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    rows = [{"id": f"p{i}", "prompt": f"Example {i}: the quick brown fox jumps"} for i in range(3)]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
+    return write_prompts(tmp_path, 3)
 
 
 def cli(*args):
