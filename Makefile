@@ -11,7 +11,6 @@ export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[models,test]"
 	@touch $@
