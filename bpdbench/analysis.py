@@ -6,7 +6,6 @@ the CSV. Greedy trajectories come from the same content-hashed cache as the loss
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -36,10 +35,7 @@ def prepare(cfg: RunConfig, log=print, heldout: bool = False) -> tuple[Context, 
     cfg = cfg.validate()
     threads = runner.setup_torch(cfg)
     task = task_registry.get_task(cfg.task)
-    data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
-    examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
-    evaluated, held = task_registry.split(task, examples)
-    examples = task_registry.select(held if heldout else evaluated, cfg.offset, cfg.limit)
+    examples = runner.select_examples(cfg, task, heldout)
     model, tok = models.load(cfg.model, cfg.dtype, cfg.device)
     heads = runner.resolve_heads(cfg.replace(method="bpd"), model, tok, log)
     meta = {"config": cfg.to_dict(), "environment": environment(threads, str(model.device), cfg.dtype),
@@ -98,8 +94,10 @@ def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=pr
     out.mkdir(parents=True, exist_ok=True)
     rules = choosers(ctx, [m for m in methods if not m.startswith("oracle-k")], log=log)
     totals = {m: Counters() for m in methods}
+    n_examples = 0
     with open(out / "replay.jsonl", "w") as f:
         for ex, traj in trajectories(ctx, examples):
+            n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(traj.greedy)}
             for m in methods:
                 c = replay.oracle(traj, int(m[len("oracle-k"):])) if m.startswith("oracle-k") else \
@@ -111,7 +109,7 @@ def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=pr
     base = ratios(totals[methods[0]])["block_efficiency"]
     for m in methods:
         r = ratios(totals[m])
-        rows.append({"task": ctx.cfg.task, "method": m, "n_examples": sum(1 for _ in open(out / "replay.jsonl")),
+        rows.append({"task": ctx.cfg.task, "method": m, "n_examples": n_examples,
                      "new_tokens": totals[m].new_tokens, "serial_calls": totals[m].serial_calls,
                      "block_efficiency": r["block_efficiency"],
                      "relative_change_pct": 100 * (r["block_efficiency"] / base - 1)})
@@ -205,4 +203,4 @@ def tune(ctx: Context, examples, rescorer: str, grid=(0.0, 0.1, 0.25, 0.5, 1.0, 
     table[f"{ctx.cfg.model}/{ctx.cfg.task}/{rescorer}"] = best
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(sorted(table.items())), indent=2) + "\n")
-    return {"alpha": best, "scores": scores, "n_examples": len(trajs), "time": time.time()}
+    return {"alpha": best, "scores": scores, "n_examples": len(trajs)}

@@ -135,13 +135,19 @@ def _alpha(cfg: RunConfig, spec) -> tuple[float | None, str]:
     return spec.default_alpha, "default (not tuned)"
 
 
+def select_examples(cfg: RunConfig, task, heldout: bool = False) -> list:
+    """The examples a config names: the task's eval slice (or its held-out slice), then --offset/--limit."""
+    data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
+    examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
+    evaluated, held = task_registry.split(task, examples)
+    return task_registry.select(held if heldout else evaluated, cfg.offset, cfg.limit)
+
+
 def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     cfg = cfg.validate()
     threads = setup_torch(cfg)
     task = task_registry.get_task(cfg.task)
-    data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
-    examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
-    examples = task_registry.select(task_registry.split(task, examples)[0], cfg.offset, cfg.limit)
+    examples = select_examples(cfg, task)
     model, tok = models.load(cfg.model, cfg.dtype, cfg.device)
     heads = resolve_heads(cfg, model, tok, log)
     spec = rescorers.get_rescorer(cfg.rescorer)
