@@ -50,6 +50,8 @@ def run(task: str = typer.Option("xsum", help="task name (see `bpdbench tasks`)"
         rescorer: str = typer.Option("none", help="draft rescorer (see `bpdbench rescorers`)"),
         alpha: Optional[float] = typer.Option(None, help="rescorer weight; default: tuned (results/alpha.json)"),
         k: int = typer.Option(16, help="lattice width (top-k per head) for rescorers"),
+        draft_threshold: float = typer.Option(0.0, help="verify draft tokens only while the head's top-1 "
+                                              "probability >= this (0: the full block, as in the paper)"),
         limit: Optional[int] = typer.Option(10, help="number of examples"),
         offset: int = typer.Option(0, help="first example (deterministic order)"),
         max_new_tokens: Optional[int] = typer.Option(None, help="default: the task's"),
@@ -66,8 +68,8 @@ def run(task: str = typer.Option("xsum", help="task name (see `bpdbench tasks`)"
     import pandas as pd
 
     cfg = RunConfig(task=task, model=model, method=method, heads=heads, heads_profile=heads_profile,
-                    heads_path=heads_path, rescorer=rescorer, alpha=alpha, k=k, limit=limit, offset=offset,
-                    max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, data_dir=data_dir,
+                    heads_path=heads_path, rescorer=rescorer, alpha=alpha, k=k, draft_threshold=draft_threshold,
+                    limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, data_dir=data_dir,
                     data_file=data_file, out=out, resume=resume)
     from rescorers import get_rescorer
     get_rescorer(rescorer)  # fail fast on an unknown name
@@ -283,7 +285,8 @@ def tables(results: str = typer.Option("results", help="results directory")):
 @one_line_errors
 def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench, prompts, ...)"),
           methods: str = typer.Option("ar,bpd,hf-greedy,hf-pld,hf-assisted",
-                                      help="comma-separated: ar, bpd, a rescorer name, hf-greedy, hf-pld, "
+                                      help="comma-separated: ar, bpd, bpd-t<threshold> (BPD with a draft "
+                                           "threshold, e.g. bpd-t0.3), a rescorer name, hf-greedy, hf-pld, "
                                            "hf-assisted (ar, the baseline, always runs)"),
           model: str = _M, heads: int = _H, heads_profile: str = _HP,
           limit: Optional[int] = typer.Option(20, help="prompts"), offset: int = _O,

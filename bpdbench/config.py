@@ -27,6 +27,7 @@ class RunConfig:
     rescorer: str = "none"
     alpha: float | None = None
     k: int = 16
+    draft_threshold: float = 0.0          # verify draft tokens only while head top-1 prob >= this (0 = full block)
     limit: int | None = 10
     offset: int = 0
     max_new_tokens: int | None = None     # None -> the task's default
@@ -55,6 +56,8 @@ class RunConfig:
         for name in ("heads", "k", "offset"):
             if getattr(self, name) < (0 if name == "offset" else 1):
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
+        if not 0.0 <= self.draft_threshold < 1.0:
+            raise ConfigError(f"--draft-threshold must be in [0, 1), got {self.draft_threshold}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -65,6 +68,8 @@ class RunConfig:
         if self.out:
             return Path(self.out)
         tag = self.method if self.method == "ar" else f"{self.method}-{self.rescorer}"
+        if self.method != "ar" and self.draft_threshold > 0:
+            tag += f"-t{self.draft_threshold:g}"
         return Path("results") / "runs" / f"{self.task}-{self.model.replace('/', '_')}-{tag}-{self.dtype}"
 
     def replace(self, **kw) -> "RunConfig":

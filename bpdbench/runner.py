@@ -170,7 +170,7 @@ def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
         prompt_ids = encode_prompt(tok, task, ex, cfg.max_prompt_tokens)
         t0 = time.perf_counter()
         gen = decoding.generate(model, prompt_ids, max_new, eos, heads=heads, n_heads=cfg.heads, rescorer=rescorer,
-                                k=cfg.k)
+                                k=cfg.k, threshold=cfg.draft_threshold)
         seconds = time.perf_counter() - t0
         record = {"id": ex.id, "category": ex.category, "prompt_tokens": len(prompt_ids), "seconds": seconds,
                   **gen.counters.to_dict()}

@@ -43,7 +43,9 @@ Decoder = Callable[[list[int]], Output]
 def check_methods(methods: list[str]) -> list[str]:
     """Validate names up front (a typo must not surface after an hour of timing); `ar` always runs, first."""
     for m in methods:
-        if m not in OUR_METHODS + HF_METHODS:
+        if m.startswith("bpd-t"):
+            _threshold(m)
+        elif m not in OUR_METHODS + HF_METHODS:
             try:
                 rescorers.get_rescorer(m)
             except ValueError:
@@ -52,9 +54,22 @@ def check_methods(methods: list[str]) -> list[str]:
     return ["ar"] + [m for m in dict.fromkeys(methods) if m != "ar"]
 
 
-def ours(model, eos: set[int], max_new: int, heads=None, n_heads: int = 0, rescorer=None, k: int = 1) -> Decoder:
+def _threshold(method: str) -> float:
+    """`bpd-t0.3`: BPD verifying only draft tokens whose head is at least 30% sure (see decoding.draft)."""
+    try:
+        value = float(method[len("bpd-t"):])
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"bad method '{method}': write bpd-t<threshold> with 0 < threshold < 1, e.g. bpd-t0.3")
+    return value
+
+
+def ours(model, eos: set[int], max_new: int, heads=None, n_heads: int = 0, rescorer=None, k: int = 1,
+         threshold: float = 0.0) -> Decoder:
     def run(prompt: list[int]) -> Output:
-        g = decoding.generate(model, prompt, max_new, eos, heads=heads, n_heads=n_heads, rescorer=rescorer, k=k)
+        g = decoding.generate(model, prompt, max_new, eos, heads=heads, n_heads=n_heads, rescorer=rescorer, k=k,
+                              threshold=threshold)
         return Output(g.tokens, g.counters.serial_calls)
     return run
 
@@ -99,6 +114,8 @@ def build_decoders(cfg: RunConfig, methods: list[str], model, tok, eos: set[int]
             decoders[m] = ours(model, eos, max_new)
         elif m == "bpd":
             decoders[m] = ours(model, eos, max_new, heads, cfg.heads)
+        elif m.startswith("bpd-t"):
+            decoders[m] = ours(model, eos, max_new, heads, cfg.heads, threshold=_threshold(m))
         elif m == "hf-greedy":
             decoders[m] = hf(model, eos, max_new, pad_id, calls)
         elif m == "hf-pld":

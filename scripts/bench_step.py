@@ -3,7 +3,7 @@
 Same prompts, same token counts on both sides (outputs must be identical), warm-up first, R repeats per prompt with
 the median kept, speedup = sum of AR time / sum of BPD time. Prints the environment stamp and writes a JSON file.
 
-    python scripts/bench_step.py --task mt_bench --limit 8 --repeats 3 --max-new-tokens 64
+    python scripts/bench_step.py --task mt_bench --limit 8 --repeats 3 --max-new-tokens 64 --thresholds 0,0.3
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ def main() -> None:
     ap.add_argument("--model", default=models.DEFAULT_MODEL)
     ap.add_argument("--heads-profile", default="quick")
     ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--thresholds", default="0",
+                    help="comma-separated draft thresholds, one BPD variant each (0 = full block)")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -38,63 +40,75 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", default="results/bench_step.json")
     args = ap.parse_args()
+    thresholds = [float(t) for t in args.thresholds.split(",")]
 
     cfg = RunConfig(task=args.task, model=args.model, heads=args.heads, heads_profile=args.heads_profile,
                     dtype=args.dtype, threads=args.threads, limit=args.limit)
     threads = runner.setup_torch(cfg)
     task = tasks.get_task(args.task)
-    examples = tasks.select(tasks.split(task, tasks.load_examples(task, tasks.default_data_dir()))[0], 0, args.limit)
+    examples = runner.select_examples(cfg, task)
     model, tok = models.load(args.model, args.dtype)
     heads = runner.resolve_heads(cfg, model, tok, print)
     eos = runner.eos_ids(model, tok)
     prompts = [runner.encode_prompt(tok, task, ex, cfg.max_prompt_tokens) for ex in examples]
+    variants = {"ar": None, **{f"bpd-t{t:g}": t for t in thresholds}}
 
-    def once(prompt, use_heads: bool):
+    def once(prompt, threshold):
         t0 = time.perf_counter()
-        g = decoding.generate(model, prompt, args.max_new_tokens, eos, heads=heads if use_heads else None,
-                              n_heads=args.heads if use_heads else 0)
+        g = decoding.generate(model, prompt, args.max_new_tokens, eos, heads=heads if threshold is not None else None,
+                              n_heads=args.heads if threshold is not None else 0, threshold=threshold or 0.0)
         return time.perf_counter() - t0, g
 
-    once(prompts[0], False), once(prompts[0], True)  # warm-up (allocator, oneDNN kernels)
+    for th in variants.values():
+        once(prompts[0], th)  # warm-up (allocator, oneDNN kernels)
     rows = []
     for i, prompt in enumerate(prompts):
-        ar_t, bpd_t = [], []
-        for _ in range(args.repeats):  # interleaved so drifts in machine load hit both sides alike
-            t, ar = once(prompt, False)
-            ar_t.append((t, ar))
-            t, bpd = once(prompt, True)
-            bpd_t.append((t, bpd))
-        ar_med = statistics.median(t for t, _ in ar_t)
-        bpd_med = statistics.median(t for t, _ in bpd_t)
-        ar, bpd = ar_t[0][1], bpd_t[0][1]
-        same = ar.tokens == bpd.tokens
-        rows.append({"id": examples[i].id, "tokens": len(ar.tokens), "identical": same, "ar_s": ar_med,
-                     "bpd_s": bpd_med, "ar_steps": ar.counters.steps, "bpd_steps": bpd.counters.steps,
-                     "ar_step_s": _median_step(ar_t), "bpd_step_s": _median_step(bpd_t),
-                     "bpd_draft_s": statistics.median(g.seconds["draft"] for _, g in bpd_t),
-                     "bpd_calls": bpd.counters.serial_calls, "spread_ar": _spread(ar_t), "spread_bpd": _spread(bpd_t)})
-        print(f"{examples[i].id}: {len(ar.tokens)} tok, AR {ar_med:.2f}s, BPD {bpd_med:.2f}s, "
-              f"block eff {len(bpd.tokens) / bpd.counters.serial_calls:.2f}, identical={same}", flush=True)
+        runs: dict[str, list] = {v: [] for v in variants}
+        for _ in range(args.repeats):  # interleaved so drifts in machine load hit every variant alike
+            for v, th in variants.items():
+                runs[v].append(once(prompt, th))
+        ar = runs["ar"][0][1]
+        row = {"id": examples[i].id, "tokens": len(ar.tokens), "ar_s": statistics.median(t for t, _ in runs["ar"]),
+               "ar_steps": ar.counters.steps, "ar_step_s": _median_step(runs["ar"]), "spread_ar": _spread(runs["ar"])}
+        for v in variants:
+            if v == "ar":
+                continue
+            g = runs[v][0][1]
+            row[v] = {"identical": g.tokens == ar.tokens, "s": statistics.median(t for t, _ in runs[v]),
+                      "steps": g.counters.steps, "step_s": _median_step(runs[v]), "calls": g.counters.serial_calls,
+                      "drafted": g.counters.drafted, "draft_s": statistics.median(x.seconds["draft"] for _, x in runs[v]),
+                      "spread": _spread(runs[v])}
+        rows.append(row)
+        print(f"{examples[i].id}: {len(ar.tokens)} tok, AR {row['ar_s']:.2f}s, " + ", ".join(
+            f"{v} {row[v]['s']:.2f}s eff {len(ar.tokens) / row[v]['calls']:.2f}" + ("" if row[v]["identical"] else " DIFF")
+            for v in variants if v != "ar"), flush=True)
 
     ar_step = sum(r["ar_step_s"] * r["ar_steps"] for r in rows) / sum(r["ar_steps"] for r in rows)
-    bpd_step = sum(r["bpd_step_s"] * r["bpd_steps"] for r in rows) / sum(r["bpd_steps"] for r in rows)
-    draft = sum(r["bpd_draft_s"] for r in rows) / sum(r["bpd_steps"] for r in rows)
     report = train_heads.heads_dir(args.model, args.heads_profile) / "report.json"
-    summary = {
-        "bpd_step_in_decode_steps": bpd_step / ar_step, "ar_step_ms": 1000 * ar_step, "bpd_step_ms": 1000 * bpd_step,
-        "draft_ms_per_step": 1000 * draft,
-        "speedup": sum(r["ar_s"] for r in rows) / sum(r["bpd_s"] for r in rows),
-        "block_efficiency": sum(r["tokens"] for r in rows) / sum(r["bpd_calls"] for r in rows),
-        "identical_outputs": all(r["identical"] for r in rows), "n_prompts": len(rows), "repeats": args.repeats,
-        "heads_training_seconds": json.loads(report.read_text())["seconds"] if report.exists() else None,
-        "args": vars(args), "environment": environment(threads, "cpu", args.dtype)}
+    summary = {"ar_step_ms": 1000 * ar_step, "n_prompts": len(rows), "repeats": args.repeats,
+               "heads_training_seconds": json.loads(report.read_text())["seconds"] if report.exists() else None,
+               "args": vars(args), "environment": environment(threads, "cpu", args.dtype), "variants": {}}
+    for v in variants:
+        if v == "ar":
+            continue
+        steps = sum(r[v]["steps"] for r in rows)
+        step = sum(r[v]["step_s"] * r[v]["steps"] for r in rows) / steps
+        summary["variants"][v] = {
+            "bpd_step_in_decode_steps": step / ar_step, "bpd_step_ms": 1000 * step,
+            "draft_ms_per_step": 1000 * sum(r[v]["draft_s"] for r in rows) / steps,
+            "drafted_per_step": sum(r[v]["drafted"] for r in rows) / steps,
+            "speedup": sum(r["ar_s"] for r in rows) / sum(r[v]["s"] for r in rows),
+            "block_efficiency": sum(r["tokens"] for r in rows) / sum(r[v]["calls"] for r in rows),
+            "identical_outputs": all(r[v]["identical"] for r in rows)}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"summary": summary, "prompts": rows}, indent=2))
-    print(f"\nBPD step = {summary['bpd_step_in_decode_steps']:.3f} decode steps "
-          f"({summary['bpd_step_ms']:.1f} ms vs {summary['ar_step_ms']:.1f} ms; drafting {draft * 1000:.1f} ms)")
-    print(f"speedup (sum AR / sum BPD) = {summary['speedup']:.3f}x at block efficiency "
-          f"{summary['block_efficiency']:.3f}; identical outputs: {summary['identical_outputs']}")
-    print(f"heads training time ({args.heads_profile}): {summary['heads_training_seconds']} s")
+    print(f"\nAR decode step {summary['ar_step_ms']:.1f} ms; heads training time ({args.heads_profile}): "
+          f"{summary['heads_training_seconds']} s")
+    for v, s in summary["variants"].items():
+        print(f"{v}: step = {s['bpd_step_in_decode_steps']:.3f} decode steps ({s['bpd_step_ms']:.1f} ms, drafting "
+              f"{s['draft_ms_per_step']:.1f} ms, {s['drafted_per_step']:.2f} drafted/step); block efficiency "
+              f"{s['block_efficiency']:.3f}; speedup (sum AR / sum BPD) {s['speedup']:.3f}x; identical outputs: "
+              f"{s['identical_outputs']}")
     print(f"written to {args.out}")
 
 

@@ -15,16 +15,18 @@ PROMPT = [5, 17, 3, 42, 8, 11]
 class ScriptedHeads(Heads):
     """Drafts from a known greedy continuation: `shift=0` is a perfect drafter, `shift=1` is always wrong."""
 
-    def __init__(self, reference: list[int], prompt_len: int, vocab: int, shift: int, n: int = 4):
+    def __init__(self, reference: list[int], prompt_len: int, vocab: int, shift: int, n: int = 4,
+                 confidence: list[float] | None = None):
         super().__init__(d=32, num_heads=n)
         self.reference, self.prompt_len, self.vocab, self.shift = reference, prompt_len, vocab, shift
+        self.confidence = confidence or [10.0] * n  # logit of the drafted token (others 0): its probability
 
     def draft_logits(self, hidden, n, lm_head, context=None):
         m = len(context) - self.prompt_len  # decided tokens so far, next_token included
         logits = torch.zeros(n, self.vocab)
         for i in range(n):
             tok = self.reference[m + i] if m + i < len(self.reference) else 0
-            logits[i, (tok + self.shift) % self.vocab] = 10.0
+            logits[i, (tok + self.shift) % self.vocab] = self.confidence[i]
         return logits
 
 
@@ -64,6 +66,21 @@ def test_wrong_heads_accept_nothing(tiny_model):
     assert gen.tokens == ref
     assert gen.counters.accepted == 0 and gen.counters.hist == [29, 0, 0, 0, 0]
     assert ratios(gen.counters)["block_efficiency"] == 1.0
+
+
+def test_draft_threshold_verifies_only_confident_heads(tiny_model):
+    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    # heads 1-2 sure (p ~ 0.996), heads 3-4 unsure (p ~ 0.017): only two tokens are drafted, and both are right
+    heads = ScriptedHeads(ref, len(PROMPT), 96, shift=0, n=4, confidence=[10.0, 10.0, 0.5, 0.5])
+    gen = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4, threshold=0.5)
+    assert gen.tokens == ref
+    assert all(d == 2 and a == 2 for d, a in gen.step_log[:-1])
+    full = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4)
+    assert full.tokens == ref and full.counters.drafted > gen.counters.drafted
+    # head 1 unsure: nothing is drafted and the loop is plain greedy decoding
+    unsure = ScriptedHeads(ref, len(PROMPT), 96, shift=1, n=4, confidence=[0.5, 10.0, 10.0, 10.0])
+    gen = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=unsure, n_heads=4, threshold=0.5)
+    assert gen.tokens == ref and gen.counters.drafted == 0 and gen.counters.serial_calls == 30
 
 
 def test_random_real_heads_are_lossless(tiny_model):
