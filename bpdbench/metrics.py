@@ -17,12 +17,16 @@ class Counters:
     accepted: int = 0          # draft tokens that matched the base's greedy choice
     accepted_per_head: list[int] = field(default_factory=list)  # [j]: steps where draft position j was accepted
     hist: list[int] = field(default_factory=list)              # [a]: steps that accepted exactly a draft tokens
+    verified: int = 0          # tokens the base scores in verify forwards: root + trie nodes (AR 1, chain of d: d+1)
 
-    def record_step(self, drafted: int, accepted: int) -> None:
+    def record_step(self, drafted: int, accepted: int, verified: int | None = None) -> None:
+        """One verify forward. `verified` is the size of the verified token trie, root included; the default,
+        drafted + 1, is exact for a single chain draft (and AR, drafted = 0), not for several drafts."""
         self.serial_calls += 1
         self.steps += 1
         self.drafted += drafted
         self.accepted += accepted
+        self.verified += drafted + 1 if verified is None else verified
         need = max(drafted, accepted) + 1
         self.hist += [0] * (need - len(self.hist))
         self.accepted_per_head += [0] * (need - 1 - len(self.accepted_per_head))
@@ -32,7 +36,7 @@ class Counters:
 
     def add(self, other: "Counters") -> "Counters":
         out = Counters(**asdict(self))
-        for name in ("new_tokens", "serial_calls", "steps", "drafted", "accepted"):
+        for name in ("new_tokens", "serial_calls", "steps", "drafted", "accepted", "verified"):
             setattr(out, name, getattr(out, name) + getattr(other, name))
         out.hist = _add_lists(out.hist, other.hist)
         out.accepted_per_head = _add_lists(out.accepted_per_head, other.accepted_per_head)
@@ -40,6 +44,15 @@ class Counters:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Counters":
+        """Counters from a result record; files written before `verified` existed get drafted + steps, what every
+        step would have verified with one chain draft (an undercount for multi-draft and tree methods)."""
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        if kw.get("verified") is None:
+            kw["verified"] = kw.get("drafted", 0) + kw.get("steps", 0)
+        return cls(**kw)
 
 
 def _add_lists(a: list[int], b: list[int]) -> list[int]:

@@ -17,6 +17,7 @@ import torch
 
 from .heads import Heads
 from .metrics import Counters
+from .tree import build_tree
 from rescorers.base import Lattice
 
 Chooser = Callable[[Lattice, list[int]], list[list[int]]]
@@ -58,7 +59,7 @@ def simulate(traj: Trajectory, choose: Chooser, k: int) -> Counters:
     while m + 1 < n:
         drafts = choose(traj.lattice(m, k), traj.prompt + g[: m + 1])
         a = max(matched(d, g[m + 1:]) for d in drafts)
-        c.record_step(len(drafts[0]), a)
+        c.record_step(len(drafts[0]), a, verified=len(build_tree(0, drafts).tokens))
         m += a + 1
     c.new_tokens = n
     return c

@@ -2,7 +2,9 @@
 
 Reads `results/replay/<task>/replay.csv` (lattice methods on shared greedy trajectories), `results/oracle/<task>/
 oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/runs/*/summary.csv`, and writes CSV +
-Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours.
+Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours, PNGs
+where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
+`results/replay/<task>/replay.jsonl`).
 """
 from __future__ import annotations
 
@@ -10,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .hardware import hardware_table
+from .plots import lines_by_task
 from .results import to_markdown
 
 PAPER_METHOD = {"neural-m": "neural-61m"}   # our name -> the paper's name for the same role
@@ -84,20 +88,35 @@ def build(results: Path = Path("results")) -> list[Path]:
     emit("top16_lattice", lat, "Block efficiency with the top-16 lattice (ours vs paper)")
     if not lat.empty:
         emit("top16_lattice_wide", lattice_wide(lat), "Block efficiency, paper layout: ours (rel. change) [paper]")
+
+    def plot(name: str, df: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, title: str, **kw) -> None:
+        path = lines_by_task(df, x, y, out / f"{name}.png", xlabel, ylabel, title, task_order=TASK_ORDER, **kw)
+        written.extend([path] if path else [])
+
     rep = _collect(results, "replay", "replay.csv")
     if not rep.empty and rep.method.str.startswith("bpd-h").any():
         by_h = rep[rep.method.str.startswith("bpd-h") | (rep.method == "bpd")]
         by_h = by_h.assign(heads=by_h.method.map(lambda m: 8 if m == "bpd" else int(m[5:])))
         emit("efficiency_vs_heads", by_h.pivot_table(index="task", columns="heads", values="block_efficiency")
              .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed; 8 = all heads)")
+        plot("efficiency_vs_heads", by_h, "heads", "block_efficiency", "heads used (h)", "block efficiency",
+             "Block efficiency vs number of heads (plain BPD)")
     if not rep.empty and (rep.method == "medusa").any():
         med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle-k16"])]
         emit("medusa_vs_bpd", med.pivot_table(index="task", columns="method", values="block_efficiency").round(3)
              .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)")
-    emit("oracle_vs_k", _collect(results, "oracle", "oracle.csv"), "Oracle block efficiency vs k")
+    oracle = _collect(results, "oracle", "oracle.csv")
+    emit("oracle_vs_k", oracle, "Oracle block efficiency vs k")
+    plot("oracle_vs_k", oracle, "k", "block_efficiency", "k (top-k per head)", "oracle block efficiency",
+         "Oracle block efficiency vs k", log2_x=True)
     emit("repetition", _collect(results, "analysis", "repetition.csv"),
          "Consecutive repetition in drafts, before/after 2-gram rescoring")
-    emit("entropy", _collect(results, "analysis", "entropy.csv"), "Per-head entropy and h_max")
+    entropy = _collect(results, "analysis", "entropy.csv")
+    emit("entropy", entropy, "Per-head entropy and h_max")
+    plot("entropy", entropy, "head", "mean_entropy", "head", "mean entropy (nats)", "Mean entropy per head")
+    emit("hardware_utilization", hardware_table(results, task_order=TASK_ORDER),
+         "Hardware utilization per generated token: computed from the model config and measured counters "
+         "(ratios of sums), not measured with hardware counters")
     runs = _collect(results, "runs", "summary.csv")
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),

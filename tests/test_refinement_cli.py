@@ -83,5 +83,10 @@ def test_refinement_pipeline(workspace):
     lattice = pd.read_csv("results/tables/top16_lattice.csv").set_index("method")
     assert lattice.loc["bpd", "paper_block_efficiency"] == 1.13  # XSum, from ../shared/paper/reference_tables.csv
     assert "relative_change_pct" in lattice.columns
-    for name in ("oracle_vs_k", "repetition", "entropy", "top16_lattice_wide"):
+    for name in ("oracle_vs_k", "repetition", "entropy", "top16_lattice_wide", "hardware_utilization"):
         assert (ws["data"].parent / "results" / "tables" / f"{name}.md").exists()
+    for name in ("oracle_vs_k", "entropy"):
+        assert (ws["data"].parent / "results" / "tables" / f"{name}.png").exists()
+    hw = pd.read_csv("results/tables/hardware_utilization.csv").set_index(["task", "method"])
+    assert hw.loc[("xsum", "ar"), "block_efficiency"] == 1
+    assert hw.loc[("xsum", "bpd"), "verified_per_call"] == 4   # 3 heads + root, counted by the new replay
