@@ -148,7 +148,7 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int, eos_ids: set[int
         verified = verify(model, state, drafts)
         best, a = accept(verified)
         out.extend(advance(state, verified, best, a))
-        counters.record_step(len(drafts[best]), a)
+        counters.record_step(len(drafts[best]), a, len(verified.tree.tokens))
         gen.step_log.append((len(drafts[best]), a))
         t_verify, clock = _lap(clock)
         gen.seconds["draft"] += t_draft

@@ -15,7 +15,6 @@ import pandas as pd
 from .metrics import Counters, ratios
 
 EXAMPLES, SUMMARY_CSV, SUMMARY_MD, CONFIG = "examples.jsonl", "summary.csv", "summary.md", "config.json"
-COUNTER_FIELDS = ("new_tokens", "serial_calls", "steps", "drafted", "accepted", "accepted_per_head", "hist")
 
 
 class ResultWriter:
@@ -68,7 +67,7 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
     """One summary row; every ratio is a ratio of sums."""
     total = Counters()
     for r in records:
-        total = total.add(Counters(**{k: r[k] for k in COUNTER_FIELDS}))
+        total = total.add(Counters.from_dict(r))
     cfg = config["config"]
     seconds = sum(r["seconds"] for r in records)
     row = {"task": cfg["task"], "model": cfg["model"], "method": cfg["method"], "rescorer": cfg["rescorer"],
