@@ -120,6 +120,9 @@ def resolve_heads(cfg: RunConfig, model, tok, log: Log) -> Heads | None:
     if cfg.heads > heads.num_heads:
         raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")
     heads.pack(model.lm_head)
+    training = hcfg.get("bpdbench", {}).get("training", {})
+    heads.meta = {"path": str(path), **{k: training[k] for k in ("profile", "seconds", "greedy_positions",
+                                                                  "heldout") if k in training}}
     return heads
 
 
@@ -157,7 +160,8 @@ def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     eos = eos_ids(model, tok)
     meta = {"config": cfg.to_dict(), "resolved": {"max_new_tokens": max_new, "eos_ids": sorted(eos),
             "n_selected": len(examples), "model_id": models.model_id(cfg.model), "rescorer": spec.name,
-            "alpha": alpha, "alpha_source": alpha_source, "k": cfg.k if rescorer else 1, "p": spec.p},
+            "alpha": alpha, "alpha_source": alpha_source, "k": cfg.k if rescorer else 1, "p": spec.p,
+            "heads": getattr(heads, "meta", None)},
             "environment": environment(threads, str(model.device), cfg.dtype)}
     out = cfg.out_dir()
     writer = ResultWriter(out, meta, cfg.resume)

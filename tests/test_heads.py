@@ -71,3 +71,17 @@ def test_fit_learns_a_shift_rule():
 def test_cli_profiles_match_training_profiles():
     from bpdbench.config import HEAD_PROFILES
     assert set(HEAD_PROFILES) == set(train_heads.PROFILES) | {"init"}
+
+
+def test_batched_greedy_for_head_training_equals_greedy_decoding(tiny_model):
+    """Left-padded batched generation (head-training data) must continue each prompt exactly as greedy decoding."""
+    from bpdbench import decoding
+    prompts = [[5, 17, 3, 42, 8, 11], [7, 1], [30, 31, 32, 33]]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    _, hid, lp, top, new = train_heads._greedy_batch(tiny_model, ids, mask, 12, torch.tensor([-1]))
+    assert hid.shape[:2] == (3, 12) and top.shape == (3, 12, train_heads.TOPK_TEACHER)
+    for b, p in enumerate(prompts):
+        assert new[b].tolist() == decoding.generate(tiny_model, p, 12, eos_ids=set()).tokens
+    assert torch.all(lp[..., 0] >= lp[..., 1])
