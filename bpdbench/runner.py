@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -60,7 +61,7 @@ class GreedyReference:
     def __init__(self, model, model_name: str, dtype: str, device: str):
         self.model, self.key_base = model, json.dumps(
             [models.model_id(model_name), dtype, device, torch.__version__, _tf_version()])
-        self.dir = models.cache_root() / "greedy"
+        self.dir = Path(os.environ.get("BPDBENCH_GREEDY_DIR") or models.cache_root() / "greedy")
 
     def _path(self, prompt_ids: list[int], max_new: int, eos: set[int]) -> Path:
         h = hashlib.sha256(json.dumps([self.key_base, prompt_ids, max_new, sorted(eos)]).encode()).hexdigest()

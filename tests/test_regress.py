@@ -32,3 +32,11 @@ def test_speedup_band_is_wide_but_finite():
 
 def test_missing_entry_fails():
     assert compare(BASE, {}) == ["xsum/bpd: missing from the current run"]
+
+
+def test_unmeasured_speedup_is_skipped_not_failed():
+    """A cached greedy reference leaves the speedup unmeasured (NaN or None) on either side: not a regression."""
+    nan_base = {**BASE, "results": {"xsum/bpd": {**BASE["results"]["xsum/bpd"], "speedup_vs_ar": float("nan")}}}
+    assert compare(nan_base, run(speedup=0.1)) == []
+    assert compare(BASE, run(speedup=float("nan"))) == []
+    assert compare(BASE, run(speedup=None)) == []
