@@ -11,7 +11,7 @@ from bpdbench import speed
 from bpdbench.cli import app
 from tests.conftest import write_prompts
 
-METHODS = ["ar", "bpd", "16best-0gram", "medusa", "hf-greedy", "hf-pld"]
+METHODS = ["ar", "bpd", "bpd-t0.3", "16best-0gram", "medusa", "hf-greedy", "hf-pld"]
 
 
 @pytest.fixture(autouse=True)
@@ -130,3 +130,10 @@ def test_speedup_per_category():
                _rec("a", "bpd", 2.0, category="x"), _rec("b", "bpd", 1.0, category="y")]
     df = speed.summarize(records, ("category", "method")).set_index(["category", "method"])
     assert df.loc[("x", "bpd"), "speedup_vs_ar"] == 2.0 and df.loc[("y", "bpd"), "speedup_vs_ar"] == 6.0
+
+
+def test_threshold_method_names_are_validated_up_front():
+    assert speed.check_methods(["bpd-t0.3"]) == ["ar", "bpd-t0.3"]
+    for bad in ("bpd-t", "bpd-tx", "bpd-t1.5", "bpd-t0"):
+        with pytest.raises(ValueError, match="bpd-t<threshold>"):
+            speed.check_methods([bad])
