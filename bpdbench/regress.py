@@ -10,6 +10,7 @@ import json
 import math
 import os
 import tempfile
+from unittest.mock import patch
 from pathlib import Path
 
 from . import runner
@@ -21,19 +22,11 @@ TOLERANCE = {"block_efficiency_abs": 0.05, "speedup_factor": 3.0}
 
 
 def run_grid(grid: dict, log=print) -> dict[str, dict]:
-    before = os.environ.get("BPDBENCH_GREEDY_DIR")
     with tempfile.TemporaryDirectory() as tmp:
         # a private greedy cache: each task's first method times its own AR reference, so speedups are measured
         # the same way on a fresh CI machine and on a machine whose cache already holds these prompts
-        os.environ["BPDBENCH_GREEDY_DIR"] = f"{tmp}/greedy"
-        try:
-            out = _grid(grid, tmp, log)
-        finally:
-            if before is None:
-                os.environ.pop("BPDBENCH_GREEDY_DIR", None)
-            else:
-                os.environ["BPDBENCH_GREEDY_DIR"] = before
-    return out
+        with patch.dict(os.environ, {"BPDBENCH_GREEDY_DIR": f"{tmp}/greedy"}):
+            return _grid(grid, tmp, log)
 
 
 def _grid(grid: dict, tmp: str, log) -> dict[str, dict]:
