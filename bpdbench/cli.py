@@ -297,9 +297,11 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
           device: str = typer.Option("cpu", help="cpu | cuda | auto"), threads: Optional[int] = _TH,
           k: int = typer.Option(16, help="lattice width for rescorers"),
           assistant: Optional[str] = typer.Option(None, help="hf-assisted draft model (default "
-                                                             "qwen2.5-coder-0.5b; same tokenizer as the target)"),
+                                                             "qwen2.5-coder-0.5b; smollm2-135m, with universal "
+                                                             "assisted decoding, when that is the target)"),
           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
-          out: Optional[str] = typer.Option(None, help="default: results/speed/<task>")):
+          out: Optional[str] = typer.Option(None, help="default: results/speed/<task>"),
+          resume: bool = typer.Option(False, help="keep the prompts an interrupted run already measured")):
     """Wall-clock speedup over our greedy loop (ar) of BPD, rescorers and transformers' generate (greedy, PLD,
     assisted) on identical outputs: speed.jsonl, speed.csv, speed_by_category.csv, config.json."""
     import pandas as pd
@@ -309,7 +311,8 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
                     max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, k=k,
                     data_dir=data_dir, data_file=data_file, out=out)
     out_dir = speed_lib.run(cfg, [m.strip() for m in methods.split(",") if m.strip()], repeats, assistant,
-                            per_category, log=lambda m: console.print(m, highlight=False, soft_wrap=True))
+                            per_category, log=lambda m: console.print(m, highlight=False, soft_wrap=True),
+                            resume=resume)
     print(to_markdown(pd.read_csv(out_dir / "speed.csv")))
     if (out_dir / "speed_by_category.csv").exists():
         print(to_markdown(pd.read_csv(out_dir / "speed_by_category.csv")))

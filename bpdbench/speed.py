@@ -26,6 +26,9 @@ from .config import RunConfig, environment
 HF_METHODS = ("hf-greedy", "hf-pld", "hf-assisted")
 OUR_METHODS = ("ar", "bpd")
 DEFAULT_ASSISTANT = "qwen2.5-coder-0.5b"
+# The default target is the smallest Qwen we have, so it has no smaller same-tokenizer assistant; SmolLM2-135M drafts
+# for it through transformers' universal assisted decoding (different tokenizers, re-tokenised drafts).
+FALLBACK_ASSISTANT = "smollm2-135m"
 PLD_TOKENS = 10
 UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfig fields `--methods` replaces
 Log = Callable[[str], None]
@@ -81,11 +84,15 @@ def count_forwards(model) -> list[int]:
     return calls
 
 
-def hf(model, eos: set[int], max_new: int, pad_id: int, calls: list[int], assistant=None, **extra) -> Decoder:
-    """transformers greedy `generate`; the output is cut exactly like ours so token ids are comparable."""
+def hf(model, eos: set[int], max_new: int, pad_id: int, calls: list[int], assistant=None, tokenizers=None,
+       **extra) -> Decoder:
+    """transformers greedy `generate`; the output is cut exactly like ours so token ids are comparable.
+    `tokenizers` = (target, assistant) when they differ (universal assisted decoding)."""
     budget = assistant.generation_config.num_assistant_tokens if assistant is not None else None
     if assistant is not None:
         extra["assistant_model"] = assistant
+    if tokenizers is not None:
+        extra["tokenizer"], extra["assistant_tokenizer"] = tokenizers
 
     def run(prompt: list[int]) -> Output:
         if assistant is not None:  # under a 'heuristic' schedule HF writes the adapted draft length back: reset
@@ -121,15 +128,20 @@ def build_decoders(cfg: RunConfig, methods: list[str], model, tok, eos: set[int]
         elif m == "hf-pld":
             decoders[m] = hf(model, eos, max_new, pad_id, calls, prompt_lookup_num_tokens=PLD_TOKENS)
         elif m == "hf-assisted":
-            name = assistant or DEFAULT_ASSISTANT
-            if assistant is None and name == cfg.model:
-                reason = f"the target is {name}, the default assistant; pass --assistant to name a smaller model"
-                resolved["skipped"][m] = reason
+            name = assistant or (DEFAULT_ASSISTANT if cfg.model != DEFAULT_ASSISTANT else FALLBACK_ASSISTANT)
+            try:
+                draft_model, draft_tok = models.load(name, cfg.dtype, cfg.device)  # own instance: generate mutates it
+            except (models.ModelError, ModuleNotFoundError) as e:
+                if assistant is not None:
+                    raise
+                resolved["skipped"][m] = reason = f"assistant {name} unavailable ({e}); pass --assistant"
                 log(f"skipping hf-assisted: {reason}")
                 continue
-            draft_model, _ = models.load(name, cfg.dtype, cfg.device)  # own instance: generate mutates its config
+            same = draft_tok.get_vocab() == tok.get_vocab()
             resolved["assistant"] = name
-            decoders[m] = hf(model, eos, max_new, pad_id, calls, assistant=draft_model)
+            resolved["assistant_tokenizer"] = "same" if same else "different (universal assisted decoding)"
+            decoders[m] = hf(model, eos, max_new, pad_id, calls, assistant=draft_model,
+                             tokenizers=None if same else (tok, draft_tok))
         else:
             spec = rescorers.get_rescorer(m)
             alpha = rescorers.tuned_alpha(cfg.task, spec.name, cfg.model)
@@ -208,9 +220,24 @@ def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> N
                 f"prompts (prompt@token: {', '.join(firsts)}); excluded from its speedup, tokens and seconds")
 
 
+def _resumable(out: Path, config: dict, resume: bool) -> list[dict]:
+    """Records of prompts already measured by an interrupted run with the same settings (resume only)."""
+    if not resume or not (out / "speed.jsonl").exists():
+        return []
+    old = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+    keys = ("config", "methods", "repeats", "per_category")
+    if any(old.get(k) != config[k] for k in keys):
+        raise ValueError(f"--resume: {out}/config.json was written with other settings ({', '.join(keys)} must "
+                         f"match); pass a new --out or drop --resume")
+    records = [json.loads(line) for line in (out / "speed.jsonl").read_text().splitlines() if line.strip()]
+    done = {r["id"] for r in records if sum(q["id"] == r["id"] for q in records) == len(config["methods"])}
+    return [r for r in records if r["id"] in done]
+
+
 def run(cfg: RunConfig, methods: list[str], repeats: int = 3, assistant: str | None = None,
-        per_category: int | None = None, log: Log = print) -> Path:
-    """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory."""
+        per_category: int | None = None, log: Log = print, resume: bool = False) -> Path:
+    """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory.
+    Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`)."""
     cfg, methods = cfg.validate(), check_methods(methods)
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
@@ -227,13 +254,20 @@ def run(cfg: RunConfig, methods: list[str], repeats: int = 3, assistant: str | N
               "resolved": {**resolved, "max_new_tokens": max_new, "eos_ids": sorted(eos), "n_prompts": len(examples),
                            "model_id": models.model_id(cfg.model), "pld_tokens": PLD_TOKENS},
               "environment": environment(threads, str(model.device), cfg.dtype)}
-    (out / "config.json").write_text(json.dumps(config, indent=2, default=str))
+    config = json.loads(json.dumps(config, default=str))
+    records = _resumable(out, config, resume)
+    if records:
+        log(f"resuming: {len({r['id'] for r in records})} prompts already measured in {out}")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "speed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     prompts = [runner.encode_prompt(tok, task, ex, cfg.max_prompt_tokens) for ex in examples]
     for fn in decoders.values():  # warm-up: allocator, oneDNN kernels, HF's first-call setup
         fn(prompts[0])
-    records: list[dict] = []
-    with open(out / "speed.jsonl", "w") as f:
+    done = {r["id"] for r in records}
+    with open(out / "speed.jsonl", "a") as f:
         for i, (ex, prompt) in enumerate(zip(examples, prompts)):
+            if ex.id in done:
+                continue
             recs = measure(decoders, ex, prompt, repeats)
             f.write("".join(json.dumps(r) + "\n" for r in recs))
             f.flush()

@@ -70,15 +70,48 @@ def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, 
     assert csv.loc["hf-assisted", "block_efficiency"] > 1.0  # a self-draft is always accepted
 
 
-def test_default_assistant_equal_to_target_is_skipped(tiny_model_dir, monkeypatch):
+def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_model_dir, prompts_file, tmp_path):
+    out = tmp_path / "resume"
+    methods = ["ar", "bpd"]
+    assert speed_cli(tiny_model_dir, prompts_file, out, methods)[0] == 0
+    lines = (out / "speed.jsonl").read_text().splitlines()
+    first = [json.loads(x) for x in lines[:2]]
+    (out / "speed.jsonl").write_text("\n".join(lines[:3]) + "\n")  # prompt 2 interrupted after one method
+    code, text = speed_cli(tiny_model_dir, prompts_file, out, methods, "--resume")
+    assert code == 0 and "resuming: 1 prompts already measured" in text, text
+    records = [json.loads(x) for x in (out / "speed.jsonl").read_text().splitlines()]
+    assert len(records) == 4 and records[:2] == first  # the finished prompt was not re-timed
+    assert pd.read_csv(out / "speed.csv").n_prompts.tolist() == [2, 2]
+    code, text = speed_cli(tiny_model_dir, prompts_file, out, methods, "--resume", "--repeats", "1")
+    assert code != 0 and "other settings" in text
+
+
+def _build(tiny_model_dir, monkeypatch, fallback):
     monkeypatch.setattr(speed, "DEFAULT_ASSISTANT", str(tiny_model_dir))
+    monkeypatch.setattr(speed, "FALLBACK_ASSISTANT", fallback)
     from bpdbench import models
     from bpdbench.config import RunConfig
     model, tok = models.load(str(tiny_model_dir), "float32")
     cfg = RunConfig(model=str(tiny_model_dir), dtype="float32")
     logs = []
     decoders, resolved = speed.build_decoders(cfg, ["ar", "hf-assisted"], model, tok, {1}, 8, None, logs.append)
-    assert list(decoders) == ["ar"] and "hf-assisted" in resolved["skipped"]
+    return decoders, resolved, logs
+
+
+def test_target_equal_to_default_assistant_falls_back(tiny_model_dir, tmp_path, monkeypatch):
+    """The default target has no smaller same-tokenizer sibling: the fallback assistant drafts for it."""
+    import shutil
+    other = tmp_path / "fallback"
+    shutil.copytree(tiny_model_dir, other)
+    decoders, resolved, logs = _build(tiny_model_dir, monkeypatch, str(other))
+    assert list(decoders) == ["ar", "hf-assisted"] and not resolved["skipped"]
+    assert resolved["assistant"] == str(other) and resolved["assistant_tokenizer"] == "same"
+    assert decoders["hf-assisted"]([5, 6, 7]).tokens == decoders["ar"]([5, 6, 7]).tokens
+
+
+def test_unavailable_fallback_assistant_is_skipped_with_reason(tiny_model_dir, monkeypatch):
+    decoders, resolved, logs = _build(tiny_model_dir, monkeypatch, "no-such-model")
+    assert list(decoders) == ["ar"] and "no-such-model" in resolved["skipped"]["hf-assisted"]
     assert len(logs) == 1 and logs[0].startswith("skipping hf-assisted")
 
 
