@@ -4,7 +4,7 @@ Reads `results/replay/<task>/replay.csv` (lattice methods on shared greedy traje
 oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/runs/*/summary.csv`, and writes CSV +
 Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours, PNGs
 where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
-`results/replay/<task>/replay.jsonl`).
+`results/replay/<task>/replay.jsonl`), and the speed tables from `results/speed/<task>/`.
 """
 from __future__ import annotations
 
@@ -29,6 +29,20 @@ def reference_tables() -> pd.DataFrame | None:
 def _collect(results: Path, sub: str, name: str) -> pd.DataFrame:
     frames = [pd.read_csv(p) for p in sorted((results / sub).glob(f"*/{name}"))]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def speed_table(results: Path, name: str) -> pd.DataFrame:
+    """`bpdbench speed` outputs of every task, with the settings that make a speedup comparable."""
+    import json
+    frames = []
+    for path in sorted((results / "speed").glob(f"*/{name}")):
+        config = json.loads((path.parent / "config.json").read_text())
+        env, res = config.get("environment", {}), config.get("resolved", {})
+        df = pd.read_csv(path)
+        df.insert(0, "task", path.parent.name)
+        frames.append(df.assign(max_new_tokens=res.get("max_new_tokens"), repeats=config.get("repeats"),
+                                dtype=env.get("dtype"), threads=env.get("threads")))
+    return pd.concat(frames, ignore_index=True).round(3) if frames else pd.DataFrame()
 
 
 def lattice_table(results: Path) -> pd.DataFrame:
@@ -117,6 +131,11 @@ def build(results: Path = Path("results")) -> list[Path]:
     emit("hardware_utilization", hardware_table(results, task_order=TASK_ORDER),
          "Hardware utilization per generated token: computed from the model config and measured counters "
          "(ratios of sums), not measured with hardware counters")
+    emit("speed", speed_table(results, "speed.csv"),
+         "Wall-clock speedup vs our greedy loop (`bpdbench speed`; identical outputs only; sum of AR medians / "
+         "sum of method medians)")
+    emit("speed_by_category", speed_table(results, "speed_by_category.csv"),
+         "Speedup per Spec-Bench / MT-Bench category (`bpdbench speed`)")
     runs = _collect(results, "runs", "summary.csv")
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),

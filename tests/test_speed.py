@@ -170,3 +170,15 @@ def test_threshold_method_names_are_validated_up_front():
     for bad in ("bpd-t", "bpd-tx", "bpd-t1.5", "bpd-t0"):
         with pytest.raises(ValueError, match="bpd-t<threshold>"):
             speed.check_methods([bad])
+
+
+def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp_path):
+    out = tmp_path / "results" / "speed" / "prompts"
+    assert speed_cli(tiny_model_dir, prompts_file, out, ["ar", "bpd"])[0] == 0
+    code, text = cli("tables", "--results", tmp_path / "results")
+    assert code == 0, text
+    table = pd.read_csv(tmp_path / "results" / "tables" / "speed.csv").set_index("method")
+    assert table.loc["ar", "task"] == "prompts" and table.loc["ar", "speedup_vs_ar"] == 1.0
+    assert table.loc["bpd", "threads"] == 1 and table.loc["bpd", "repeats"] == 2
+    assert table.loc["bpd", "max_new_tokens"] == 12 and table.loc["bpd", "dtype"] == "float32"
+    assert "Wall-clock speedup" in (tmp_path / "results" / "tables" / "speed.md").read_text()
