@@ -113,6 +113,7 @@ def build_decoders(cfg: RunConfig, methods: list[str], model, tok, eos: set[int]
     heads = None
     if any(m not in ("ar",) + HF_METHODS for m in methods):
         heads = runner.resolve_heads(cfg.replace(method="bpd"), model, tok, log)
+        resolved["heads"] = getattr(heads, "meta", None)
     calls = count_forwards(model)
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else min(eos)
     decoders: dict[str, Decoder] = {}
