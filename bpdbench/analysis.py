@@ -39,16 +39,19 @@ def prepare(cfg: RunConfig, log=print, heldout: bool = False) -> tuple[Context, 
     model, tok = models.load(cfg.model, cfg.dtype, cfg.device)
     heads = runner.resolve_heads(cfg.replace(method="bpd"), model, tok, log)
     meta = {"config": cfg.to_dict(), "environment": environment(threads, str(model.device), cfg.dtype),
-            "slice": "heldout" if heldout else "eval"}
+            "slice": "heldout" if heldout else "eval", "heads": getattr(heads, "meta", None)}
     return Context(cfg, model, tok, heads, meta), examples
 
 
-def trajectories(ctx: Context, examples, k_max: int = 16) -> Iterator[tuple[object, replay.Trajectory]]:
+def trajectories(ctx: Context, examples, k_max: int = 16, skip: frozenset = frozenset()
+                 ) -> Iterator[tuple[object, replay.Trajectory]]:
     task = task_registry.get_task(ctx.cfg.task)
     max_new = ctx.cfg.max_new_tokens or task.max_new_tokens
     eos = runner.eos_ids(ctx.model, ctx.tok)
     ref = runner.GreedyReference(ctx.model, ctx.cfg.model, ctx.cfg.dtype, str(ctx.model.device))
     for ex in examples:
+        if ex.id in skip:
+            continue
         prompt = runner.encode_prompt(ctx.tok, task, ex, ctx.cfg.max_prompt_tokens)
         greedy, _ = ref.get(prompt, max_new, eos)
         if len(greedy) >= 2:
@@ -89,14 +92,43 @@ def _stateful(r):
     return choose
 
 
-def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=print) -> pd.DataFrame:
-    """Block efficiency of each method on the same trajectories (`oracle-k16` etc. allowed as method names)."""
+RESUME_IGNORES = ("limit", "threads", "out", "resume")   # a resumed run may ask for more examples, on other threads
+
+
+def _resumable(out: Path, meta: dict, resume: bool) -> list[dict]:
+    """Per-example records an earlier run with the same settings, heads and methods already wrote (resume only)."""
+    path = out / "replay.jsonl"
+    if not resume or not path.exists():
+        return []
+    old = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
+
+    def key(m: dict) -> tuple:
+        return ({k: v for k, v in m.get("config", {}).items() if k not in RESUME_IGNORES}, m.get("heads"),
+                m.get("methods"))
+    if key(old) != key(json.loads(json.dumps(meta, default=str))):
+        raise ValueError(f"--resume: {out} was written with other settings, heads or methods; pass a new --out "
+                         f"or drop --resume")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=print, resume: bool = False
+                   ) -> pd.DataFrame:
+    """Block efficiency of each method on the same trajectories (`oracle-k16` etc. allowed as method names).
+    Records are appended per example; with `resume`, examples already in `out` are kept and not replayed again."""
     out.mkdir(parents=True, exist_ok=True)
+    meta = {**ctx.meta, "methods": list(methods)}
+    done = [r for r in _resumable(out, meta, resume) if r["id"] in {ex.id for ex in examples}]
+    if done:
+        log(f"resuming: {len(done)} examples already replayed in {out}")
+    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+    (out / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
     rules = choosers(ctx, [m for m in methods if not m.startswith("oracle-k")], log=log)
     totals = {m: Counters() for m in methods}
-    n_examples = 0
-    with open(out / "replay.jsonl", "w") as f:
-        for ex, traj in trajectories(ctx, examples):
+    for r in done:
+        totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in methods}
+    n_examples = len(done)
+    with open(out / "replay.jsonl", "a") as f:
+        for ex, traj in trajectories(ctx, examples, skip=frozenset(r["id"] for r in done)):
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(traj.greedy)}
             for m in methods:
@@ -105,6 +137,7 @@ def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=pr
                 totals[m] = totals[m].add(c)
                 rec[m] = c.to_dict()
             f.write(json.dumps(rec) + "\n")
+            f.flush()
     rows = []
     base = ratios(totals[methods[0]])["block_efficiency"]
     for m in methods:
@@ -115,12 +148,11 @@ def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=pr
                      "relative_change_pct": 100 * (r["block_efficiency"] / base - 1)})
     df = pd.DataFrame(rows)
     df.to_csv(out / "replay.csv", index=False)
-    (out / "config.json").write_text(json.dumps(ctx.meta, indent=2, default=str))
     return df
 
 
-def oracle_table(ctx: Context, examples, out: Path, ks=KS) -> pd.DataFrame:
-    df = replay_methods(ctx, examples, ["bpd"] + [f"oracle-k{k}" for k in ks], out)
+def oracle_table(ctx: Context, examples, out: Path, ks=KS, resume: bool = False, log=print) -> pd.DataFrame:
+    df = replay_methods(ctx, examples, ["bpd"] + [f"oracle-k{k}" for k in ks], out, log=log, resume=resume)
     df = df[df.method != "bpd"].assign(k=[int(m[len("oracle-k"):]) for m in df.method[df.method != "bpd"]])
     df["relative_gain_pct"] = 100 * (df.block_efficiency / df.block_efficiency.iloc[0] - 1)
     df.to_csv(out / "oracle.csv", index=False)

@@ -181,6 +181,8 @@ _O = typer.Option(0, help="offset")
 _N = typer.Option(None, help="max new tokens (default: task's)")
 _D = typer.Option("bfloat16", help="dtype")
 _TH = typer.Option(None, help="threads")
+_RES = typer.Option(False, help="keep the examples an earlier run with the same settings wrote to --out; replay "
+                               "only the rest (also to extend a run to a larger --limit)")
 _DD = typer.Option(None, help="data dir")
 _DF = typer.Option(None, help="data file (task prompts)")
 
@@ -190,7 +192,8 @@ _DF = typer.Option(None, help="data file (task prompts)")
 def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 4, ... up to it)"), model: str = _M,
            heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
            max_new_tokens: Optional[int] = _N, dtype: str = _D, threads: Optional[int] = _TH,
-           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None),
+           resume: bool = _RES):
     """Oracle block efficiency of the top-k lattice (best achievable path) for k = 1, 2, 4, ..., K: CSV + PNG."""
     from . import analysis
     from .results import to_markdown
@@ -198,7 +201,8 @@ def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 
                         data_dir, data_file)
     ctx, examples = analysis.prepare(cfg, log=console.print)
     ks = [x for x in analysis.KS if x <= k] + ([k] if k not in analysis.KS else [])
-    df = analysis.oracle_table(ctx, examples, Path(out or f"results/oracle/{task}"), ks=tuple(sorted(set(ks))))
+    df = analysis.oracle_table(ctx, examples, Path(out or f"results/oracle/{task}"), ks=tuple(sorted(set(ks))),
+                               resume=resume, log=console.print)
     print(to_markdown(df))
 
 
@@ -224,7 +228,8 @@ def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str
 def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle-k16", help="comma-separated"),
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
            max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH,
-           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None),
+           resume: bool = _RES):
     """Block efficiency of several draft methods replayed on the same greedy trajectories (first = baseline)."""
     from . import analysis
     from .results import to_markdown
@@ -232,7 +237,7 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle-
                         data_dir, data_file)
     ctx, examples = analysis.prepare(cfg, log=console.print)
     df = analysis.replay_methods(ctx, examples, methods.split(","), Path(out or f"results/replay/{task}"),
-                                 log=console.print)
+                                 log=console.print, resume=resume)
     print(to_markdown(df))
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The CPU-scale reproduction grid (make reproduce): heads, rescorers, alpha tuning, lattice methods on >= 6 tasks,
-# oracle, analyses, Spec-Bench speed, then every table from the result files. Each step is skipped when its output
-# exists, so an interrupted run resumes where it stopped. Override: LIMIT=50 THREADS=2 MODEL=... bash scripts/reproduce.sh
+# oracle, analyses, Spec-Bench speed, then every table from the result files. Replay, oracle and speed run with
+# --resume (finished examples are kept, so an interrupted run continues where it stopped, and a larger LIMIT extends
+# an earlier run); they refuse to mix results made with other heads or settings: FRESH=1 starts the grid over.
+# Override: LIMIT=50 THREADS=2 MODEL=... FRESH=1 bash scripts/reproduce.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${BPDBENCH:-.venv/bin/bpdbench}
@@ -13,6 +15,8 @@ CACHE=${BPDBENCH_CACHE:-$HOME/.cache/bpdbench}
 METHODS="bpd,neural-m,ngram4,16best-0gram,16best-ngram4,oracle-k16,medusa,bpd-h1,bpd-h2,bpd-h3,bpd-h4,bpd-h5,bpd-h6,bpd-h7"
 
 step() { echo "== $* ($(date +%H:%M:%S))"; }
+if [ "${FRESH:-0}" = 1 ]; then rm -rf results/replay results/oracle results/analysis results/speed/spec_bench results/alpha.json; fi
+SECONDS=0
 [ -f "$CACHE/heads/$MODEL-quick/config.json" ] || { step heads; $B train-heads --model "$MODEL" --profile quick --threads "$THREADS"; }
 [ -f "$CACHE/rescorers/ngram2-$MODEL/ngram2.bin" ] || { step ngram2; $B train-rescorer ngram --order 2 --model "$MODEL"; }
 [ -f "$CACHE/rescorers/ngram4-$MODEL/ngram4.bin" ] || { step ngram4; $B train-rescorer ngram --order 4 --model "$MODEL"; }
@@ -21,10 +25,11 @@ for t in $TASKS; do
   for r in ngram4 16best-ngram4 neural-m; do
     grep -q "\"$MODEL/$t/$r\"" results/alpha.json 2>/dev/null || { step "tune $t $r"; $B tune --task "$t" --rescorer "$r" --model "$MODEL" --limit 8 --max-new-tokens 64 --threads "$THREADS"; }
   done
-  [ -f "results/replay/$t/replay.csv" ] || { step "replay $t"; $B replay --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS" --methods "$METHODS"; }
-  [ -f "results/oracle/$t/oracle.csv" ] || { step "oracle $t"; $B oracle --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS"; }
+  step "replay $t"; $B replay --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS" --methods "$METHODS" --resume
+  step "oracle $t"; $B oracle --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS" --resume
   [ -f "results/analysis/$t/entropy.csv" ] || { step "analyze $t"; $B analyze --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS"; }
 done
-[ -f results/speed/spec_bench/speed.csv ] || { step speed; $B speed --task spec_bench --per-category 3 --repeats 3 --max-new-tokens 64 --threads "$THREADS" --methods ar,bpd,16best-ngram4,medusa,hf-greedy,hf-pld,hf-assisted; }
+step speed; { $B speed --task spec_bench --per-category 2 --repeats 2 --max-new-tokens 64 --threads "$THREADS" --methods ar,bpd,16best-ngram4,medusa,hf-greedy,hf-pld,hf-assisted --resume; }
 step tables
 $B tables
+echo "== reproduce finished in $((SECONDS / 60)) min"
