@@ -218,7 +218,7 @@ def _plot_entropy(ent: torch.Tensor, path: Path, task: str, hmax: int) -> None:
     plt.close(fig)
 
 
-def tune(ctx: Context, examples, rescorer: str, grid=(0.0, 0.1, 0.25, 0.5, 1.0, 2.0), log=print) -> dict:
+def tune(ctx: Context, examples, rescorer: str, grid=(0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0), log=print) -> dict:
     """Pick alpha maximising replayed block efficiency on the held-out slice; store it in results/alpha.json."""
     trajs = list(trajectories(ctx, examples))
     scores = {}
