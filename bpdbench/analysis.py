@@ -75,7 +75,8 @@ def choosers(ctx: Context, names: list[str], alphas: dict[str, float] | None = N
         alpha = (alphas or {}).get(name)
         if alpha is None:
             alpha = rescorers.tuned_alpha(ctx.cfg.task, name, ctx.cfg.model)
-        r = rescorers.build(spec, ctx.cfg.model, alpha, ctx.cfg.k, str(ctx.model.device), log)
+        r = rescorers.build(spec, ctx.cfg.model, alpha, ctx.cfg.k, str(ctx.model.device), log,
+                            heads_meta=ctx.meta.get("heads"))
         out[name] = (_stateful(r), ctx.cfg.k)
     return out
 

@@ -103,7 +103,7 @@ def neural_cost(size: str, shortlist: int) -> tuple[int, int]:
 def _rescorer(method: str, shortlist: int) -> tuple[int, int, str]:
     """(fp32 params, MACs per token, note) of the method's rescorer, run h times per step."""
     spec = rescorers.RESCORERS.get(method)          # None for ar, bpd-h<N>; kind "none" for bpd
-    if spec is not None and spec.kind == "neural":
+    if spec is not None and spec.size:  # neural, or a tree re-ranked by a neural rescorer
         params, macs = neural_cost(spec.size, shortlist)
         return params, macs, f"neural-{spec.size} rescorer: one fp32 forward per draft position"
     if spec is not None and spec.kind == "ngram":

@@ -129,7 +129,7 @@ def resolve_heads(cfg: RunConfig, model, tok, log: Log) -> Heads | None:
 
 def _alpha(cfg: RunConfig, spec) -> tuple[float | None, str]:
     """--alpha wins; else the value `bpdbench tune` stored for this task; else the rescorer's default."""
-    if spec.kind in ("none", "kbest", "tree"):
+    if not spec.interpolates:
         return None, "n/a"
     if cfg.alpha is not None:
         return cfg.alpha, "--alpha"
@@ -156,7 +156,8 @@ def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     heads = resolve_heads(cfg, model, tok, log)
     spec = rescorers.get_rescorer(cfg.rescorer)
     alpha, alpha_source = _alpha(cfg, spec)
-    rescorer = rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log) if heads is not None else None
+    rescorer = None if heads is None else rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log,
+                                                          heads_meta=getattr(heads, "meta", None))
     max_new = cfg.max_new_tokens or task.max_new_tokens
     eos = eos_ids(model, tok)
     meta = {"config": cfg.to_dict(), "resolved": {"max_new_tokens": max_new, "eos_ids": sorted(eos),

@@ -146,9 +146,10 @@ def build_decoders(cfg: RunConfig, methods: list[str], model, tok, eos: set[int]
         else:
             spec = rescorers.get_rescorer(m)
             alpha = rescorers.tuned_alpha(cfg.task, spec.name, cfg.model)
-            if spec.kind not in ("none", "kbest", "tree"):  # those have no interpolation weight
+            if spec.interpolates:  # the others have no interpolation weight
                 resolved["alpha"][m] = spec.default_alpha if alpha is None else alpha
-            rescorer = rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log)
+            rescorer = rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log,
+                                       heads_meta=getattr(heads, "meta", None))
             decoders[m] = ours(model, eos, max_new, heads, cfg.heads, rescorer, cfg.k)
     return decoders, resolved
 

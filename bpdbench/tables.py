@@ -4,7 +4,8 @@ Reads `results/replay/<task>/replay.csv` (lattice methods on shared greedy traje
 oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/runs/*/summary.csv`, and writes CSV +
 Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours, PNGs
 where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
-`results/replay/<task>/replay.jsonl`), and the speed tables from `results/speed/<task>/`.
+`results/replay/<task>/replay.jsonl`), the Medusa tree variants from `results/medusa/<task>/replay.csv`, and the
+speed tables from `results/speed/<task>/`.
 """
 from __future__ import annotations
 
@@ -119,6 +120,12 @@ def build(results: Path = Path("results")) -> list[Path]:
         med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle-k16"])]
         emit("medusa_vs_bpd", med.pivot_table(index="task", columns="method", values="block_efficiency").round(3)
              .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)")
+    trees = _collect(results, "medusa", "replay.csv")   # `bpdbench replay --out results/medusa/<task>`
+    if not trees.empty:
+        emit("medusa_trees", trees.pivot_table(index="task", columns="method", values="block_efficiency", sort=False)
+             .round(3).reset_index(), "Medusa trees vs linear BPD on the same trajectories: mc_sim_7b_63, a tree "
+             "built from the heads' measured accuracy (medusa-auto), and mc_sim over a lattice re-ranked by "
+             "neural-m (medusa-neural-m); block efficiency, replayed")
     oracle = _collect(results, "oracle", "oracle.csv")
     emit("oracle_vs_k", oracle, "Oracle block efficiency vs k")
     plot("oracle_vs_k", oracle, "k", "block_efficiency", "k (top-k per head)", "oracle block efficiency",

@@ -277,15 +277,17 @@ def agreement(lm_w, w, b, data, shortlist, h: int) -> dict:
     x, tid, _, valid, gen = _targets(data, h)
     x, tid, valid = x[gen], tid[gen], valid[gen]
     proj = lm_w[shortlist]
-    hit1, hit16 = torch.zeros(h), torch.zeros(h)
+    hit1, hit16, rank = torch.zeros(h), torch.zeros(h), torch.zeros(h, 16)
     for s in range(0, x.shape[0], 256):
         top = shortlist[_head_logits(w, b, x[s:s + 256], proj).topk(16, -1).indices]   # [h, n, 16]
         gold = tid[s:s + 256, :, 0].T[..., None]                                         # [h, n, 1]
         v = valid[s:s + 256].T
         hit1 += ((top[..., :1] == gold).any(-1) & v).sum(-1)
         hit16 += ((top == gold).any(-1) & v).sum(-1)
+        rank += ((top == gold) & v[..., None]).sum(1)
     n = valid.sum(0).clamp(min=1)
     return {"top1": [round(float(v), 4) for v in hit1 / n], "top16": [round(float(v), 4) for v in hit16 / n],
+            "rank": [[round(float(v), 4) for v in row] for row in rank / n[:, None]],   # accuracy[head][rank]
             "positions": int(valid.sum(0)[0])}
 
 

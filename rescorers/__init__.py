@@ -21,7 +21,13 @@ class RescorerSpec:
     kind: str                 # none | kbest | tree | ngram | neural | hf
     p: int = 1                # drafts verified per step
     order: int = 0            # n-gram order
-    size: str = ""            # neural size
+    size: str = ""            # neural size (for a tree: the local rescorer that re-ranks candidates first)
+    tree: str = "mc_sim_7b_63"  # tree kinds: Medusa's default, or "auto" (built from the heads' measured accuracy)
+
+    @property
+    def interpolates(self) -> bool:
+        """Whether an alpha weighs a language model against the heads (tuned per task)."""
+        return self.kind in ("ngram", "neural", "hf") or (self.kind == "tree" and bool(self.size))
     default_alpha: float = 0.0
 
 
@@ -34,6 +40,10 @@ RESCORERS: dict[str, RescorerSpec] = {s.name: s for s in (
                  order=4, default_alpha=0.5),
     RescorerSpec("medusa", "Medusa tree (mc_sim_7b_63, 63 nodes) over the top-10 lattice, one tree-masked forward",
                  "tree", p=63),
+    RescorerSpec("medusa-auto", "Medusa tree of 63 nodes built from the heads' held-out per-rank accuracy "
+                 "(Medusa's greedy tree search, independent heads)", "tree", p=63, tree="auto"),
+    RescorerSpec("medusa-neural-m", "Medusa tree (mc_sim_7b_63) over the lattice re-ranked by local neural-m "
+                 "rescoring (its pick at each position becomes rank 0)", "tree", p=63, size="m", default_alpha=0.5),
     RescorerSpec("neural-s", "local rescoring with a small neural LM (~2% of target compute)", "neural", size="s",
                  default_alpha=0.5),
     RescorerSpec("neural-m", "local rescoring with a small neural LM (~4% of target compute)", "neural", size="m",
@@ -64,8 +74,9 @@ def tuned_alpha(task: str, rescorer: str, model_name: str) -> float | None:
 
 
 def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, device: str = "cpu",
-          log=print) -> Rescorer | None:
-    """Instantiate a rescorer; a missing artefact is a one-line error naming the command that makes it."""
+          log=print, heads_meta: dict | None = None) -> Rescorer | None:
+    """Instantiate a rescorer; a missing artefact is a one-line error naming the command that makes it.
+    `heads_meta`: the heads' training report (runner.resolve_heads), which `medusa-auto` builds its tree from."""
     alpha = spec.default_alpha if alpha is None else alpha
     if spec.kind == "none":
         return None
@@ -73,8 +84,17 @@ def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, devi
         from .kbest import KBestRescorer
         return KBestRescorer(spec.name, p=spec.p)
     if spec.kind == "tree":
-        from .medusa import MedusaTree
-        return MedusaTree(spec.name)
+        from .medusa import MedusaTree, RescoredTree, tree_from_report
+        choices = None
+        if spec.tree == "auto":
+            choices = tree_from_report(heads_meta, spec.name)
+            log(f"{spec.name}: {len(choices)}-node tree from the heads' held-out accuracy, depth "
+                f"{max(map(len, choices))}")
+        tree = MedusaTree(spec.name, choices)
+        if not spec.size:
+            return tree
+        local = build(RESCORERS[f"neural-{spec.size}"], model_name, alpha, k, device, log)
+        return RescoredTree(spec.name, tree, local)
     if spec.kind == "ngram":
         from .ngram import NgramRescorer
         path = artefact_dir(spec, model_name) / f"ngram{spec.order}.bin"

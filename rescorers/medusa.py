@@ -33,6 +33,46 @@ def auto_tree(accuracy: list[list[float]], nodes: int = 63) -> list[list[int]]:
     return sorted(tree, key=lambda p: (len(p), p))
 
 
+def rank_accuracy(heldout: dict, ranks: int = 10) -> list[list[float]]:
+    """accuracy[head][rank] from a heads report: measured per rank when the report has it (`rank`), else estimated
+    from top-1 and top-16 (the mass between them spread over ranks 2..16 as 1/r, a Zipf-like fall-off)."""
+    if heldout.get("rank"):
+        return [row[:ranks] for row in heldout["rank"]]
+    norm = sum(1 / r for r in range(2, 17))
+    return [[t1] + [max(t16 - t1, 0.0) / r / norm for r in range(2, ranks + 1)]
+            for t1, t16 in zip(heldout["top1"], heldout["top16"])]
+
+
+def tree_from_report(heads_meta: dict | None, name: str = "medusa-auto", nodes: int = 63) -> list[list[int]]:
+    heldout = (heads_meta or {}).get("heldout")
+    if not heldout:
+        raise ValueError(f"{name} builds its tree from the heads' held-out agreement report, and these heads have "
+                         f"none: train them with `bpdbench train-heads`, or use `medusa`")
+    return auto_tree(rank_accuracy(heldout), nodes)
+
+
+class RescoredTree:
+    """Medusa's tree over a lattice that a local rescorer re-ranked first: at each draft position the rescorer's
+    pick moves to rank 0 (the others keep the heads' order), so the tree's main path is the rescored draft and its
+    side branches are the heads' alternatives."""
+
+    def __init__(self, name: str, tree: "MedusaTree", local):
+        self.name, self.tree, self.local, self.p = name, tree, local, tree.p
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.local.reset(prompt_ids)
+
+    def refine(self, lattice: Lattice, context: list[int]) -> list[list[int]]:
+        pick = self.local.refine(lattice, context)[0]
+        ids, lp = lattice.ids.clone(), lattice.logprobs.clone()
+        for i, token in enumerate(pick):
+            j = int((ids[i] == token).nonzero()[0])
+            if j:
+                order = [j] + [r for r in range(ids.shape[1]) if r != j]
+                ids[i], lp[i] = ids[i, order], lp[i, order]
+        return self.tree.refine(Lattice(ids, lp), context)
+
+
 class MedusaTree:
     def __init__(self, name: str, choices: list[list[int]] | None = None):
         self.name = name

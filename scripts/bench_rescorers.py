@@ -30,7 +30,8 @@ from bpdbench.config import RunConfig  # noqa: E402
 def build(name: str, ctx) -> tuple[object, str]:
     spec = rescorers.get_rescorer(name)
     try:
-        return rescorers.build(spec, ctx.cfg.model, None, ctx.cfg.k, "cpu", print), "trained"
+        return rescorers.build(spec, ctx.cfg.model, None, ctx.cfg.k, "cpu", print,
+                               heads_meta=ctx.meta.get("heads")), "trained"
     except FileNotFoundError:
         if spec.kind != "neural":
             raise

@@ -99,3 +99,34 @@ def test_bad_input_is_one_line_error(args, needle, tmp_path):
     assert code == 2
     error = [line for line in text.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and needle in error[0], text
+
+
+def test_medusa_auto_without_a_heads_report_is_one_line_error(tiny_model_dir, prompts_file, tmp_path):
+    code, text = cli("run", "--task", "prompts", "--data-file", prompts_file, "--model", tiny_model_dir,
+                     "--heads-profile", "init", "--heads", "4", "--limit", "1", "--max-new-tokens", "6",
+                     "--dtype", "float32", "--rescorer", "medusa-auto", "--out", tmp_path / "auto")
+    error = [line for line in text.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(error) == 1 and "held-out agreement report" in error[0], text
+
+
+def test_medusa_auto_with_a_heads_report_is_lossless(tiny_model_dir, prompts_file, tmp_path):
+    """Heads saved with a training report (as train-heads writes it): the tree comes from its per-rank accuracy."""
+    import torch
+    from bpdbench import heads as H
+    from transformers import AutoConfig
+    d = AutoConfig.from_pretrained(tiny_model_dir).hidden_size
+    torch.manual_seed(0)
+    h = H.Heads(d, 4)
+    for p in h.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    report = {"profile": "test", "heldout": {"top1": [0.5, 0.3, 0.2, 0.1], "top16": [0.9, 0.7, 0.6, 0.5]}}
+    H.save(h, H.HeadsInfo(str(tiny_model_dir), 4, extra={"training": report}), tmp_path / "heads")
+    code, text = cli("run", "--task", "prompts", "--data-file", prompts_file, "--model", tiny_model_dir,
+                     "--heads-path", tmp_path / "heads", "--heads", "4", "--limit", "2", "--max-new-tokens", "10",
+                     "--dtype", "float32", "--rescorer", "medusa-auto", "--out", tmp_path / "auto")
+    assert code == 0, text
+    assert "63-node tree from the heads' held-out accuracy" in text
+    row = pd.read_csv(tmp_path / "auto" / "summary.csv").iloc[0]
+    assert row.lossless_rate == 1.0 and row.rescorer == "medusa-auto"
+    config = json.loads((tmp_path / "auto" / "config.json").read_text())
+    assert config["resolved"]["heads"]["heldout"]["top1"][0] == 0.5

@@ -84,3 +84,43 @@ def test_medusa_tree_paths_and_lossless_decoding(tiny_model):
     assert gen.tokens == ref
     plain = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4)
     assert gen.counters.serial_calls <= plain.counters.serial_calls
+
+
+def test_auto_tree_from_heads_report_measured_or_estimated():
+    import pytest
+    from rescorers.medusa import rank_accuracy, tree_from_report
+    est = rank_accuracy({"top1": [0.3, 0.1], "top16": [0.7, 0.4]})
+    assert est[0][0] == 0.3 and len(est[0]) == 10 and est[0][1] > est[0][2] > est[0][9] > 0
+    assert abs(sum(est[0][1:]) + sum(0.4 / r for r in range(11, 17)) / sum(1 / r for r in range(2, 17)) - 0.4) < 1e-9
+    measured = [[0.5] + [0.01] * 15, [0.2] + [0.02] * 15]
+    assert rank_accuracy({"top1": [0.5, 0.2], "top16": [0.65, 0.5], "rank": measured})[1] == measured[1][:10]
+    tree = tree_from_report({"heldout": {"top1": [0.3, 0.1, 0.05], "top16": [0.7, 0.4, 0.3]}}, nodes=20)
+    assert len(tree) == 20 and tree[0] == [0] and [0, 0] in tree and all(p[:-1] in tree for p in tree if len(p) > 1)
+    with pytest.raises(ValueError, match="held-out agreement report"):
+        tree_from_report({"path": "x"})
+
+
+def test_rescored_tree_puts_the_local_pick_on_the_main_path(tiny_model):
+    from rescorers.base import Lattice
+    from rescorers.medusa import MC_SIM_7B_63, MedusaTree, RescoredTree
+
+    class PickThird:
+        def reset(self, prompt_ids):
+            self.reset_with = prompt_ids
+
+        def refine(self, lattice, context):
+            return [lattice.ids[:, 2].tolist()]
+
+    ids = torch.arange(40).view(4, 10)
+    lat = Lattice(ids, torch.linspace(-1, -5, 10).expand(4, 10).clone())
+    r = RescoredTree("medusa-x", MedusaTree("medusa"), PickThird())
+    r.reset([1, 2])
+    drafts = r.refine(lat, [1, 2, 3])
+    assert len(drafts) == len(MC_SIM_7B_63) and r.local.reset_with == [1, 2]
+    assert drafts[MC_SIM_7B_63.index([0, 0, 0, 0])] == [2, 12, 22, 32]      # rank 0 = the rescorer's pick
+    assert drafts[MC_SIM_7B_63.index([1])] == [0] and drafts[MC_SIM_7B_63.index([2])] == [1]  # heads' order after it
+    heads = random_heads(tiny_model.lm_head, 4, seed=5, std=0.3)
+    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    gen = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, k=10,
+                            rescorer=RescoredTree("medusa-x", MedusaTree("medusa"), PickThird()))
+    assert gen.tokens == ref
