@@ -228,9 +228,10 @@ def _resumable(out: Path, config: dict, resume: bool) -> list[dict]:
         return []
     old = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
     keys = ("config", "methods", "repeats", "per_category")
-    if any(old.get(k) != config[k] for k in keys):
-        raise ValueError(f"--resume: {out}/config.json was written with other settings ({', '.join(keys)} must "
-                         f"match); pass a new --out or drop --resume")
+    if any(old.get(k) != config[k] for k in keys) or \
+            old.get("resolved", {}).get("heads") != config["resolved"].get("heads"):
+        raise ValueError(f"--resume: {out}/config.json was written with other settings or heads ({', '.join(keys)} "
+                         f"must match); pass a new --out or drop --resume")
     records = [json.loads(line) for line in (out / "speed.jsonl").read_text().splitlines() if line.strip()]
     done = {r["id"] for r in records if sum(q["id"] == r["id"] for q in records) == len(config["methods"])}
     return [r for r in records if r["id"] in done]
