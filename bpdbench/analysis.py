@@ -76,7 +76,7 @@ def choosers(ctx: Context, names: list[str], alphas: dict[str, float] | None = N
         if alpha is None:
             alpha = rescorers.tuned_alpha(ctx.cfg.task, name, ctx.cfg.model)
         r = rescorers.build(spec, ctx.cfg.model, alpha, ctx.cfg.k, str(ctx.model.device), log,
-                            heads_meta=ctx.meta.get("heads"))
+                            heads_meta=ctx.meta.get("heads"), dtype=ctx.cfg.dtype)
         out[name] = (_stateful(r), ctx.cfg.k)
     return out
 

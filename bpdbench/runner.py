@@ -157,7 +157,7 @@ def run(cfg: RunConfig, log: Log = print, progress=None) -> dict:
     spec = rescorers.get_rescorer(cfg.rescorer)
     alpha, alpha_source = _alpha(cfg, spec)
     rescorer = None if heads is None else rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log,
-                                                          heads_meta=getattr(heads, "meta", None))
+                                                          heads_meta=getattr(heads, "meta", None), dtype=cfg.dtype)
     max_new = cfg.max_new_tokens or task.max_new_tokens
     eos = eos_ids(model, tok)
     meta = {"config": cfg.to_dict(), "resolved": {"max_new_tokens": max_new, "eos_ids": sorted(eos),

@@ -149,7 +149,7 @@ def build_decoders(cfg: RunConfig, methods: list[str], model, tok, eos: set[int]
             if spec.interpolates:  # the others have no interpolation weight
                 resolved["alpha"][m] = spec.default_alpha if alpha is None else alpha
             rescorer = rescorers.build(spec, cfg.model, alpha, cfg.k, str(model.device), log,
-                                       heads_meta=getattr(heads, "meta", None))
+                                       heads_meta=getattr(heads, "meta", None), dtype=cfg.dtype)
             decoders[m] = ours(model, eos, max_new, heads, cfg.heads, rescorer, cfg.k)
     return decoders, resolved
 

@@ -31,7 +31,7 @@ def build(name: str, ctx) -> tuple[object, str]:
     spec = rescorers.get_rescorer(name)
     try:
         return rescorers.build(spec, ctx.cfg.model, None, ctx.cfg.k, "cpu", print,
-                               heads_meta=ctx.meta.get("heads")), "trained"
+                               heads_meta=ctx.meta.get("heads"), dtype=ctx.cfg.dtype), "trained"
     except FileNotFoundError:
         if spec.kind != "neural":
             raise
