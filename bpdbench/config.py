@@ -46,7 +46,10 @@ class RunConfig:
         from .models import DTYPES
 
         if self.method not in METHODS:
-            raise ConfigError(f"unknown method '{self.method}'; valid: {', '.join(METHODS)}")
+            import rescorers
+            hint = f" (drafting methods are rescorers: --rescorer {self.method})" \
+                if self.method in rescorers.RESCORERS else ""
+            raise ConfigError(f"unknown method '{self.method}'; valid: {', '.join(METHODS)}{hint}")
         if self.task not in TASKS:
             raise ConfigError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
         if self.dtype not in DTYPES:

@@ -89,6 +89,7 @@ def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path)
 @pytest.mark.parametrize("args,needle", [
     (["--task", "nope"], "unknown task 'nope'; valid: lambada"),
     (["--method", "beam"], "unknown method 'beam'; valid: ar, bpd"),
+    (["--method", "medusa"], "(drafting methods are rescorers: --rescorer medusa)"),
     (["--rescorer", "nope"], "unknown rescorer 'nope'; valid: none"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'; valid: qwen2.5-coder-0.5b"),
