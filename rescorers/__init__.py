@@ -23,12 +23,12 @@ class RescorerSpec:
     order: int = 0            # n-gram order
     size: str = ""            # neural size (for a tree: the local rescorer that re-ranks candidates first)
     tree: str = "mc_sim_7b_63"  # tree kinds: Medusa's default, or "auto" (built from the heads' measured accuracy)
+    default_alpha: float = 0.0
 
     @property
     def interpolates(self) -> bool:
         """Whether an alpha weighs a language model against the heads (tuned per task)."""
         return self.kind in ("ngram", "neural", "hf") or (self.kind == "tree" and bool(self.size))
-    default_alpha: float = 0.0
 
 
 RESCORERS: dict[str, RescorerSpec] = {s.name: s for s in (
