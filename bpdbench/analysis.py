@@ -39,7 +39,8 @@ def prepare(cfg: RunConfig, log=print, heldout: bool = False) -> tuple[Context, 
     model, tok = models.load(cfg.model, cfg.dtype, cfg.device)
     heads = runner.resolve_heads(cfg.replace(method="bpd"), model, tok, log)
     meta = {"config": cfg.to_dict(), "environment": environment(threads, str(model.device), cfg.dtype),
-            "slice": "heldout" if heldout else "eval", "heads": getattr(heads, "meta", None)}
+            "slice": "heldout" if heldout else "eval", "heads": getattr(heads, "meta", None),
+            "rescorer_dtype": cfg.dtype}  # neural rescorers follow the run's dtype (rescorers.build)
     return Context(cfg, model, tok, heads, meta), examples
 
 

@@ -10,8 +10,9 @@ Conventions (documented once here, so the table stays comparable across methods)
   biases and norms excluded (< 0.1%); FLOPs = 2 x those params per scored token (the prefill counts its last
   position only: prompt processing is the same for every method).
 - heads: h residual blocks (d*d + d) plus the shortlisted projection (S x d), read and run once per step.
-- neural rescorers run one fp32 forward per draft position (h per step); n-gram rescorers are hash lookups, counted
-  as zero and flagged in `note`.
+- neural rescorers run one forward per draft position (h per step) in the run's dtype (`rescorer_dtype` in the
+  replay config; replays written before it was recorded ran them in fp32); n-gram rescorers are hash lookups,
+  counted as zero and flagged in `note`.
 """
 from __future__ import annotations
 
@@ -101,23 +102,24 @@ def neural_cost(size: str, shortlist: int) -> tuple[int, int]:
 
 
 def _rescorer(method: str, shortlist: int) -> tuple[int, int, str]:
-    """(fp32 params, MACs per token, note) of the method's rescorer, run h times per step."""
+    """(params, MACs per token, note) of the method's rescorer, run h times per step."""
     spec = rescorers.RESCORERS.get(method)          # None for ar, bpd-h<N>; kind "none" for bpd
     if spec is not None and spec.size:  # neural, or a tree re-ranked by a neural rescorer
         params, macs = neural_cost(spec.size, shortlist)
-        return params, macs, f"neural-{spec.size} rescorer: one fp32 forward per draft position"
+        return params, macs, f"neural-{spec.size} rescorer: one forward per draft position"
     if spec is not None and spec.kind == "ngram":
         return 0, 0, "n-gram rescorer: hash lookups, counted as 0 FLOPs / 0 bytes"
     return 0, 0, ""
 
 
-def totals(c: Counters, method: str, shape: Shape, bpp: int, h: int, shortlist: int) -> dict[str, float]:
+def totals(c: Counters, method: str, shape: Shape, bpp: int, h: int, shortlist: int, rescorer_bpp: int = 4
+           ) -> dict[str, float]:
     """Absolute bytes and FLOPs over the counted examples (divide by new_tokens for per-token figures)."""
     d, P = shape.d, shape.linear_params
     scored = c.verified + (c.serial_calls - c.steps)          # + the prefill's last position, once per example
     r_params, r_macs, _ = _rescorer(method, shortlist)
     out = {"param_bytes": c.serial_calls * P * bpp + c.steps * (h * (d * d + d) + (shortlist * d if h else 0)) * bpp
-           + c.steps * h * r_params * 4,
+           + c.steps * h * r_params * rescorer_bpp,
            "flops": scored * 2 * P + 2 * c.steps * (h * d * d + h * shortlist * d) + c.steps * h * 2 * r_macs,
            "attn_flops": scored * 4 * shape.layers * shape.n_heads * shape.head_dim * ATTN_CONTEXT}
     for ctx in CONTEXTS:
@@ -132,9 +134,10 @@ def ar_counters(new_tokens: int) -> Counters:
 
 def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> list[dict]:
     """Per method: summed counters and absolute costs for one `results/replay/<task>` directory."""
-    cfg = json.loads((task_dir / "config.json").read_text())["config"]
+    meta = json.loads((task_dir / "config.json").read_text())
+    cfg = meta["config"]
     shape = model_shape(cfg["model"])
-    bpp = DTYPE_BYTES[cfg["dtype"]]
+    bpp, rescorer_bpp = DTYPE_BYTES[cfg["dtype"]], DTYPE_BYTES[meta.get("rescorer_dtype", "float32")]
     shortlist = heads_shortlist(cfg, shape.vocab)
     records = [r for r in read_examples(task_dir / "replay.jsonl") if r.get("new_tokens")]
     if not records:
@@ -153,7 +156,7 @@ def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> lis
         missing &= getattr(rescorers.RESCORERS.get(m), "p", 1) > 1   # one chain: drafted+steps is exact
         notes = [n for n in (_rescorer(m, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
         rows.append({"task": cfg["task"], "method": m, "n_examples": len(records), "counters": c,
-                     "note": "; ".join(notes), **totals(c, m, shape, bpp, h, shortlist)})
+                     "note": "; ".join(notes), **totals(c, m, shape, bpp, h, shortlist, rescorer_bpp)})
     return rows
 
 

@@ -145,3 +145,14 @@ def test_tables_build_writes_hardware_table_and_pngs(tmp_path, monkeypatch):
     assert "not measured with hardware counters" in md and "param_GB_per_token" in md
     hw = pd.read_csv(out / "hardware_utilization.csv")
     assert set(hw.task) == {"all", "squad"} and hw.method.iloc[0] == "ar"
+
+
+def test_neural_rescorer_weights_are_read_in_the_recorded_dtype():
+    """Replays record `rescorer_dtype` (neural rescorers follow the run dtype); older replays ran them in fp32."""
+    shape = hardware.Shape(d=8, layers=1, n_heads=1, kv_heads=1, head_dim=8, ffn=16, vocab=16)
+    c = Counters(new_tokens=10, serial_calls=5, steps=4, drafted=8, accepted=5, verified=12)
+    params = hardware.neural_cost("m", 16)[0]
+    fp32 = hardware.totals(c, "neural-m", shape, 2, 2, 16)
+    bf16 = hardware.totals(c, "neural-m", shape, 2, 2, 16, rescorer_bpp=2)
+    assert fp32["param_bytes"] - bf16["param_bytes"] == c.steps * 2 * params * 2
+    assert fp32["flops"] == bf16["flops"]
