@@ -18,6 +18,7 @@ import tasks as task_registry
 from . import models, replay, runner
 from .config import RunConfig, environment
 from .metrics import Counters, ratios
+from .results import read_examples
 
 KS = (1, 2, 4, 8, 16)
 
@@ -110,7 +111,7 @@ def _resumable(out: Path, meta: dict, resume: bool) -> list[dict]:
     if key(old) != key(json.loads(json.dumps(meta, default=str))):
         raise ValueError(f"--resume: {out} was written with other settings, heads or methods; pass a new --out "
                          f"or drop --resume")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_examples(path)   # tolerates the torn last line a crash leaves
 
 
 def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=print, resume: bool = False

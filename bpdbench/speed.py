@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -22,6 +23,7 @@ import rescorers
 import tasks as task_registry
 from . import decoding, models, runner
 from .config import RunConfig, environment
+from .results import read_examples
 
 HF_METHODS = ("hf-greedy", "hf-pld", "hf-assisted")
 OUR_METHODS = ("ar", "bpd")
@@ -232,9 +234,9 @@ def _resumable(out: Path, config: dict, resume: bool) -> list[dict]:
             old.get("resolved", {}).get("heads") != config["resolved"].get("heads"):
         raise ValueError(f"--resume: {out}/config.json was written with other settings or heads ({', '.join(keys)} "
                          f"must match); pass a new --out or drop --resume")
-    records = [json.loads(line) for line in (out / "speed.jsonl").read_text().splitlines() if line.strip()]
-    done = {r["id"] for r in records if sum(q["id"] == r["id"] for q in records) == len(config["methods"])}
-    return [r for r in records if r["id"] in done]
+    records = read_examples(out / "speed.jsonl")   # tolerates the torn last line a crash leaves
+    per_id = Counter(r["id"] for r in records)
+    return [r for r in records if per_id[r["id"]] == len(config["methods"])]   # prompts with every method
 
 
 def run(cfg: RunConfig, methods: list[str], repeats: int = 3, assistant: str | None = None,

@@ -30,6 +30,8 @@ def test_replay_resume_extends_a_run_and_equals_a_fresh_one(tmp_path, monkeypatc
     assert replay("fresh", 4)[0] == 0
     assert replay("resumed", 2)[0] == 0
     lines = (tmp_path / "resumed" / "replay.jsonl").read_text().splitlines()
+    with open(tmp_path / "resumed" / "replay.jsonl", "a") as f:
+        f.write('{"id": "2", "new_tok')   # a crash mid-write leaves a torn last line
     code, text = replay("resumed", 4, "--resume")
     assert code == 0 and "resuming: 2 examples already replayed" in text, text
     assert (tmp_path / "resumed" / "replay.jsonl").read_text().splitlines()[:2] == lines

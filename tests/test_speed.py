@@ -76,7 +76,7 @@ def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_m
     assert speed_cli(tiny_model_dir, prompts_file, out, methods)[0] == 0
     lines = (out / "speed.jsonl").read_text().splitlines()
     first = [json.loads(x) for x in lines[:2]]
-    (out / "speed.jsonl").write_text("\n".join(lines[:3]) + "\n")  # prompt 2 interrupted after one method
+    (out / "speed.jsonl").write_text("\n".join(lines[:3]) + "\n" + lines[3][:20])  # prompt 2 cut mid-write
     code, text = speed_cli(tiny_model_dir, prompts_file, out, methods, "--resume")
     assert code == 0 and "resuming: 1 prompts already measured" in text, text
     records = [json.loads(x) for x in (out / "speed.jsonl").read_text().splitlines()]
