@@ -83,7 +83,7 @@ def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_m
     assert len(records) == 4 and records[:2] == first  # the finished prompt was not re-timed
     assert pd.read_csv(out / "speed.csv").n_prompts.tolist() == [2, 2]
     code, text = speed_cli(tiny_model_dir, prompts_file, out, methods, "--resume", "--repeats", "1")
-    assert code != 0 and "other settings" in text
+    assert code != 0 and "differs in repeats" in text
 
 
 def _build(tiny_model_dir, monkeypatch, fallback):
