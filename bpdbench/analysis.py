@@ -18,7 +18,7 @@ import tasks as task_registry
 from . import models, replay, runner
 from .config import RunConfig, environment
 from .metrics import Counters, ratios
-from .results import read_examples
+from .results import resumable
 
 KS = (1, 2, 4, 8, 16)
 
@@ -98,29 +98,15 @@ def _stateful(r):
 RESUME_IGNORES = ("limit", "threads", "out", "resume")   # a resumed run may ask for more examples, on other threads
 
 
-def _resumable(out: Path, meta: dict, resume: bool) -> list[dict]:
-    """Per-example records an earlier run with the same settings, heads and methods already wrote (resume only)."""
-    path = out / "replay.jsonl"
-    if not resume or not path.exists():
-        return []
-    old = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
-
-    def key(m: dict) -> tuple:
-        return ({k: v for k, v in m.get("config", {}).items() if k not in RESUME_IGNORES}, m.get("heads"),
-                m.get("methods"))
-    if key(old) != key(json.loads(json.dumps(meta, default=str))):
-        raise ValueError(f"--resume: {out} was written with other settings, heads or methods; pass a new --out "
-                         f"or drop --resume")
-    return read_examples(path)   # tolerates the torn last line a crash leaves
-
-
 def replay_methods(ctx: Context, examples, methods: list[str], out: Path, log=print, resume: bool = False
                    ) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (`oracle-k16` etc. allowed as method names).
     Records are appended per example; with `resume`, examples already in `out` are kept and not replayed again."""
     out.mkdir(parents=True, exist_ok=True)
     meta = {**ctx.meta, "methods": list(methods)}
-    done = [r for r in _resumable(out, meta, resume) if r["id"] in {ex.id for ex in examples}]
+    key = lambda m: {"config": m.get("config", {}), "heads": m.get("heads"), "methods": m.get("methods")}  # noqa: E731
+    ids = {ex.id for ex in examples}
+    done = [r for r in resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES) if r["id"] in ids]
     if done:
         log(f"resuming: {len(done)} examples already replayed in {out}")
     (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))

@@ -9,6 +9,7 @@ import json
 import math
 import os
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -24,14 +25,9 @@ class ResultWriter:
         if self.path.exists() and not resume:
             raise FileExistsError(f"{self.path} exists; pass --resume to continue it or --out to write elsewhere")
         out.mkdir(parents=True, exist_ok=True)
-        if resume and (out / CONFIG).exists():
-            old = json.loads((out / CONFIG).read_text())["config"]
-            new = config["config"]
-            changed = [k for k in old if k not in ("resume", "limit", "offset", "out") and old[k] != new.get(k)]
-            if changed:
-                raise ValueError(f"cannot resume {out}: config differs in {', '.join(changed)}; use a new --out")
+        self.records = resumable(out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,
+                                 ignore=("resume", "limit", "offset", "out"))
         (out / CONFIG).write_text(json.dumps(config, indent=2, default=str))
-        self.records = read_examples(self.path) if self.path.exists() else []
 
     def done_ids(self) -> set[str]:
         return {r["id"] for r in self.records}
@@ -48,6 +44,34 @@ def _json_default(o):
     if isinstance(o, float) and math.isnan(o):
         return None
     return str(o)
+
+
+def resumable(out: Path, jsonl: str, config: dict, key: Callable[[dict], dict], resume: bool,
+              ignore: tuple[str, ...] = ()) -> list[dict]:
+    """Records an interrupted run in `out` already wrote, when `key` of its config.json equals `key(config)` (fields
+    in `ignore`, e.g. limit or threads, may change). One check for run, replay and speed, so every --resume refuses
+    to mix results made with other settings or heads in the same words."""
+    path = out / jsonl
+    if not resume or not path.exists():
+        return []
+    old = json.loads((out / CONFIG).read_text()) if (out / CONFIG).exists() else {}
+    changed = _differences(key(old), key(json.loads(json.dumps(config, default=str))), ignore)
+    if changed:
+        raise ValueError(f"cannot resume {out}: its config.json differs in {', '.join(changed)}; "
+                         f"pass a new --out or drop --resume")
+    return read_examples(path)   # tolerates the torn last line a crash leaves
+
+
+def _differences(a: dict, b: dict, ignore: tuple[str, ...]) -> list[str]:
+    """Keys whose values differ, one level deep (`config.dtype`), so the error names what to change."""
+    out = []
+    for k in sorted(set(a) | set(b)):
+        x, y = a.get(k), b.get(k)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += [f"{k}.{f}" for f in sorted(set(x) | set(y)) if f not in ignore and x.get(f) != y.get(f)]
+        elif k not in ignore and x != y:
+            out.append(k)
+    return out
 
 
 def read_examples(path: Path) -> list[dict]:

@@ -23,7 +23,7 @@ import rescorers
 import tasks as task_registry
 from . import decoding, models, runner
 from .config import RunConfig, environment
-from .results import read_examples
+from .results import resumable
 
 HF_METHODS = ("hf-greedy", "hf-pld", "hf-assisted")
 OUR_METHODS = ("ar", "bpd")
@@ -225,18 +225,12 @@ def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> N
 
 
 def _resumable(out: Path, config: dict, resume: bool) -> list[dict]:
-    """Records of prompts already measured by an interrupted run with the same settings (resume only)."""
-    if not resume or not (out / "speed.jsonl").exists():
-        return []
-    old = json.loads((out / "config.json").read_text()) if (out / "config.json").exists() else {}
-    keys = ("config", "methods", "repeats", "per_category")
-    if any(old.get(k) != config[k] for k in keys) or \
-            old.get("resolved", {}).get("heads") != config["resolved"].get("heads"):
-        raise ValueError(f"--resume: {out}/config.json was written with other settings or heads ({', '.join(keys)} "
-                         f"must match); pass a new --out or drop --resume")
-    records = read_examples(out / "speed.jsonl")   # tolerates the torn last line a crash leaves
+    """Records of prompts an interrupted run with the same settings and heads measured with every method."""
+    key = lambda m: {**{k: m.get(k) for k in ("config", "methods", "repeats", "per_category")},  # noqa: E731
+                     "heads": m.get("resolved", {}).get("heads")}
+    records = resumable(out, "speed.jsonl", config, key, resume)
     per_id = Counter(r["id"] for r in records)
-    return [r for r in records if per_id[r["id"]] == len(config["methods"])]   # prompts with every method
+    return [r for r in records if per_id[r["id"]] == len(config["methods"])]
 
 
 def run(cfg: RunConfig, methods: list[str], repeats: int = 3, assistant: str | None = None,

@@ -40,7 +40,9 @@ def speed_table(results: Path, name: str) -> pd.DataFrame:
         config = json.loads((path.parent / "config.json").read_text())
         env, res = config.get("environment", {}), config.get("resolved", {})
         df = pd.read_csv(path)
-        df.insert(0, "task", path.parent.name)
+        run = config.get("config", {})
+        df.insert(0, "task", run.get("task", path.parent.name))
+        df.insert(1, "model", run.get("model"))   # e.g. the 1.5B target with the 0.5B as its assistant
         frames.append(df.assign(max_new_tokens=res.get("max_new_tokens"), repeats=config.get("repeats"),
                                 dtype=env.get("dtype"), threads=env.get("threads")))
     return pd.concat(frames, ignore_index=True).round(3) if frames else pd.DataFrame()

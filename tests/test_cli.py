@@ -82,7 +82,7 @@ def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path)
     cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads_profile="init",
                     heads=2, limit=1, max_new_tokens=4, dtype="float32", out=str(tmp_path / "r"))
     runner.run(cfg, log=lambda m: None)
-    with pytest.raises(ValueError, match="config differs in heads"):
+    with pytest.raises(ValueError, match=r"config.json differs in config.heads; pass a new --out"):
         runner.run(cfg.replace(resume=True, heads=1), log=lambda m: None)
 
 

@@ -39,4 +39,4 @@ def test_replay_resume_extends_a_run_and_equals_a_fresh_one(tmp_path, monkeypatc
     pd.testing.assert_frame_equal(fresh, resumed)
     assert (resumed.n_examples == 4).all()
     code, text = replay("resumed", 4, "--resume", "--heads", "2")   # other heads: refuse, do not mix
-    assert code != 0 and "other settings" in text
+    assert code != 0 and "differs in config.heads" in text

@@ -83,7 +83,7 @@ def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_m
     assert len(records) == 4 and records[:2] == first  # the finished prompt was not re-timed
     assert pd.read_csv(out / "speed.csv").n_prompts.tolist() == [2, 2]
     code, text = speed_cli(tiny_model_dir, prompts_file, out, methods, "--resume", "--repeats", "1")
-    assert code != 0 and "other settings" in text
+    assert code != 0 and "differs in repeats" in text
 
 
 def _build(tiny_model_dir, monkeypatch, fallback):
@@ -179,6 +179,7 @@ def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp
     assert code == 0, text
     table = pd.read_csv(tmp_path / "results" / "tables" / "speed.csv").set_index("method")
     assert table.loc["ar", "task"] == "prompts" and table.loc["ar", "speedup_vs_ar"] == 1.0
+    assert table.loc["ar", "model"] == str(tiny_model_dir)
     assert table.loc["bpd", "threads"] == 1 and table.loc["bpd", "repeats"] == 2
     assert table.loc["bpd", "max_new_tokens"] == 12 and table.loc["bpd", "dtype"] == "float32"
     assert "Wall-clock speedup" in (tmp_path / "results" / "tables" / "speed.md").read_text()
