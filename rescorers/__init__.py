@@ -11,8 +11,6 @@ from pathlib import Path
 
 from .base import Lattice, Rescorer
 
-ALPHA_FILE = Path("results") / "alpha.json"
-
 
 @dataclass(frozen=True)
 class RescorerSpec:
@@ -61,16 +59,20 @@ def get_rescorer(name: str) -> RescorerSpec:
     return RESCORERS[name]
 
 
-def artefact_dir(spec: RescorerSpec, model_name: str) -> Path:
-    from bpdbench.models import cache_root
+def artefact_dir(spec: RescorerSpec | str, model_name: str) -> Path:
+    """Cache folder of a rescorer's artefact; `spec` may be the tag itself (ngram4, neural-m)."""
+    from bpdbench.paths import rescorer_dir
+    if isinstance(spec, str):
+        return rescorer_dir(spec, model_name)
     tag = f"ngram{spec.order}" if spec.kind == "ngram" else f"neural-{spec.size}"
-    return cache_root() / "rescorers" / f"{tag}-{model_name.replace('/', '_')}"
+    return rescorer_dir(tag, model_name)
 
 
-def tuned_alpha(task: str, rescorer: str, model_name: str) -> float | None:
-    if not ALPHA_FILE.exists():
+def tuned_alpha(table: Path, task: str, rescorer: str, model_name: str) -> float | None:
+    """The alpha `bpdbench tune` stored for (model, task, rescorer) in `table`, if any."""
+    if not table.exists():
         return None
-    return json.loads(ALPHA_FILE.read_text()).get(f"{model_name}/{task}/{rescorer}")
+    return json.loads(table.read_text()).get(f"{model_name}/{task}/{rescorer}")
 
 
 def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, device: str = "cpu",

@@ -6,16 +6,9 @@ heads' top-1 path, which is plain BPD.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
-import torch
-
-
-@dataclass(frozen=True)
-class Lattice:
-    ids: torch.Tensor       # [h, k] int64 token ids per draft position, best head score first
-    logprobs: torch.Tensor  # [h, k] float32 head log-probs (natural log) of those ids
+from bpdbench.engine.types import Lattice
 
 
 class Rescorer(Protocol):

@@ -4,7 +4,7 @@ Isolates the gain from verifying many drafts from the gain of an LM (paper, "16-
 """
 from __future__ import annotations
 
-from bpdbench.lattice import kbest_paths
+from rescorers.lattice import kbest_paths
 from rescorers.base import Lattice
 
 

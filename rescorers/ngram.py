@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bpdbench.lattice import DEFAULT_BEAM, pbest_rescored
-from bpdbench.models import sha256_file
+from rescorers.lattice import DEFAULT_BEAM, pbest_rescored
+from bpdbench.models import sha256_file  # checksum of the trained binary
 from rescorers.base import Lattice
 
 LN10 = math.log(10.0)

@@ -153,3 +153,15 @@ def select(examples: list[Example], offset: int = 0, limit: int | None = None) -
     if offset < 0 or (limit is not None and limit < 0):
         raise ValueError(f"offset and limit must be >= 0 (got offset={offset}, limit={limit})")
     return examples[offset:] if limit is None else examples[offset:offset + limit]
+
+
+def encode_prompt(tok, task: Task, example: Example, max_prompt_tokens: int) -> list[int]:
+    """Token ids of an example's prompt: the chat template for chat tasks when the tokenizer has one; over-long
+    prompts keep their *end* (the question and the generation prompt)."""
+    if task.chat and getattr(tok, "chat_template", None):
+        text = tok.apply_chat_template([{"role": "user", "content": example.prompt}], tokenize=False,
+                                       add_generation_prompt=True)
+    else:
+        text = example.prompt
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    return ids[-max_prompt_tokens:]

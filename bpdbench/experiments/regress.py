@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
-from unittest.mock import patch
 from pathlib import Path
 
-from . import runner
-from .config import RunConfig, environment
+from ..config import RunConfig, environment
+from .run import run
 
 GRID = {"tasks": {"xsum": 3, "squad": 3, "mt_bench": 3}, "methods": ["bpd", "16best-0gram", "medusa"],
         "max_new_tokens": 24, "dtype": "float32", "heads_profile": "ci", "threads": 2}
@@ -22,11 +20,10 @@ TOLERANCE = {"block_efficiency_abs": 0.05, "speedup_factor": 3.0}
 
 
 def run_grid(grid: dict, log=print) -> dict[str, dict]:
+    """A private greedy cache: each task's first method times its own AR reference, so speedups are measured the
+    same way on a fresh CI machine and on a machine whose cache already holds these prompts."""
     with tempfile.TemporaryDirectory() as tmp:
-        # a private greedy cache: each task's first method times its own AR reference, so speedups are measured
-        # the same way on a fresh CI machine and on a machine whose cache already holds these prompts
-        with patch.dict(os.environ, {"BPDBENCH_GREEDY_DIR": f"{tmp}/greedy"}):
-            return _grid(grid, tmp, log)
+        return _grid(grid, tmp, log)
 
 
 def _grid(grid: dict, tmp: str, log) -> dict[str, dict]:
@@ -35,8 +32,8 @@ def _grid(grid: dict, tmp: str, log) -> dict[str, dict]:
         for method in grid["methods"]:
             cfg = RunConfig(task=task, limit=limit, max_new_tokens=grid["max_new_tokens"], dtype=grid["dtype"],
                             heads_profile=grid["heads_profile"], threads=grid["threads"],
-                            rescorer="none" if method == "bpd" else method, out=f"{tmp}/{task}-{method}")
-            row = runner.run(cfg, log=log)
+                            method=method, out=f"{tmp}/{task}-{method}", greedy_dir=f"{tmp}/greedy")
+            row = run(cfg, log=log)
             out[f"{task}/{method}"] = {k: row.get(k) for k in ("block_efficiency", "lossless_rate", "new_tokens",
                                                                   "serial_calls", "speedup_vs_ar")}
             sp = row.get("speedup_vs_ar")

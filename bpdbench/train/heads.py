@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from . import models
-from .heads import Heads, HeadsInfo, save
+from .. import models, paths
+from ..heads import Heads, HeadsInfo, save
 
 TOPK_TEACHER = 8
 
@@ -58,7 +58,7 @@ PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt
 
 
 def heads_dir(model: str, profile: str) -> Path:
-    return models.cache_root() / "heads" / f"{model.replace('/', '_')}-{profile}"
+    return paths.heads_dir(model, profile)
 
 
 def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> list[tuple[list[int], int]]:
@@ -66,7 +66,6 @@ def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> lis
     diversity. Each task's prompts are continued for at most its own default length (a summary stops long before
     128 tokens; generating past EOS is wasted work)."""
     import tasks
-    from .runner import encode_prompt
 
     data_dir = tasks.default_data_dir()
     sources: list[list[tuple[list[int], int]]] = []
@@ -78,7 +77,7 @@ def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> lis
             continue
         random.Random(seed).shuffle(held)
         cap = min(gen_tokens, task.max_new_tokens)
-        sources.append([(encode_prompt(tok, task, ex, max_tokens), cap) for ex in held[:n]])
+        sources.append([(tasks.encode_prompt(tok, task, ex, max_tokens), cap) for ex in held[:n]])
     corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
     if corpus and corpus.exists():
         docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from . import models
+from .. import models, paths
 
 CORPUS_FILES = ("c4_en_validation_2k.jsonl", "wikitext2_valid.tokens.txt", "wikitext2_test.tokens.txt")
 _WIKI_TITLE = re.compile(r"^ = [^=].* = $")
@@ -29,7 +29,7 @@ _WIKI_DETOK = [(" <unk>", ""), (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (
 
 
 def neural_dir(size: str, model_name: str) -> Path:
-    return models.cache_root() / "rescorers" / f"neural-{size}-{model_name.replace('/', '_')}"
+    return paths.rescorer_dir(f"neural-{size}", model_name)
 
 
 def _detok(line: str) -> str:
@@ -148,9 +148,7 @@ def target_macs(hf_config: dict) -> int:
 
 
 def _load_shortlist(model_name: str) -> torch.Tensor:
-    from .train_heads import heads_dir
-
-    path = heads_dir(model_name, "quick") / "shortlist.pt"
+    path = paths.heads_dir(model_name, "quick") / "shortlist.pt"
     if not path.exists():
         raise FileNotFoundError(f"no vocabulary shortlist at {path}: "
                                 f"run `bpdbench train-heads --model {model_name}` first")
@@ -160,7 +158,7 @@ def _load_shortlist(model_name: str) -> torch.Tensor:
 def _target_tokenizer(model_name: str):
     from transformers import AutoTokenizer
 
-    src = models.dense_cache_dir(model_name, "bfloat16") if model_name in models.MODELS else Path(model_name)
+    src = paths.dense_model_dir(model_name, "bfloat16") if model_name in models.MODELS else Path(model_name)
     if model_name in models.MODELS and not (src / "config.json").exists():
         models.load(model_name, "bfloat16")  # builds the offline safetensors + tokenizer cache once
     tok = AutoTokenizer.from_pretrained(str(src))
@@ -207,7 +205,7 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
         tok, src = _target_tokenizer(model_name)
         tokenize = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
         sep_id = tok.eos_token_id if sep_id is None else sep_id
-        cache = models.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
+        cache = paths.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
         if (Path(src) / "config.json").exists():
             t_macs = target_macs(json.loads((Path(src) / "config.json").read_text()))
     if corpus_files is None:
@@ -247,3 +245,19 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
     log(f"neural-{size}: {stats['steps']} steps, {stats['tokens_seen']} tokens in {stats['seconds']:.0f}s; "
         f"held-out loss {loss:.3f} (ppl {math.exp(loss):.1f}) -> {out}")
     return out
+
+
+def train_cli(kind: str, model: str, order: int, size: str, minutes: float, corpus: list[str] | None, memory: str,
+              discount_fallback: bool, log: Callable[[str], None]) -> Path:
+    """`bpdbench train-rescorer`: a KenLM n-gram over the target's token ids, or a small neural LM."""
+    from tasks import corpus_files
+    files = [Path(c) for c in corpus] if corpus else corpus_files()
+    if kind == "ngram":
+        from rescorers.ngram import train_ngram
+        tok = models.load_tokenizer(model)
+        return train_ngram(order, lambda s: tok(s, add_special_tokens=False)["input_ids"], files,
+                           paths.rescorer_dir(f"ngram{order}", model), memory=memory,
+                           discount_fallback=discount_fallback)
+    if kind == "neural":
+        return train_neural(size, model, minutes=minutes, log=log)
+    raise ValueError(f"unknown rescorer kind '{kind}'; valid: ngram, neural")

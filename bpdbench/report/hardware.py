@@ -24,8 +24,9 @@ from pathlib import Path
 import pandas as pd
 
 import rescorers
-from . import models
-from .metrics import Counters
+from .. import models, paths
+from ..engine.counters import Counters
+from ..methods.registry import canonical, parse
 from .results import read_examples
 
 DEFAULT_METHODS = ("ar", "bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "medusa")
@@ -70,7 +71,7 @@ def shape_from_config(cfg: dict) -> Shape:
 
 def model_shape(name: str) -> Shape:
     """From the cached HF config (any dtype: shapes do not depend on it), a local HF folder, or the built-in dict."""
-    candidates = [models.dense_cache_dir(name, dt) / "config.json" for dt in models.DTYPES] if name in models.MODELS \
+    candidates = [paths.dense_model_dir(name, dt) / "config.json" for dt in models.DTYPES] if name in models.MODELS \
         else [Path(name) / "config.json"]
     for path in candidates:
         if path.exists():
@@ -82,8 +83,7 @@ def model_shape(name: str) -> Shape:
 
 def heads_shortlist(cfg: dict, vocab: int) -> int:
     """Draft vocabulary size from the heads' config; heads without a shortlist project onto the full vocabulary."""
-    from .train_heads import heads_dir
-    path = Path(cfg["heads_path"]) if cfg.get("heads_path") else heads_dir(cfg["model"], cfg["heads_profile"])
+    path = Path(cfg["heads_path"]) if cfg.get("heads_path") else paths.heads_dir(cfg["model"], cfg["heads_profile"])
     if (path / "config.json").exists():
         size = json.loads((path / "config.json").read_text()).get("bpdbench", {}).get("shortlist_size")
         return int(size) if size else vocab
@@ -101,9 +101,17 @@ def neural_cost(size: str, shortlist: int) -> tuple[int, int]:
     return lm.num_params(), cfg.macs_per_token()
 
 
+def _name(label: str) -> str:
+    """The registry name behind a label (`bpd:heads=3` -> bpd); labels that are not methods stay as they are."""
+    try:
+        return parse(label).name
+    except ValueError:
+        return label
+
+
 def _rescorer(method: str, shortlist: int) -> tuple[int, int, str]:
     """(params, MACs per token, note) of the method's rescorer, run h times per step."""
-    spec = rescorers.RESCORERS.get(method)          # None for ar, bpd-h<N>; kind "none" for bpd
+    spec = rescorers.RESCORERS.get(_name(method))   # None for ar, oracle, pld; kind "none" for bpd
     if spec is not None and spec.size:  # neural, or a tree re-ranked by a neural rescorer
         params, macs = neural_cost(spec.size, shortlist)
         return params, macs, f"neural-{spec.size} rescorer: one forward per draft position"
@@ -142,7 +150,8 @@ def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> lis
     records = [r for r in read_examples(task_dir / "replay.jsonl") if r.get("new_tokens")]
     if not records:
         return []
-    present = [m for m in methods if m == "ar" or (m in records[0] and not m.startswith("oracle"))]
+    keys = {canonical(k): k for k in records[0] if isinstance(records[0][k], dict)}   # old files: old spellings
+    present = [canonical(m) for m in methods if m == "ar" or (canonical(m) in keys and _name(m) != "oracle")]
     rows = []
     for m in present:
         c, missing = Counters(), False
@@ -150,10 +159,10 @@ def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> lis
             if m == "ar":
                 c = c.add(ar_counters(r["new_tokens"]))
             else:
-                missing |= r[m].get("verified") is None
-                c = c.add(Counters.from_dict(r[m]))
-        h = int(m[len("bpd-h"):]) if m.startswith("bpd-h") else (0 if m == "ar" else int(cfg["heads"]))
-        missing &= getattr(rescorers.RESCORERS.get(m), "p", 1) > 1   # one chain: drafted+steps is exact
+                missing |= r[keys[m]].get("verified") is None
+                c = c.add(Counters.from_dict(r[keys[m]]))
+        h = 0 if m == "ar" else int(parse(m).get("heads", cfg["heads"]))
+        missing &= getattr(rescorers.RESCORERS.get(_name(m)), "p", 1) > 1   # one chain: drafted+steps is exact
         notes = [n for n in (_rescorer(m, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
         rows.append({"task": cfg["task"], "method": m, "n_examples": len(records), "counters": c,
                      "note": "; ".join(notes), **totals(c, m, shape, bpp, h, shortlist, rescorer_bpp)})
@@ -193,7 +202,7 @@ def hardware_table(results: Path, methods: tuple[str, ...] = DEFAULT_METHODS,
     out = []
     for task in ["all", *tasks]:
         for m in methods:
-            sel = [r for r in rows if r["method"] == m and task in ("all", r["task"])]
+            sel = [r for r in rows if r["method"] == canonical(m) and task in ("all", r["task"])]
             if sel:
                 out.append(per_token(sel, task))
     return pd.DataFrame(out)

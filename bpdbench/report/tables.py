@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..methods.registry import canonical, parse
 from .hardware import hardware_table
 from .plots import lines_by_task
 from .results import to_markdown
 
-PAPER_METHOD = {"neural-m": "neural-61m"}   # our name -> the paper's name for the same role
-LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle-k16"]
+PAPER_METHOD = {"neural-m": "neural-61m", "oracle:k=16": "oracle-k16"}   # our label -> the paper table's name
+LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle:k=16"]
 TASK_ORDER = ["lambada", "squad", "cnn_dailymail", "samsum", "multi_news", "xsum", "newsroom", "mt_bench"]
 
 
@@ -28,8 +29,13 @@ def reference_tables() -> pd.DataFrame | None:
 
 
 def _collect(results: Path, sub: str, name: str) -> pd.DataFrame:
+    """Every task's CSV of one kind; method names read through the registry, so files written with older
+    spellings (bpd-h3, oracle-k16) land in the same rows as new ones (bpd:heads=3, oracle:k=16)."""
     frames = [pd.read_csv(p) for p in sorted((results / sub).glob(f"*/{name}"))]
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if "method" in df:
+        df["method"] = df.method.map(canonical)
+    return df
 
 
 def speed_table(results: Path, name: str) -> pd.DataFrame:
@@ -40,6 +46,7 @@ def speed_table(results: Path, name: str) -> pd.DataFrame:
         config = json.loads((path.parent / "config.json").read_text())
         env, res = config.get("environment", {}), config.get("resolved", {})
         df = pd.read_csv(path)
+        df["method"] = df.method.map(canonical)
         run = config.get("config", {})
         df.insert(0, "task", run.get("task", path.parent.name))
         df.insert(1, "model", run.get("model"))   # e.g. the 1.5B target with the 0.5B as its assistant
@@ -60,7 +67,7 @@ def lattice_table(results: Path) -> pd.DataFrame:
         row = {"task": task, "method": method, "n_examples": int(r.n_examples),
                "block_efficiency": round(float(r.block_efficiency), 3)}
         base = ours[(ours.task == task) & (ours.method == "bpd")]
-        if method not in ("bpd", "oracle-k16") and not base.empty:
+        if method not in ("bpd", "oracle:k=16") and not base.empty:
             row["relative_change_pct"] = round(100 * (r.block_efficiency / base.block_efficiency.iloc[-1] - 1), 2)
         if ref is not None:
             p = ref[(ref.task == task) & (ref.method == PAPER_METHOD.get(method, method))]
@@ -111,15 +118,16 @@ def build(results: Path = Path("results")) -> list[Path]:
         written.extend([path] if path else [])
 
     rep = _collect(results, "replay", "replay.csv")
-    if not rep.empty and rep.method.str.startswith("bpd-h").any():
-        by_h = rep[rep.method.str.startswith("bpd-h") | (rep.method == "bpd")]
-        by_h = by_h.assign(heads=by_h.method.map(lambda m: 8 if m == "bpd" else int(m[5:])))
+    heads_of = {m: parse(m).get("heads") for m in rep.method.unique() if m.startswith("bpd")} if not rep.empty else {}
+    if any(heads_of.values()):
+        by_h = rep[rep.method.isin(list(heads_of)) & ~rep.method.str.contains("threshold")]
+        by_h = by_h.assign(heads=by_h.method.map(lambda m: heads_of[m] or 8))
         emit("efficiency_vs_heads", by_h.pivot_table(index="task", columns="heads", values="block_efficiency")
              .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed; 8 = all heads)")
         plot("efficiency_vs_heads", by_h, "heads", "block_efficiency", "heads used (h)", "block efficiency",
              "Block efficiency vs number of heads (plain BPD)")
     if not rep.empty and (rep.method == "medusa").any():
-        med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle-k16"])]
+        med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle:k=16"])]
         emit("medusa_vs_bpd", med.pivot_table(index="task", columns="method", values="block_efficiency").round(3)
              .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)")
     trees = _collect(results, "medusa", "replay.csv")   # `bpdbench replay --out results/medusa/<task>`

@@ -13,7 +13,7 @@ from typing import Callable
 
 import pandas as pd
 
-from .metrics import Counters, ratios
+from ..engine.counters import Counters, ratios
 
 EXAMPLES, SUMMARY_CSV, SUMMARY_MD, CONFIG = "examples.jsonl", "summary.csv", "summary.md", "config.json"
 
@@ -92,10 +92,11 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
     total = Counters()
     for r in records:
         total = total.add(Counters.from_dict(r))
-    cfg = config["config"]
+    cfg, res = config["config"], config["resolved"]
+    method = res.get("method", cfg["method"])
     seconds = sum(r["seconds"] for r in records)
-    row = {"task": cfg["task"], "model": cfg["model"], "method": cfg["method"], "rescorer": cfg["rescorer"],
-           "heads": cfg["heads"] if cfg["method"] != "ar" else 0, "alpha": config["resolved"].get("alpha"),
+    row = {"task": cfg["task"], "model": cfg["model"], "method": method, "rescorer": res.get("rescorer"),
+           "heads": res.get("heads", 0) if method != "ar" else 0, "alpha": config["resolved"].get("alpha"),
            "k": config["resolved"].get("k"), "p": config["resolved"].get("p"), "dtype": cfg["dtype"],
            "n_examples": len(records),
            "new_tokens": total.new_tokens, "serial_calls": total.serial_calls,
@@ -103,7 +104,7 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
            "lossless_rate": _mean([r["lossless"] for r in records if r.get("lossless") is not None]),
            "seconds": round(seconds, 3), "tokens_per_s": total.new_tokens / seconds if seconds else float("nan")}
     ref = [r for r in records if r.get("ref_seconds") is not None]
-    if ref and cfg["method"] != "ar":  # same examples, same tokens, in the same run: a like-for-like speed ratio
+    if ref and method != "ar":  # same examples, same tokens, in the same run: a like-for-like speed ratio
         row["speedup_vs_ar"] = sum(r["ref_seconds"] for r in ref) / sum(r["seconds"] for r in ref)
     for m in quality_metrics:
         row[m] = _mean([r["quality"].get(m) for r in records])

@@ -1,0 +1,11 @@
+"""The decode engine: drafter protocol, decode loop, acceptance rules, token trees, KV compaction, counters.
+Imports torch and transformers only; every method plugs in through `Drafter`."""
+from .acceptance import GREEDY, Acceptance, Decision, GreedyAcceptance
+from .counters import Counters, ratios
+from .loop import Generation, Limits, generate
+from .replay import replay, teacher_forced
+from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Lattice, Proposal
+
+__all__ = ["GREEDY", "Acceptance", "Decision", "GreedyAcceptance", "Counters", "ratios", "Generation", "Limits",
+           "generate", "replay", "teacher_forced", "EMPTY", "DraftContext", "Drafter", "EmptyDrafter", "Lattice",
+           "Proposal"]

@@ -1,0 +1,153 @@
+"""One decode loop for every method: prefill -> propose -> verify -> accept -> advance.
+
+Autoregressive decoding is this loop with the empty drafter, so AR and every drafting method share prefill,
+stopping, KV-cache handling and counting; only the proposal differs. The verify forward of step n also yields the
+hidden state that step n+1 drafts from (Stern et al.), so each step is exactly one serial call of the base model.
+Proposals are clipped to the generation budget and acceptance stops at EOS: a token that would be cut from the
+output is never counted as accepted, which is also what replay (replay.py) can see.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+
+from .acceptance import GREEDY, Acceptance, Decision
+from .counters import Counters
+from .tree import Tree, build_tree, compact_cache, model_inputs
+from .types import DraftContext, Drafter, EmptyDrafter, Proposal
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_new_tokens: int
+    eos_ids: frozenset[int] = frozenset()
+
+    def done(self, out: list[int]) -> bool:
+        return len(out) >= self.max_new_tokens or any(t in self.eos_ids for t in out)
+
+    def truncate(self, out: list[int]) -> list[int]:
+        for i, t in enumerate(out):
+            if t in self.eos_ids:
+                out = out[: i + 1]
+                break
+        return out[: self.max_new_tokens]
+
+    def budget(self, out: list[int]) -> int:
+        """Draft tokens that can still be kept: what remains of the budget minus the bonus token."""
+        return self.max_new_tokens - len(out) - 1
+
+    def stop_at_eos(self, tokens: list[int], accepted: int) -> int:
+        for j in range(accepted):
+            if tokens[j] in self.eos_ids:
+                return j + 1
+        return accepted
+
+
+@dataclass
+class State:
+    """Decoding state between steps. The last token of `context` is decided (base greedy) but not yet cached."""
+    cache: DynamicCache
+    hidden: torch.Tensor        # [d] final hidden state that produced context[-1]
+    context: list[int]          # prompt + decided tokens
+
+
+@dataclass
+class Generation:
+    tokens: list[int]
+    counters: Counters
+    step_log: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
+    seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify"), 0.0))
+
+
+@dataclass
+class Verified:
+    tree: Tree
+    hidden: torch.Tensor        # [n_nodes, d] final hidden states
+    targets: list[int]          # what each node's child must equal (greedy: the base's argmax after the node)
+    past: int                   # cache length before the verify forward
+
+
+def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> State:
+    cache = DynamicCache()
+    x = torch.tensor([prompt_ids], device=model.device)
+    hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
+    nxt = acceptance.targets(model.lm_head(hidden))[0]
+    return State(cache, hidden[-1], list(prompt_ids) + [nxt])
+
+
+def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY) -> Verified:
+    """One serial call: the base scores [next token] + every proposed path (a chain, or a trie of several)."""
+    tree = build_tree(state.context[-1], proposal.paths)
+    past = state.cache.get_seq_length()
+    out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
+    hidden = out.last_hidden_state[0]
+    return Verified(tree, hidden, acceptance.targets(model.lm_head(hidden)), past)
+
+
+def advance(state: State, v: Verified, d: Decision) -> list[int]:
+    """Keep the root and the accepted nodes in the KV cache; the bonus token becomes the next decided token."""
+    path = v.tree.paths[d.path][: d.accepted]
+    keep = [0] + path
+    compact_cache(state.cache, v.past, len(v.tree.tokens), keep)
+    new = [v.tree.tokens[n] for n in path] + [d.bonus]
+    state.hidden = v.hidden[keep[-1]]
+    state.context.extend(new)
+    return new
+
+
+def step_decision(tree: Tree, targets: list[int], proposal: Proposal, limits: Limits,
+                  acceptance: Acceptance) -> Decision:
+    """The rule's decision, with acceptance stopped at the first EOS (what follows it is never output).
+    Real decoding and replay both call this, so they count identically."""
+    d = acceptance.decide(tree, targets, proposal)
+    tokens = [tree.tokens[n] for n in tree.paths[d.path][: d.accepted]]
+    a = limits.stop_at_eos(tokens, d.accepted)
+    if a == d.accepted:
+        return d
+    last = tree.paths[d.path][a - 1]
+    return Decision(d.path, a, targets[last])
+
+
+@torch.inference_mode()
+def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limits,
+             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None) -> Generation:
+    """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method."""
+    drafter = drafter or EmptyDrafter()
+    counters = Counters()
+    gen = Generation([], counters)
+    clock = time.perf_counter()
+    drafter.reset(list(prompt_ids))
+    state = prefill(model, prompt_ids, acceptance)
+    counters.serial_calls += 1
+    gen.seconds["prefill"], clock = _lap(clock)
+    out = [state.context[-1]]
+    drafter.observe([state.context[-1]])
+    while not limits.done(out):
+        budget = limits.budget(out)
+        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget)).clip(budget)
+        t_draft, clock = _lap(clock)
+        verified = verify(model, state, proposal, acceptance)
+        d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)
+        new = advance(state, verified, d)
+        out.extend(new)
+        drafter.observe(new)
+        drafted = len(proposal.paths[d.path])
+        counters.record_step(drafted, d.accepted, len(verified.tree.tokens))
+        gen.step_log.append((drafted, d.accepted))
+        t_verify, clock = _lap(clock)
+        gen.seconds["draft"] += t_draft
+        gen.seconds["verify"] += t_verify
+        if on_step:
+            on_step(len(out))
+    gen.tokens = limits.truncate(out)
+    counters.new_tokens = len(gen.tokens)
+    return gen
+
+
+def _lap(since: float) -> tuple[float, float]:
+    now = time.perf_counter()
+    return now - since, now

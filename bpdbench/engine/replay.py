@@ -1,0 +1,66 @@
+"""Replay: any drafter walked along a known greedy output, through the loop's own propose and decide code.
+
+Greedy decoding with any drafter is lossless, so every method walks the same token sequence G; methods differ only
+in how many tokens each step keeps. One teacher-forced forward over prompt + G gives the base's hidden state at
+every position, which is what the loop would hand the drafter; the base's greedy choice at a tree node is known
+whenever the node's path agrees with G (and no path can be kept past a node that disagrees). So replay calls the
+drafter's `propose`/`observe` with the contexts real decoding would give and the acceptance rule's `decide` with
+targets read from G, and records the same counters. It differs from a real run only where floating point differs
+between a teacher-forced forward and incremental verification (never in float32 in our tests; near-ties in
+bfloat16). It makes oracle and method grids affordable: one base forward per example instead of one per step.
+"""
+from __future__ import annotations
+
+import torch
+
+from .acceptance import GREEDY, Acceptance
+from .counters import Counters
+from .loop import Limits, step_decision
+from .tree import Tree, build_tree
+from .types import DraftContext, Drafter
+
+UNKNOWN = -1   # target of a node off the greedy path: nothing can equal it
+
+
+@torch.inference_mode()
+def teacher_forced(model, prompt: list[int], greedy: list[int]) -> torch.Tensor:
+    """[N, d]: row m is the final hidden state that produced greedy[m] (the prompt's last position for m = 0)."""
+    ids = torch.tensor([list(prompt) + list(greedy[:-1])], device=model.device)
+    return model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1:]
+
+
+def targets_from_reference(tree: Tree, truth: list[int]) -> list[int]:
+    """What the base's argmax after each node is, as far as G tells: truth[depth] for nodes on G's path."""
+    on_path = [True] + [False] * (len(tree.tokens) - 1)
+    out = [truth[0] if truth else UNKNOWN] + [UNKNOWN] * (len(tree.tokens) - 1)
+    for n in range(1, len(tree.tokens)):
+        p, depth = tree.parents[n], tree.depths[n]
+        if on_path[p] and depth - 1 < len(truth) and tree.tokens[n] == truth[depth - 1]:
+            on_path[n] = True
+            out[n] = truth[depth] if depth < len(truth) else UNKNOWN
+    return out
+
+
+@torch.inference_mode()
+def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch.Tensor | None, limits: Limits,
+           acceptance: Acceptance = GREEDY) -> Counters:
+    """Counters of decoding `prompt` with `drafter`, given the greedy output G (truncated as the loop truncates).
+    `hidden` from `teacher_forced` (None for drafters that never look at it)."""
+    c = Counters(serial_calls=1)          # the prefill decides G[0]
+    drafter.reset(list(prompt))
+    g, n = list(greedy), len(greedy)
+    drafter.observe(g[:1])
+    m = 0                                  # G[:m+1] is decided
+    while m + 1 < n:
+        out = g[: m + 1]
+        budget = limits.budget(out)
+        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget)
+        proposal = drafter.propose(ctx).clip(budget)
+        tree = build_tree(g[m], proposal.paths)
+        d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)
+        c.record_step(len(proposal.paths[d.path]), d.accepted, len(tree.tokens))
+        new = g[m + 1: m + 2 + d.accepted]
+        drafter.observe(new)
+        m += d.accepted + 1
+    c.new_tokens = n
+    return c

@@ -1,0 +1,93 @@
+"""The contract between the decode loop and every drafting method.
+
+A drafter is three calls: `reset(prompt_ids)` once per example, `propose(ctx) -> Proposal` before each verify
+forward, and `observe(tokens)` after it with the tokens the step decided. The loop never asks what kind of drafter it
+is: heads, prompt lookup, a draft model and plain autoregressive decoding (the empty drafter) all run the same
+prefill -> propose -> verify -> accept -> advance code, so "method output == greedy output" compares two runs of one
+code path that differ only in what was proposed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass(frozen=True)
+class Lattice:
+    """Top-k candidates per draft position, best first: what independent heads give and lattice refiners search."""
+    ids: torch.Tensor       # [h, k] int64 token ids per draft position
+    logprobs: torch.Tensor  # [h, k] float32 natural-log probabilities of those ids
+
+
+@dataclass
+class Proposal:
+    """Candidate continuations of the context, best first; the verifier merges them into one token tree.
+
+    A chain is a proposal with one path. Paths are token ids *after* the context's last token (which the base has
+    already decided). `probs` (per path, the draft probability of each proposed token) and `dists` (per path, the
+    draft distribution [len(path), V] at each position) are optional: greedy acceptance ignores them, speculative
+    sampling needs them. `lattice` is kept for analyses that look at the candidates behind the paths."""
+    paths: list[list[int]] = field(default_factory=lambda: [[]])
+    probs: list[list[float]] | None = None
+    dists: list[torch.Tensor] | None = None
+    lattice: Lattice | None = None
+
+    def __post_init__(self) -> None:
+        if not self.paths:
+            self.paths = [[]]
+
+    def clip(self, budget: int) -> "Proposal":
+        """Paths cut to `budget` tokens: a token past the generation budget can never be kept, so verifying it is
+        waste, and cutting it here makes real decoding and replay count the same drafted tokens."""
+        if all(len(p) <= budget for p in self.paths):
+            return self
+        cut = max(budget, 0)
+        return Proposal([p[:cut] for p in self.paths],
+                        None if self.probs is None else [q[:cut] for q in self.probs],
+                        None if self.dists is None else [d[:cut] for d in self.dists], self.lattice)
+
+
+EMPTY = Proposal()
+
+
+@dataclass
+class DraftContext:
+    """What a drafter may look at: the decided tokens and the base model's last hidden state.
+
+    `tokens` = prompt + decided tokens, ending with the base's next token, which is certain and precedes draft
+    position 0. `hidden` [d] is the final hidden state that produced that token (heads draft from it; Stern et al.:
+    the verify forward of step n yields the state step n+1 drafts from). `budget` is the most draft tokens that can
+    still be kept (the loop clips longer proposals anyway)."""
+    tokens: list[int]
+    hidden: torch.Tensor | None
+    budget: int
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A new example starts: drop per-example state (caches, n-gram tables)."""
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        """Candidate continuations for the next verify forward."""
+
+    def observe(self, tokens: list[int]) -> None:
+        """The tokens the last step decided (accepted draft tokens, then the base's bonus token)."""
+
+
+class EmptyDrafter:
+    """Autoregressive decoding: nothing proposed, every step decides exactly the base's next token."""
+    name = "ar"
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        return EMPTY
+
+    def observe(self, tokens: list[int]) -> None:
+        pass

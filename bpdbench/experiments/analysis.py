@@ -1,0 +1,104 @@
+"""`bpdbench analyze | tune`: repetition and entropy of the heads' drafts, and alpha tuning on the held-out slice.
+
+Both walk greedy trajectories (replay.trajectories) and ask the methods' own drafters for their proposals, so what
+is analysed is exactly what decoding would draft.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from .. import paths
+from ..engine import Counters, DraftContext, ratios
+from ..methods import parse
+from ..report.plots import plot_entropy
+from .replay import replay_one, trajectories
+from .session import Session
+
+ALPHA_GRID = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def repetition(drafts: list[list[int]]) -> dict[str, float]:
+    """Share of adjacent identical draft tokens (over all adjacent pairs) and mean of each draft's longest run."""
+    pairs = same = 0
+    runs = []
+    for d in drafts:
+        pairs += max(len(d) - 1, 0)
+        same += sum(x == y for x, y in zip(d, d[1:]))
+        best = cur = 1
+        for x, y in zip(d, d[1:]):
+            cur = cur + 1 if x == y else 1
+            best = max(best, cur)
+        runs.append(best)
+    return {"repeat_share": same / pairs if pairs else float("nan"),
+            "mean_max_run": sum(runs) / len(runs) if runs else float("nan"), "n_drafts": len(drafts)}
+
+
+def h_max(mean_entropy: list[float]) -> int:
+    """Last head (1-based) up to which mean entropy rises monotonically (paper's h_max)."""
+    h = 1
+    while h < len(mean_entropy) and mean_entropy[h] > mean_entropy[h - 1]:
+        h += 1
+    return h
+
+
+@torch.inference_mode()
+def analyze(s: Session, out: Path) -> dict:
+    """Consecutive repetition of plain vs 2-gram-rescored drafts, and per-head entropy with h_max."""
+    out.mkdir(parents=True, exist_ok=True)
+    rescored_drafter = s.drafter(parse("ngram2"))
+    heads, _ = s.env.heads()
+    plain, rescored, entropies, n = [], [], [], 0
+    for ex, prompt, greedy, hidden in trajectories(s):
+        n += 1
+        rescored_drafter.reset(prompt)
+        for m in range(len(greedy) - 1):
+            ctx = DraftContext(prompt + greedy[: m + 1], hidden[m], s.cfg.heads)
+            proposal = rescored_drafter.propose(ctx)
+            plain.append(proposal.lattice.ids[:, 0].tolist())
+            rescored.append(proposal.paths[0])
+        logp = torch.log_softmax(heads.logits(hidden, s.cfg.heads, s.model.lm_head).float(), -1)
+        entropies.append(-(logp.exp() * logp).sum(-1).cpu())
+    ent = torch.cat(entropies)                                        # [positions, h]
+    rep = pd.DataFrame([{"task": s.cfg.task, "drafts": "plain", **repetition(plain)},
+                        {"task": s.cfg.task, "drafts": "ngram2", **repetition(rescored)}])
+    rep.to_csv(out / "repetition.csv", index=False)
+    mean = ent.mean(0).tolist()
+    ent_df = pd.DataFrame({"task": s.cfg.task, "head": range(1, len(mean) + 1), "mean_entropy": mean,
+                           "median_entropy": ent.median(0).values.tolist()})
+    ent_df["h_max"] = h_max(mean)
+    ent_df.to_csv(out / "entropy.csv", index=False)
+    torch.save(ent, out / "entropy.pt")
+    plot_entropy(ent, out / "entropy.png", s.cfg.task, h_max(mean), s.cfg, n)
+    (out / "config.json").write_text(json.dumps(s.meta([parse("ngram2")]), indent=2, default=str))
+    return {"repetition": rep, "entropy": ent_df}
+
+
+def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
+    """Pick alpha maximising replayed block efficiency on the held-out slice; store it in the alpha table."""
+    method = parse(rescorer)
+    if "alpha" not in {p.name for p in method.spec.params}:
+        raise ValueError(f"{rescorer} has no alpha to tune; methods with one: ngram2, ngram4, 16best-ngram4, "
+                         f"neural-s|m|l, medusa-neural-m, hf-lm")
+    trajs = list(trajectories(s))
+    scores = {}
+    for alpha in grid:
+        drafter = s.drafter(parse(f"{method.label}:alpha={alpha}" if ":" not in method.label
+                                  else f"{method.label},alpha={alpha}"))
+        total = Counters()
+        for _, prompt, greedy, hidden in trajs:
+            total = total.add(replay_one(s, drafter, prompt, greedy, hidden))
+        scores[alpha] = ratios(total)["block_efficiency"]
+        s.log(f"  alpha {alpha}: block efficiency {scores[alpha]:.4f}")
+    best = max(scores, key=lambda a: (scores[a], -a))
+    path = Path(s.cfg.alpha_file) if s.cfg.alpha_file else paths.alpha_file()
+    table = json.loads(path.read_text()) if path.exists() else {}
+    table[f"{s.cfg.model}/{s.cfg.task}/{method.name}"] = best
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dict(sorted(table.items())), indent=2) + "\n")
+    tmp.replace(path)
+    return {"alpha": best, "scores": scores, "n_examples": len(trajs), "file": str(path)}

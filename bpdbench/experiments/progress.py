@@ -1,0 +1,32 @@
+"""`bpdbench run` with a live progress bar (tokens per second, block efficiency so far)."""
+from __future__ import annotations
+
+import pandas as pd
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..config import RunConfig
+from ..report.results import to_markdown
+from .run import run
+from .session import out_dir, resolve_method, select_examples
+
+
+def run_with_progress(cfg: RunConfig, console) -> dict:
+    cfg = cfg.validate()
+    label = resolve_method(cfg).label        # a bad method or selection fails here, before the bar and the model
+    total = len(select_examples(cfg))
+    totals = {"tokens": 0, "calls": 0, "seconds": 0.0}
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[stats]}"), console=console, transient=False) as bar:
+        job = bar.add_task(f"{cfg.task} {label}", total=total, stats="")
+
+        def progress(rec: dict) -> None:
+            totals["tokens"] += rec["new_tokens"]
+            totals["calls"] += rec["serial_calls"]
+            totals["seconds"] += rec["seconds"]
+            bar.update(job, advance=1, stats=f"{totals['tokens'] / totals['seconds']:.1f} tok/s  block eff "
+                       f"{totals['tokens'] / totals['calls']:.2f}")
+
+        row = run(cfg, log=lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress=progress)
+    print(to_markdown(pd.DataFrame([row]).drop(columns=["accepted_per_head"])))
+    console.print(f"results in {out_dir(cfg)}")
+    return row

@@ -1,0 +1,92 @@
+"""`bpdbench replay | oracle`: many methods on the same greedy trajectories, through the engine's replay.
+
+Per example: the greedy reference G (cached), one teacher-forced forward for the hidden states, then every method's
+drafter walked along G by `engine.replay` (the loop's own propose/decide code). Records are appended per example;
+with --resume, finished examples are kept. Block efficiency and every other ratio come from summed counters.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pandas as pd
+
+from ..engine import Counters, ratios, replay, teacher_forced
+from ..methods import Method
+from ..report.results import resumable
+from .session import Session
+
+KS = (1, 2, 4, 8, 16)
+RESUME_IGNORES = ("limit", "threads", "out", "resume")   # a resumed run may ask for more examples, on other threads
+
+
+def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = True) -> Iterator[tuple]:
+    """(example, prompt ids, greedy output, hidden states) for the selected examples with >= 2 output tokens."""
+    for ex in s.examples:
+        if ex.id in skip:
+            continue
+        prompt = s.prompt(ex)
+        greedy, _ = s.reference.get(prompt, s.limits)
+        if len(greedy) >= 2:
+            yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy) if need_hidden else None)
+
+
+def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden) -> Counters:
+    if getattr(drafter, "needs_reference", False):
+        drafter.use_reference(greedy)
+    return replay(drafter, prompt, greedy, hidden, s.limits)
+
+
+def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False) -> pd.DataFrame:
+    """Block efficiency of each method on the same trajectories (the first method is the baseline).
+    Records are keyed by each method's canonical label."""
+    out.mkdir(parents=True, exist_ok=True)
+    drafters = {m.label: s.drafter(m) for m in methods}
+    labels = list(drafters)
+    meta = s.meta(methods, rescorer_dtype=s.cfg.dtype)   # neural rescorers follow the run's dtype
+    key = lambda m: {"config": m.get("config", {}), "heads": m.get("resolved", {}).get("heads"),  # noqa: E731
+                     "methods": m.get("methods")}
+    ids = {ex.id for ex in s.examples}
+    done = [r for r in resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES) if r["id"] in ids]
+    if done:
+        s.log(f"resuming: {len(done)} examples already replayed in {out}")
+    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+    (out / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    totals = {m: Counters() for m in labels}
+    for r in done:
+        totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
+    n_examples = len(done)
+    with open(out / "replay.jsonl", "a") as f:
+        for ex, prompt, greedy, hidden in trajectories(s, skip=frozenset(r["id"] for r in done)):
+            n_examples += 1
+            rec = {"id": ex.id, "new_tokens": len(greedy)}
+            for m, drafter in drafters.items():
+                c = replay_one(s, drafter, prompt, greedy, hidden)
+                totals[m] = totals[m].add(c)
+                rec[m] = c.to_dict()
+            f.write(json.dumps(rec) + "\n")
+            f.flush()
+    rows = []
+    base = ratios(totals[labels[0]])["block_efficiency"]
+    for m in labels:
+        r = ratios(totals[m])
+        rows.append({"task": s.cfg.task, "method": m, "n_examples": n_examples,
+                     "new_tokens": totals[m].new_tokens, "serial_calls": totals[m].serial_calls,
+                     "block_efficiency": r["block_efficiency"], "acceptance_rate": r["acceptance_rate"],
+                     "relative_change_pct": 100 * (r["block_efficiency"] / base - 1)})
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "replay.csv", index=False)
+    return df
+
+
+def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False) -> pd.DataFrame:
+    from ..methods import parse
+    from ..report.plots import plot_oracle
+    methods = [parse("bpd")] + [parse(f"oracle:k={k}") for k in ks]
+    df = replay_methods(s, methods, out, resume=resume)
+    df = df[df.method != "bpd"].assign(k=list(ks))
+    df["relative_gain_pct"] = 100 * (df.block_efficiency / df.block_efficiency.iloc[0] - 1)
+    df.to_csv(out / "oracle.csv", index=False)
+    plot_oracle(df, out / "oracle.png", s.cfg.task, s.meta()["environment"], s.cfg)
+    return df

@@ -1,0 +1,149 @@
+"""One experiment session for every command: validate, select examples, load the model, build methods, describe.
+
+run, replay, oracle, analyze, tune, speed and regress all start here, so they share one example selection, one EOS
+set and generation limit, one alpha rule (methods.heads.alpha_for), one greedy reference and one config.json
+layout: {"config": the RunConfig, "methods": labels, "resolved": what was resolved, "environment": versions,
+machine, threads, device, dtype, commit}. Everything that can be checked is checked before the model loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import tasks as task_registry
+from .. import models, paths
+from ..config import ConfigError, RunConfig, environment
+from ..engine import Drafter, Generation, Limits, generate
+from ..methods import Env, Method, MethodError, parse, parse_list
+from ..methods.registry import canonical
+from .reference import GreedyReference
+
+Log = Callable[[str], None]
+
+
+def resolve_method(cfg: RunConfig) -> Method:
+    """`--method` and its alias `--rescorer` (`--rescorer R` is `--method R`) as one method."""
+    method, rescorer = cfg.method, cfg.rescorer
+    try:
+        if canonical(rescorer) not in ("bpd",):
+            if canonical(method) not in ("bpd", canonical(rescorer)):
+                raise ConfigError(f"--method {method} and --rescorer {rescorer} name two methods; pass one "
+                                  f"(--rescorer R is short for --method R)")
+            method = rescorer
+        return parse(method)
+    except MethodError as e:
+        raise ConfigError(str(e)) from None
+
+
+def resolve_methods(spellings: str | list[str]) -> list[Method]:
+    try:
+        return parse_list(spellings)
+    except MethodError as e:
+        raise ConfigError(str(e)) from None
+
+
+def out_dir(cfg: RunConfig, kind: str = "runs") -> Path:
+    if cfg.out:
+        return Path(cfg.out)
+    if kind != "runs":
+        return paths.experiment_dir(kind, cfg.task)
+    label = resolve_method(cfg).label
+    if cfg.draft_threshold > 0 and label != "ar" and "threshold=" not in label:
+        label += f"-t{cfg.draft_threshold:g}"
+    return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
+
+
+def select_examples(cfg: RunConfig, heldout: bool = False, per_category: int | None = None) -> list:
+    """The task's eval slice (or held-out slice), then --offset/--limit, or the first N per category."""
+    task = task_registry.get_task(cfg.task)
+    data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
+    examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
+    evaluated, held = task_registry.split(task, examples)
+    pool = held if heldout else evaluated
+    if per_category is not None:
+        seen: dict = {}
+        chosen = []
+        for ex in pool:
+            seen[ex.category] = seen.get(ex.category, 0) + 1
+            if seen[ex.category] <= per_category:
+                chosen.append(ex)
+        return chosen
+    chosen = task_registry.select(pool, cfg.offset, cfg.limit)
+    if not chosen:
+        which = "held-out" if heldout else "evaluated"
+        raise ConfigError(f"{cfg.task}: no examples selected ({len(pool)} {which} examples, --offset "
+                          f"{cfg.offset}); lower --offset or add data")
+    return chosen
+
+
+@dataclass
+class Session:
+    cfg: RunConfig
+    task: Any
+    examples: list
+    model: Any
+    tok: Any
+    limits: Limits
+    env: Env
+    reference: GreedyReference
+    threads: int
+    log: Log = print
+    extra: dict = field(default_factory=dict)
+
+    def prompt(self, example) -> list[int]:
+        return task_registry.encode_prompt(self.tok, self.task, example, self.cfg.max_prompt_tokens)
+
+    def drafter(self, method: Method) -> Drafter:
+        if method.spec.external:
+            raise ConfigError(f"{method.label} runs transformers' own loop: it can be timed with `bpdbench speed`, "
+                              f"not decoded step by step or replayed")
+        try:
+            return method.spec.build(self.env, method)
+        except MethodError as e:
+            raise ConfigError(str(e)) from None
+
+    def decode(self, drafter: Drafter, prompt_ids: list[int]) -> Generation:
+        return generate(self.model, drafter, prompt_ids, self.limits)
+
+    def with_reference(self, drafter: Drafter, prompt_ids: list[int]) -> None:
+        """Methods that need the greedy reference (the oracle) get it before the example starts."""
+        if getattr(drafter, "needs_reference", False):
+            drafter.use_reference(self.reference.get(prompt_ids, self.limits)[0])
+
+    def meta(self, methods: list[Method] | None = None, **extra) -> dict:
+        """The config.json of every command."""
+        resolved = {"max_new_tokens": self.limits.max_new_tokens, "eos_ids": sorted(self.limits.eos_ids),
+                    "n_selected": len(self.examples), "model_id": models.model_id(self.cfg.model),
+                    "alpha_file": str(self.cfg.alpha_file or paths.alpha_file()),
+                    "greedy_dir": str(self.reference.dir), "heads": self.env.heads_meta,
+                    "methods": dict(self.env.resolved)}
+        return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
+                **extra, "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
+
+
+def eos_ids(model, tok) -> frozenset[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, list) else [ids] if ids is not None else [])
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    return frozenset(ids)
+
+
+def open_session(cfg: RunConfig, log: Log = print, heldout: bool = False, per_category: int | None = None,
+                 methods: list[Method] | None = None) -> Session:
+    """Validate everything, then load. `methods` are parsed by the caller first, so a typo never waits for a model."""
+    cfg = cfg.validate()
+    task = task_registry.get_task(cfg.task)
+    examples = select_examples(cfg, heldout, per_category)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    threads = torch.get_num_threads()
+    model, tok = models.load(cfg.model, cfg.dtype, cfg.device)
+    limits = Limits(cfg.max_new_tokens or task.max_new_tokens, eos_ids(model, tok))
+    env = Env(model, tok, cfg, limits, log)
+    greedy = Path(cfg.greedy_dir) if cfg.greedy_dir else paths.greedy_dir()
+    reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy)
+    return Session(cfg, task, examples, model, tok, limits, env, reference, threads, log)

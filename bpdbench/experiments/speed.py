@@ -1,0 +1,150 @@
+"""`bpdbench speed`: wall-clock speed of every method, ours and transformers', on identical outputs.
+
+Protocol: load once, warm every method up on the first prompt, then for each prompt run the methods interleaved in
+a fixed order `repeats` times (timing.interleaved) and keep the median. Every method must reproduce `ar`'s tokens: a
+(prompt, method) pair that does not is reported and left out of that method's speedup, because a different output
+is a different amount of work. Speedup = sum of ar median seconds / sum of method median seconds over the prompts
+where the method is identical; step cost = (method seconds per serial call) / (ar seconds per serial call), the
+cost of one verify forward in decode steps.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import RunConfig
+from ..methods import Method, MethodUnavailable, Output, parse
+from ..report.results import resumable
+from .reference import first_divergence
+from .session import Log, open_session, out_dir, resolve_methods
+from .timing import interleaved, median
+
+UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfig fields `--methods` replaces
+
+
+def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
+    """One decoder (prompt -> Output) per method label; unavailable peers that were not named are skipped."""
+    out, skipped = {}, {}
+    for m in methods:
+        if m.spec.external:
+            try:
+                out[m.label] = m.spec.build(s.env, m)
+            except MethodUnavailable as e:
+                if m.params:
+                    raise
+                skipped[m.label] = str(e)
+                log(f"skipping {m.label}: {e}")
+            continue
+        drafter = s.drafter(m)
+
+        def run(prompt: list[int], drafter=drafter) -> Output:
+            s.with_reference(drafter, prompt)
+            g = s.decode(drafter, prompt)
+            return Output(g.tokens, g.counters.serial_calls)
+        out[m.label] = run
+    return out, skipped
+
+
+def measure(fns: dict, ex, prompt: list[int], repeats: int, device) -> list[dict]:
+    """All methods on one prompt, interleaved; one record per method with the time of every repeat."""
+    runs = interleaved({m: (lambda fn=fn: fn(prompt)) for m, fn in fns.items()}, repeats, device)
+    ref = runs["ar"][0][1].tokens
+    records = []
+    for m, rs in runs.items():
+        times = [t for t, _ in rs]
+        wrong = next((o.tokens for _, o in rs if o.tokens != ref), None)
+        med = median(times)
+        records.append({"id": ex.id, "category": ex.category, "method": m, "prompt_tokens": len(prompt),
+                        "tokens": len(rs[0][1].tokens), "serial_calls": rs[0][1].serial_calls, "times": times,
+                        "median_s": med, "spread": (max(times) - min(times)) / med if med else 0.0,
+                        "identical": wrong is None,
+                        "first_divergence": None if wrong is None else first_divergence(wrong, ref)})
+    return records
+
+
+def summarize(records: list[dict], keys: tuple[str, ...] = ("method",)) -> pd.DataFrame:
+    """Ratios of sums over the prompts where a method reproduced ar; excluded pairs are counted, not hidden."""
+    df = pd.DataFrame(records)
+    ar = df[df.method == "ar"].set_index("id")
+    df["ar_s"] = df["id"].map(ar["median_s"])
+    df["ar_calls"] = df["id"].map(ar["serial_calls"])
+    rows = []
+    for key, g in df.groupby(list(keys), sort=False, dropna=False):
+        ok = g[g.identical.astype(bool)]
+        tokens, seconds, calls = int(ok.tokens.sum()), float(ok.median_s.sum()), ok.serial_calls
+        known = len(ok) > 0 and calls.notna().all() and calls.sum() > 0
+        ar_step = float(ok.ar_s.sum()) / float(ok.ar_calls.sum()) if len(ok) else float("nan")
+        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n_prompts": len(g),
+                     "n_identical": len(ok), "tokens": tokens, "seconds": seconds,
+                     "tokens_per_s": tokens / seconds if seconds else float("nan"),
+                     "speedup_vs_ar": float(ok.ar_s.sum()) / seconds if seconds else float("nan"),
+                     "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
+                     "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
+                     "median_spread": float(g.spread.median())})
+    return pd.DataFrame(rows)
+
+
+def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> None:
+    for row in summary.itertuples():
+        if row.n_identical < row.n_prompts:
+            firsts = [f"{r['id']}@{r['first_divergence']}" for r in records
+                      if r["method"] == row.method and not r["identical"]]
+            log(f"NOT IDENTICAL: {row.method} diverges from ar on {row.n_prompts - row.n_identical}/{row.n_prompts} "
+                f"prompts (prompt@token: {', '.join(firsts)}); excluded from its speedup, tokens and seconds")
+
+
+def _resumable(out: Path, config: dict, resume: bool) -> list[dict]:
+    """Records of prompts an interrupted run with the same settings and heads measured with every method."""
+    key = lambda m: {**{k: m.get(k) for k in ("config", "methods", "repeats", "per_category")},  # noqa: E731
+                     "heads": m.get("resolved", {}).get("heads")}
+    records = resumable(out, "speed.jsonl", config, key, resume, ignore=("threads",))
+    per_id = Counter(r["id"] for r in records)
+    return [r for r in records if per_id[r["id"]] == len(config["methods"])]
+
+
+def run(cfg: RunConfig, methods: str | list[str], repeats: int = 3, per_category: int | None = None,
+        log: Log = print, resume: bool = False) -> Path:
+    """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory.
+    Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`)."""
+    cfg = cfg.validate()
+    chosen = resolve_methods(methods)
+    chosen = [parse("ar")] + [m for m in chosen if m.label != "ar"]
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    out = out_dir(cfg, "speed")
+    s = open_session(cfg, log, per_category=per_category, methods=chosen)
+    fns, skipped = decoders(s, chosen, log)
+    args = {k: v for k, v in cfg.to_dict().items() if k not in UNUSED}
+    config = s.meta(chosen, repeats=repeats, per_category=per_category)
+    config["config"], config["methods"] = args, list(fns)
+    config["resolved"]["skipped"] = skipped
+    config = json.loads(json.dumps(config, default=str))
+    out.mkdir(parents=True, exist_ok=True)
+    records = _resumable(out, config, resume)
+    if records:
+        log(f"resuming: {len({r['id'] for r in records})} prompts already measured in {out}")
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    (out / "speed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    prompts = [s.prompt(ex) for ex in s.examples]
+    for fn in fns.values():  # warm-up: allocator, oneDNN kernels, HF's first-call setup
+        fn(prompts[0])
+    done = {r["id"] for r in records}
+    with open(out / "speed.jsonl", "a") as f:
+        for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):
+            if ex.id in done:
+                continue
+            recs = measure(fns, ex, prompt, repeats, s.model.device)
+            f.write("".join(json.dumps(r) + "\n" for r in recs))
+            f.flush()
+            records += recs
+            log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
+                f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))
+    summary = summarize(records)
+    summary.to_csv(out / "speed.csv", index=False)
+    if any(r["category"] for r in records):
+        summarize(records, ("category", "method")).to_csv(out / "speed_by_category.csv", index=False)
+    report_divergence(summary, records, log)
+    return out

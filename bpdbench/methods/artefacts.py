@@ -1,0 +1,40 @@
+"""Rescorer artefacts on first use, as heads are: a missing n-gram is built (seconds), a missing neural LM is trained
+after saying how long it takes (refuse with --no-auto-train)."""
+from __future__ import annotations
+
+import rescorers
+from ..config import RunConfig
+
+
+def _path(spec: rescorers.RescorerSpec, model: str):
+    if spec.kind == "ngram" or spec.kind == "neural" or spec.size:
+        tag = f"ngram{spec.order}" if spec.kind == "ngram" else f"neural-{spec.size}"
+        name = f"ngram{spec.order}.bin" if spec.kind == "ngram" else "config.json"
+        return tag, rescorers.artefact_dir(tag, model) / name
+    return None, None
+
+
+def ready(spec: rescorers.RescorerSpec, model: str) -> list[tuple[str, bool]]:
+    tag, path = _path(spec, model)
+    return [] if tag is None else [(tag, path.exists())]
+
+
+def ensure(spec: rescorers.RescorerSpec, cfg: RunConfig, tok, log) -> None:
+    tag, path = _path(spec, cfg.model)
+    if tag is None or path.exists():
+        return
+    if spec.kind == "ngram":
+        from rescorers.ngram import train_ngram
+        from tasks import corpus_files
+        log(f"{spec.name} needs a {spec.order}-gram for {cfg.model}: building it now (about 15 s; "
+            f"`bpdbench train-rescorer ngram --order {spec.order}`)")
+        train_ngram(spec.order, lambda s: tok(s, add_special_tokens=False)["input_ids"],
+                    corpus_files(), path.parent)
+        return
+    if not cfg.auto_train:
+        raise FileNotFoundError(f"{spec.name} needs {tag} for {cfg.model}, which is not trained, and "
+                                f"--no-auto-train: run `bpdbench train-rescorer neural --size {spec.size}` (15 min)")
+    from ..train.rescorer import train_neural
+    log(f"{spec.name} needs {tag} for {cfg.model}: training it now, about 15 min on 2 cores "
+        f"(`bpdbench train-rescorer neural --size {spec.size}`; --no-auto-train refuses)")
+    train_neural(spec.size, cfg.model, minutes=15.0, log=log)

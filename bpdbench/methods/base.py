@@ -1,0 +1,92 @@
+"""What a method is: a registry entry (name, typed parameters, what it needs) that builds a drafter.
+
+One grammar for every command: `name[:key=value,...]`, e.g. `bpd`, `bpd:heads=4,threshold=0.4`, `oracle:k=16`,
+`pld:tokens=10`. Parameters a spelling does not give take the run's options (`--heads`, `--k`,
+`--draft-threshold`, `--alpha`); the canonical label names only what was given, so `bpd:heads=8` and `bpd` with
+`--heads 8` are the same method and one label means one thing everywhere.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+class MethodError(ValueError):
+    """A method spelling that cannot be used: one line naming what is wrong and what is valid."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    type: type
+    help: str
+    low: float | None = None      # inclusive lower bound for numbers
+    high: float | None = None     # exclusive upper bound for numbers
+    choices: tuple[str, ...] = ()
+
+    def parse(self, method: str, raw: str) -> Any:
+        try:
+            value = self.type(raw)
+        except ValueError:
+            raise MethodError(f"{method}: {self.name}={raw!r} is not a {self.type.__name__} ({self.help})") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise MethodError(f"{method}: {self.name} must be a finite number, got {raw}")
+        if self.low is not None and value < self.low:
+            raise MethodError(f"{method}: {self.name} must be >= {self.low:g}, got {raw}")
+        if self.high is not None and value >= self.high:
+            raise MethodError(f"{method}: {self.name} must be < {self.high:g}, got {raw}")
+        if self.choices and value not in self.choices:
+            raise MethodError(f"{method}: {self.name} must be one of {', '.join(self.choices)}, got {raw}")
+        return value
+
+
+HEADS = Param("heads", int, "use the first N heads", low=1)
+THRESHOLD = Param("threshold", float, "verify draft tokens only while the head's top-1 probability is >= this",
+                  low=0.0, high=1.0)
+K = Param("k", int, "lattice width (top-k per head)", low=1)
+ALPHA = Param("alpha", float, "weight of the language model against the heads (default: tuned)", low=0.0)
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A registered method. `build(env, params)` returns a Drafter; an `external` method instead returns a whole
+    decoder (transformers' own generate loops), which can be timed but not replayed or counted step by step."""
+    name: str
+    description: str
+    build: Callable[..., Any]
+    params: tuple[Param, ...] = ()
+    needs: Callable[..., list[tuple[str, bool]]] | None = None   # (what, ready) given (model name, cfg)
+    external: bool = False
+    fixed: dict = field(default_factory=dict)                   # values implied by the name (aliases)
+    family: str = ""
+
+    def param(self, name: str) -> Param:
+        for p in self.params:
+            if p.name == name:
+                return p
+        valid = ", ".join(p.name for p in self.params) or "none"
+        raise MethodError(f"{self.name}: unknown parameter '{name}'; valid: {valid}")
+
+
+@dataclass(frozen=True)
+class Method:
+    spec: MethodSpec
+    params: dict
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def label(self) -> str:
+        """The canonical spelling: parameters in declaration order, only those given."""
+        given = [f"{p.name}={_fmt(self.params[p.name])}" for p in self.spec.params if p.name in self.params]
+        return self.spec.name + (":" + ",".join(given) if given else "")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.params.get(name, default)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)

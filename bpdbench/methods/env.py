@@ -1,0 +1,37 @@
+"""What methods are built from: the loaded target model, its tokenizer, the run's config, and lazily the heads.
+
+The experiment session creates one Env per command and hands it to every method's builder, so methods never load
+models or read global state themselves; what they resolve (heads, alpha, artefacts) is written back into
+`resolved` and lands in the result's config.json.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..config import RunConfig
+from ..engine import Limits
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class Env:
+    model: Any
+    tok: Any
+    cfg: RunConfig
+    limits: Limits
+    log: Log = print
+    resolved: dict = field(default_factory=dict)      # per method label: what was resolved (alpha, tree, ...)
+    _heads: Any = None
+
+    def heads(self):
+        """(Heads, metadata) for the run's heads option: loaded, or trained on first use (as `make demo` does)."""
+        if self._heads is None:
+            from .heads import resolve_heads
+            self._heads = resolve_heads(self.cfg, self.model, self.tok, self.log)
+        return self._heads
+
+    @property
+    def heads_meta(self) -> dict | None:
+        return self._heads[1] if self._heads is not None else None

@@ -1,0 +1,161 @@
+"""Blockwise parallel decoding and the paper's draft refinements: heads draft a top-k lattice, a refiner picks paths.
+
+`bpd` verifies the heads' top-1 path (Stern et al.). Every refinement of the paper is the same drafter with a
+refiner from `rescorers/` (n-gram and neural rescoring, p-best paths, Medusa trees), so they share the drafting
+code, the draft threshold and the heads, and differ only in the refine stage.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import rescorers
+from .. import paths
+from ..config import RunConfig
+from ..engine import DraftContext, Lattice, Proposal
+from ..heads import Heads, load as load_heads
+from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
+from .env import Env
+
+
+class HeadsDrafter:
+    """Top-k candidates of each head at the current position, then the refiner's paths (none: the top-1 path).
+
+    `threshold` > 0 truncates the draft before the first head whose top-1 probability is below it. Why: on a CPU
+    the verify forward's cost grows with the block (a 9-token block costs ~1.35 decode steps in bf16, a 2-token one
+    barely more than one), while heads far out rarely hit. All heads are still scored in one call: drafting is
+    bound by reading the shortlisted projection, which one head costs as much as eight."""
+
+    def __init__(self, name: str, heads: Heads, n_heads: int, lm_head, k: int = 1, threshold: float = 0.0,
+                 refiner=None):
+        self.name, self.heads, self.n, self.lm_head = name, heads, n_heads, lm_head
+        self.k, self.threshold, self.refiner = k, threshold, refiner
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        if self.refiner is not None:
+            self.refiner.reset(list(prompt_ids))
+
+    def lattice(self, ctx: DraftContext) -> Lattice | None:
+        logits = self.heads.draft_logits(ctx.hidden, self.n, self.lm_head, context=ctx.tokens).float()
+        logp, idx = torch.log_softmax(logits, -1).topk(self.k, dim=-1)
+        if self.threshold > 0:
+            unsure = (logp[:, 0].exp() < self.threshold).nonzero()
+            if len(unsure):
+                n = int(unsure[0])
+                if n == 0:
+                    return None
+                logp, idx = logp[:n], idx[:n]
+        return Lattice(self.heads.to_token_ids(idx).cpu(), logp.cpu())
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        lat = self.lattice(ctx)
+        if lat is None:
+            return Proposal()
+        if self.refiner is None:
+            return Proposal([lat.ids[:, 0].tolist()], lattice=lat)
+        return Proposal(self.refiner.refine(lat, ctx.tokens), lattice=lat)
+
+    def observe(self, tokens: list[int]) -> None:
+        if hasattr(self.refiner, "observe"):
+            self.refiner.observe(tokens)
+
+
+def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
+    """The heads a config names, with their metadata (path, training profile, held-out agreement)."""
+    from ..train import heads as train_heads
+
+    if cfg.heads_profile == "init" and not cfg.heads_path:  # untrained (zero-init) heads: smoke tests, ablations
+        heads = Heads(model.config.hidden_size, cfg.heads).to(model.dtype).eval().requires_grad_(False)
+        heads.pack(model.lm_head)
+        return heads, {"profile": "init"}
+    path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(cfg.model, cfg.heads_profile)
+    if not (path / "config.json").exists():
+        if cfg.heads_path:
+            raise FileNotFoundError(f"no heads at {path} (expected config.json + medusa_lm_head.pt); "
+                                    f"train them with `bpdbench train-heads`")
+        minutes = {"quick": 10, "full": 60, "ci": 1}.get(cfg.heads_profile, 10)
+        if minutes > 1 and not cfg.auto_train:
+            raise FileNotFoundError(f"no '{cfg.heads_profile}' heads for {cfg.model} and --no-auto-train: run "
+                                    f"`bpdbench train-heads --profile {cfg.heads_profile}` (about {minutes} min)")
+        log(f"no '{cfg.heads_profile}' heads cached for {cfg.model}: training them now, up to about {minutes} min "
+            f"(bpdbench train-heads --profile {cfg.heads_profile}; --no-auto-train refuses) into {path}")
+        train_heads.train(cfg.model, cfg.heads_profile, model, tok, log=log)
+    heads, hcfg = load_heads(path, model.config.hidden_size, model.dtype, str(model.device))
+    if cfg.heads > heads.num_heads:
+        raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")
+    heads.pack(model.lm_head)
+    training = hcfg.get("bpdbench", {}).get("training", {})
+    meta = {"path": str(path), **{k: training[k] for k in ("profile", "seconds", "greedy_positions", "heldout")
+                                  if k in training}}
+    return heads, meta
+
+
+def alpha_for(env: Env, method: Method, spec: rescorers.RescorerSpec) -> tuple[float | None, str]:
+    """One precedence rule for every command: the method's alpha=, then --alpha, then the tuned table, then the
+    rescorer's default."""
+    if not spec.interpolates:
+        return None, "n/a"
+    if method.get("alpha") is not None:
+        return method.params["alpha"], "method parameter"
+    if env.cfg.alpha is not None:
+        return env.cfg.alpha, "--alpha"
+    table = Path(env.cfg.alpha_file) if env.cfg.alpha_file else paths.alpha_file()
+    tuned = rescorers.tuned_alpha(table, env.cfg.task, spec.name, env.cfg.model)
+    if tuned is not None:
+        return tuned, str(table)
+    return spec.default_alpha, "default (not tuned)"
+
+
+def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
+    heads, meta = env.heads()
+    if method.get("tree") == "auto":
+        rescorer = "medusa-auto"
+    n = method.get("heads", env.cfg.heads)
+    if n > heads.num_heads:
+        raise MethodError(f"{method.label}: heads={n} but the heads have only {heads.num_heads}")
+    k = method.get("k", env.cfg.k)
+    threshold = method.get("threshold", env.cfg.draft_threshold)
+    if rescorer == "hf" and not method.get("model"):
+        raise MethodError(f"{method.label}: name the rescoring model, e.g. hf-lm:model=qwen2.5-coder-0.5b")
+    spec = rescorers.get_rescorer(f"hf:{method.get('model')}" if rescorer == "hf" else rescorer)
+    alpha, source = alpha_for(env, method, spec)
+    from .artefacts import ensure
+    ensure(spec, env.cfg, env.tok, env.log)
+    refiner = rescorers.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
+                              dtype=env.cfg.dtype)
+    k = k if refiner is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
+    env.resolved[method.label] = {"heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
+                                  "alpha": alpha, "alpha_source": source}
+    return HeadsDrafter(method.label, heads, n, env.model.lm_head, k, threshold, refiner)
+
+
+def _needs_heads(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
+    path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(model, cfg.heads_profile)
+    ok = cfg.heads_profile == "init" or (path / "config.json").exists()
+    return [(f"heads ({cfg.heads_profile})", ok)]
+
+
+def _needs(rescorer: str):
+    def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
+        from .artefacts import ready
+        return _needs_heads(model, cfg) + ready(rescorers.RESCORERS[rescorer], model)
+    return needs
+
+
+_P = (HEADS, THRESHOLD, K, ALPHA)
+SPECS = [MethodSpec("bpd", "blockwise parallel decoding: the heads' top-1 draft, verified in one forward",
+                    lambda env, m: build(env, m), (HEADS, THRESHOLD), _needs_heads, family="heads")]
+TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, or auto (built from the heads' held-out accuracy)",
+             choices=("mc_sim_7b_63", "auto"))
+for _r in rescorers.RESCORERS.values():
+    if _r.kind == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
+        continue
+    _params = (HEADS, THRESHOLD, K, ALPHA) if _r.interpolates else (HEADS, THRESHOLD, K)
+    _params = (TREE,) + _params if _r.name == "medusa" else _params
+    SPECS.append(MethodSpec(_r.name, _r.description, lambda env, m, r=_r.name: build(env, m, r), _params,
+                            _needs(_r.name), family="heads"))
+SPECS.append(MethodSpec("hf-lm", "local rescoring with any same-tokenizer HF model (model=<registered name, folder "
+                        "or Hub id>)", lambda env, m: build(env, m, "hf"),
+                        (Param("model", str, "the rescoring model"), HEADS, THRESHOLD, K, ALPHA), _needs_heads,
+                        family="heads"))

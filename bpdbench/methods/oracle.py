@@ -1,0 +1,59 @@
+"""Oracle top-k: the best path the heads' top-k lattice holds, known from the greedy reference (paper, Table 1).
+
+At each position it drafts the reference token while it is among that head's top-k, then the heads' top-1 (which
+the base rejects). It needs the reference, so it is an upper bound rather than a decoder, but it runs through the
+same loop: in replay it reads G, in a real run the greedy reference the certificate uses.
+"""
+from __future__ import annotations
+
+from ..engine import DraftContext, Proposal
+from .base import HEADS, Method, MethodError, MethodSpec, Param
+from .env import Env
+from .heads import HeadsDrafter, _needs_heads
+
+
+class OracleDrafter:
+    needs_reference = True
+
+    def __init__(self, name: str, inner: HeadsDrafter):
+        self.name, self.inner = name, inner
+        self.reference: list[int] | None = None
+        self.start = 0
+
+    def use_reference(self, tokens: list[int]) -> None:
+        self.reference = list(tokens)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.start = len(prompt_ids)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if self.reference is None:
+            raise MethodError(f"{self.name} needs the greedy reference of each example (the session sets it)")
+        lat = self.inner.lattice(ctx)
+        if lat is None:
+            return Proposal()
+        m = len(ctx.tokens) - self.start            # reference tokens decided so far
+        truth = self.reference[m:]
+        path = []
+        for j, row in enumerate(lat.ids.tolist()):
+            if j < len(truth) and truth[j] in row and len(path) == j:
+                path.append(truth[j])
+            else:
+                path.append(row[0])
+        return Proposal([path], lattice=lat)
+
+    def observe(self, tokens: list[int]) -> None:
+        pass
+
+
+def build(env: Env, method: Method) -> OracleDrafter:
+    heads, _ = env.heads()
+    k = method.get("k", env.cfg.k)
+    n = method.get("heads", env.cfg.heads)
+    env.resolved[method.label] = {"heads": n, "k": k}
+    inner = HeadsDrafter(method.label, heads, n, env.model.lm_head, k=k)
+    return OracleDrafter(method.label, inner)
+
+
+SPECS = [MethodSpec("oracle", "oracle top-k: the best lattice path, known from the greedy reference (an upper bound)",
+                    build, (Param("k", int, "top-k per head", low=1), HEADS), _needs_heads, family="heads")]

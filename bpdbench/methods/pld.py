@@ -1,0 +1,51 @@
+"""Prompt lookup decoding: draft the tokens that followed the latest earlier occurrence of the context's last n-gram.
+
+Semantics of transformers' `prompt_lookup_num_tokens` (PromptLookupCandidateGenerator): try n-gram sizes from
+`ngram` down to 1; for the first size with a match, take the earliest match in the whole context (prompt and
+generated tokens) whose continuation is not empty, up to `tokens` tokens, cut before the first EOS. No match: an
+empty draft (a plain decode step). Needs no model, heads or training: it costs list scanning only.
+"""
+from __future__ import annotations
+
+from ..engine import DraftContext, Proposal
+from .base import Method, MethodSpec, Param
+from .env import Env
+
+
+class PromptLookupDrafter:
+    def __init__(self, name: str, tokens: int = 10, ngram: int = 2, eos_ids: frozenset[int] = frozenset()):
+        self.name, self.tokens, self.ngram, self.eos = name, tokens, ngram, eos_ids
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        ids, n = ctx.tokens, len(ctx.tokens)
+        for size in range(min(self.ngram, n - 1), 0, -1):
+            tail = ids[n - size:]
+            for start in range(0, n - size):          # the last window matches itself with nothing after it
+                if ids[start: start + size] == tail:
+                    draft = ids[start + size: min(start + size + self.tokens, n)]
+                    for j, t in enumerate(draft):
+                        if t in self.eos:
+                            draft = draft[:j]
+                            break
+                    if draft:
+                        return Proposal([draft])
+                    return Proposal()                   # HF: an empty draft after the EOS cut ends the search
+        return Proposal()
+
+    def observe(self, tokens: list[int]) -> None:
+        pass
+
+
+def build(env: Env, method: Method) -> PromptLookupDrafter:
+    tokens, ngram = method.get("tokens", 10), method.get("ngram", 2)
+    env.resolved[method.label] = {"tokens": tokens, "ngram": ngram}
+    return PromptLookupDrafter(method.label, tokens, ngram, env.limits.eos_ids)
+
+
+SPECS = [MethodSpec("pld", "prompt lookup: copy what followed the last n-gram's earliest earlier occurrence "
+                    "(transformers' prompt_lookup_num_tokens semantics, in our loop)", build,
+                    (Param("tokens", int, "draft length", low=1), Param("ngram", int, "longest n-gram matched", low=1)),
+                    family="lookup")]

@@ -1,0 +1,66 @@
+"""Every cache and default result location, in one place.
+
+Caches (models, heads, rescorers, greedy references) live under one root, `$BPDBENCH_CACHE` or
+~/.cache/bpdbench, read when asked for, never set behind the user's back. Default result folders are inside the
+repository checkout (`<repo>/results/...`), not the current directory, so a command means the same wherever it is
+run from; `--out` sends results elsewhere.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def results_root() -> Path:
+    """`$BPDBENCH_RESULTS`, else the checkout's results/ (the committed reference results), else ./results for an
+    installed package. Reference results and ad-hoc runs share it only if you let them: pass --out."""
+    env = os.environ.get("BPDBENCH_RESULTS")
+    if env:
+        return Path(env)
+    return REPO / "results" if (REPO / "pyproject.toml").exists() else Path("results").resolve()
+
+
+def alpha_file() -> Path:
+    """The tuned-alpha table `bpdbench tune` writes and every command reads (override: --alpha-file)."""
+    return results_root() / "alpha.json"
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("BPDBENCH_CACHE") or Path.home() / ".cache" / "bpdbench")
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "_")
+
+
+def heads_dir(model: str, profile: str) -> Path:
+    return cache_root() / "heads" / f"{_safe(model)}-{profile}"
+
+
+def greedy_dir() -> Path:
+    return cache_root() / "greedy"
+
+
+def rescorer_dir(tag: str, model: str) -> Path:
+    """`tag` is e.g. ngram4 or neural-m."""
+    return cache_root() / "rescorers" / f"{tag}-{_safe(model)}"
+
+
+def dense_model_dir(name: str, dtype: str) -> Path:
+    return cache_root() / "models" / f"{name}-{dtype}"
+
+
+def gguf_file(name: str) -> Path:
+    return cache_root() / "gguf" / f"{name}.gguf"
+
+
+def run_dir(task: str, model: str, label: str, dtype: str) -> Path:
+    tag = label.replace(":", "-").replace(",", "-").replace("=", "")
+    return results_root() / "runs" / f"{task}-{_safe(model)}-{tag}-{dtype}"
+
+
+def experiment_dir(kind: str, task: str) -> Path:
+    """results/<kind>/<task> for replay, oracle, analysis, speed."""
+    return results_root() / kind / task
