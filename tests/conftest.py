@@ -72,3 +72,21 @@ def write_prompts(tmp_path, n: int):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     return write_tiny_hf_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+def decode(model, prompt, max_new, eos_ids=(), heads=None, n_heads=0, rescorer=None, k=1, threshold=0.0):
+    """The engine's loop with a heads drafter (or none: AR), in the argument order the decoding tests read best."""
+    from bpdbench.engine import Limits, generate
+    from bpdbench.methods.heads import HeadsDrafter
+
+    drafter = None
+    if heads is not None and n_heads:
+        drafter = HeadsDrafter("test", heads, n_heads, model.lm_head, k=k if rescorer is not None else 1,
+                               threshold=threshold, refiner=rescorer)
+    return generate(model, drafter, list(prompt), Limits(max_new, frozenset(eos_ids)))
+
+
+@pytest.fixture(autouse=True)
+def _private_results(tmp_path_factory, monkeypatch):
+    """Tests never write into the checkout's results/ (the committed reference results)."""
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path_factory.mktemp("results")))

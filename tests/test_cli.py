@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from bpdbench import runner
+from bpdbench.experiments import run as runner
 from bpdbench.cli import app
 from tests.conftest import write_prompts
 from bpdbench.config import RunConfig
@@ -89,8 +89,10 @@ def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path)
 @pytest.mark.parametrize("args,needle", [
     (["--task", "nope"], "unknown task 'nope'; valid: lambada"),
     (["--method", "beam"], "unknown method 'beam'; valid: ar, bpd"),
-    (["--method", "medusa"], "(drafting methods are rescorers: --rescorer medusa)"),
-    (["--rescorer", "nope"], "unknown rescorer 'nope'; valid: none"),
+    (["--method", "medusa", "--rescorer", "ngram4"], "name two methods; pass one"),
+    (["--rescorer", "nope"], "unknown method 'nope'; valid: ar, bpd"),
+    (["--method", "bpd:heads=0"], "bpd: heads must be >= 1, got 0"),
+    (["--method", "bpd:depth=3"], "bpd: unknown parameter 'depth'; valid: heads, threshold"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
     (["--model", "no-such-model"], "unknown model 'no-such-model'; valid: qwen2.5-coder-0.5b"),
     (["--task", "prompts"], "pass --data-file"),
@@ -128,6 +130,26 @@ def test_medusa_auto_with_a_heads_report_is_lossless(tiny_model_dir, prompts_fil
     assert code == 0, text
     assert "63-node tree from the heads' held-out accuracy" in text
     row = pd.read_csv(tmp_path / "auto" / "summary.csv").iloc[0]
-    assert row.lossless_rate == 1.0 and row.rescorer == "medusa-auto"
+    assert row.lossless_rate == 1.0 and row.rescorer == "medusa-auto" and row.method == "medusa:tree=auto"
     config = json.loads((tmp_path / "auto" / "config.json").read_text())
     assert config["resolved"]["heads"]["heldout"]["top1"][0] == 0.5
+
+
+@pytest.mark.parametrize("method", ["medusa", "pld", "oracle:k=4", "16best-0gram:k=3", "bpd:heads=2,threshold=0.1"])
+def test_every_spelling_works_in_run(method, tiny_model_dir, prompts_file, tmp_path):
+    """`run --method` takes every registry spelling (it used to reject medusa: "drafting methods are rescorers")."""
+    code, text = cli("run", "--task", "prompts", "--data-file", prompts_file, "--model", tiny_model_dir,
+                     "--heads-profile", "init", "--heads", "4", "--limit", "2", "--max-new-tokens", "8",
+                     "--dtype", "float32", "--method", method, "--out", tmp_path / "m")
+    assert code == 0, text
+    row = pd.read_csv(tmp_path / "m" / "summary.csv").iloc[0]
+    assert row.lossless_rate == 1.0 and row.method == method
+
+
+def test_methods_lists_every_registered_method():
+    from bpdbench.methods import REGISTRY
+    code, text = cli("methods")
+    assert code == 0, text
+    for name in REGISTRY:
+        assert f"\n{name} " in "\n" + text
+    assert "needs: heads (quick)" in text and "ngram4 " in text

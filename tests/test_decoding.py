@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from bpdbench import decoding
+from bpdbench.engine import loop
 from bpdbench.heads import Heads
-from bpdbench.metrics import Counters, ratios
-from tests.conftest import random_heads
+from bpdbench.engine import Counters, Proposal, ratios
+from tests.conftest import decode, random_heads
 
 PROMPT = [5, 17, 3, 42, 8, 11]
 
@@ -38,7 +38,7 @@ def greedy_by_hand(model, prompt, n):
 
 
 def test_ar_equals_uncached_greedy_and_hf_generate(tiny_model):
-    gen = decoding.generate(tiny_model, PROMPT, 20, eos_ids=set())
+    gen = decode(tiny_model, PROMPT, 20, eos_ids=set())
     assert gen.tokens == greedy_by_hand(tiny_model, PROMPT, 20)
     hf = tiny_model.generate(torch.tensor([PROMPT]), max_new_tokens=20, do_sample=False, eos_token_id=None,
                              pad_token_id=0)[0, len(PROMPT):].tolist()
@@ -48,46 +48,47 @@ def test_ar_equals_uncached_greedy_and_hf_generate(tiny_model):
 
 
 def test_perfect_heads_accept_everything(tiny_model):
-    ref = decoding.generate(tiny_model, PROMPT, 40, eos_ids=set()).tokens
+    ref = decode(tiny_model, PROMPT, 40, eos_ids=set()).tokens
     heads = ScriptedHeads(ref, len(PROMPT), 96, shift=0, n=4)
-    gen = decoding.generate(tiny_model, PROMPT, 40, eos_ids=set(), heads=heads, n_heads=4)
+    gen = decode(tiny_model, PROMPT, 40, eos_ids=set(), heads=heads, n_heads=4)
     assert gen.tokens == ref
     c = gen.counters
-    assert all(a == 4 for _, a in gen.step_log)  # the last step overshoots max_new_tokens and is truncated
+    assert all(a == 4 for _, a in gen.step_log[:-1])
+    assert gen.step_log[-1] == (3, 3)  # the last draft is clipped to the 3 tokens the budget can still keep
     # 1 token from the prefill, then 5 per verify call: ceil(39 / 5) = 8 calls.
     assert c.serial_calls == 1 + 8
     assert ratios(c)["block_efficiency"] == 40 / 9
 
 
 def test_wrong_heads_accept_nothing(tiny_model):
-    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    ref = decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
     heads = ScriptedHeads(ref, len(PROMPT), 96, shift=1, n=4)
-    gen = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4)
+    gen = decode(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4)
     assert gen.tokens == ref
     assert gen.counters.accepted == 0 and gen.counters.hist == [29, 0, 0, 0, 0]
     assert ratios(gen.counters)["block_efficiency"] == 1.0
 
 
 def test_draft_threshold_verifies_only_confident_heads(tiny_model):
-    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    ref = decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
     # heads 1-2 sure (p ~ 0.996), heads 3-4 unsure (p ~ 0.017): only two tokens are drafted, and both are right
     heads = ScriptedHeads(ref, len(PROMPT), 96, shift=0, n=4, confidence=[10.0, 10.0, 0.5, 0.5])
-    gen = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4, threshold=0.5)
+    gen = decode(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4, threshold=0.5)
     assert gen.tokens == ref
     assert all(d == 2 and a == 2 for d, a in gen.step_log[:-1])
-    full = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4)
+    full = decode(tiny_model, PROMPT, 30, eos_ids=set(), heads=heads, n_heads=4)
     assert full.tokens == ref and full.counters.drafted > gen.counters.drafted
     # head 1 unsure: nothing is drafted and the loop is plain greedy decoding
     unsure = ScriptedHeads(ref, len(PROMPT), 96, shift=1, n=4, confidence=[0.5, 10.0, 10.0, 10.0])
-    gen = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set(), heads=unsure, n_heads=4, threshold=0.5)
+    gen = decode(tiny_model, PROMPT, 30, eos_ids=set(), heads=unsure, n_heads=4, threshold=0.5)
     assert gen.tokens == ref and gen.counters.drafted == 0 and gen.counters.serial_calls == 30
 
 
 def test_random_real_heads_are_lossless(tiny_model):
     heads = random_heads(tiny_model.lm_head, 6, seed=1, std=0.5)
-    ref = decoding.generate(tiny_model, PROMPT, 25, eos_ids=set()).tokens
+    ref = decode(tiny_model, PROMPT, 25, eos_ids=set()).tokens
     for n in (1, 3, 6):
-        assert decoding.generate(tiny_model, PROMPT, 25, set(), heads=heads, n_heads=n).tokens == ref
+        assert decode(tiny_model, PROMPT, 25, set(), heads=heads, n_heads=n).tokens == ref
 
 
 def test_packed_heads_match_unpacked(tiny_model):
@@ -105,24 +106,24 @@ def test_packed_heads_match_unpacked(tiny_model):
 
 
 def test_eos_and_max_new_tokens_stop_both_methods_identically(tiny_model):
-    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    ref = decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
     eos = ref[9]
     first = ref.index(eos)
     heads = ScriptedHeads(ref, len(PROMPT), 96, shift=0, n=4)
     for max_new in (1, 7, 30):
-        ar = decoding.generate(tiny_model, PROMPT, max_new, {eos})
-        bpd = decoding.generate(tiny_model, PROMPT, max_new, {eos}, heads=heads, n_heads=4)
+        ar = decode(tiny_model, PROMPT, max_new, {eos})
+        bpd = decode(tiny_model, PROMPT, max_new, {eos}, heads=heads, n_heads=4)
         assert ar.tokens == bpd.tokens == ref[: min(max_new, first + 1)]
         assert bpd.counters.new_tokens == len(bpd.tokens)
 
 
 def test_cache_is_cropped_to_accepted_prefix(tiny_model):
-    state = decoding.prefill(tiny_model, PROMPT)
+    state = loop.prefill(tiny_model, PROMPT)
     assert state.cache.get_seq_length() == len(PROMPT)
     draft = [1, 2, 3, 4]
-    verified = decoding.verify(tiny_model, state, [draft])
+    verified = loop.verify(tiny_model, state, Proposal([draft]))
     assert state.cache.get_seq_length() == len(PROMPT) + 5
-    decoding.advance(state, verified, 0, a=1)
+    loop.advance(state, verified, loop.Decision(0, 1, verified.targets[1]))
     assert state.cache.get_seq_length() == len(PROMPT) + 2
     # The cropped cache continues exactly like a fresh prefill of the same tokens.
     fresh = DynamicCache()

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 import torch
 
-from bpdbench import hardware, replay, tables
-from bpdbench.metrics import Counters
+from bpdbench.engine import Counters, Limits, Proposal, replay
+from bpdbench.report import hardware, tables
 
 # Tiny model: d 8, 2 layers, 2 heads of 4, 1 KV head, FFN 16, vocab 100 -> 2 * (128 + 64 + 384) + 800 matmul params.
 TINY = {"hidden_size": 8, "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
@@ -61,13 +61,23 @@ def test_counters_verified_default_add_and_fallback():
     assert Counters.from_dict(c.to_dict()).verified == 11
 
 
-def test_simulate_counts_trie_nodes():
-    n, h, k = 7, 2, 2
-    traj = replay.Trajectory([0], list(range(1, n + 1)), torch.zeros(n, h, k, dtype=torch.long),
-                             torch.zeros(n, h, k), torch.zeros(n, h))
-    c = replay.simulate(traj, lambda lat, ctx: [[50, 51], [50, 52], [53]], k)   # trie: root, 50, 51, 52, 53
+class ThreeDrafts:
+    name = "three"
+
+    def reset(self, prompt_ids):
+        pass
+
+    def propose(self, ctx):
+        return Proposal([[50, 51], [50, 52], [53]])      # trie: root, 50, 51, 52, 53
+
+    def observe(self, tokens):
+        pass
+
+
+def test_replay_counts_trie_nodes():
+    n = 7
+    c = replay(ThreeDrafts(), [0], list(range(1, n + 1)), None, Limits(100))
     assert c.verified == 5 * c.steps and c.steps == n - 1
-    assert replay.oracle(traj, k).verified == (h + 1) * replay.oracle(traj, k).steps
 
 
 def test_ar_row_reads_the_weights_once_per_token(table):

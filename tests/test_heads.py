@@ -6,7 +6,7 @@ import json
 import torch
 
 from bpdbench import heads as H
-from bpdbench import train_heads
+from bpdbench.train import heads as train_heads
 
 
 def test_save_load_roundtrip_shared_projection(tmp_path, tiny_model):
@@ -75,7 +75,7 @@ def test_cli_profiles_match_training_profiles():
 
 def test_batched_greedy_for_head_training_equals_greedy_decoding(tiny_model):
     """Left-padded batched generation (head-training data) must continue each prompt exactly as greedy decoding."""
-    from bpdbench import decoding
+    from tests.conftest import decode
     prompts = [[5, 17, 3, 42, 8, 11], [7, 1], [30, 31, 32, 33]]
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
@@ -83,5 +83,5 @@ def test_batched_greedy_for_head_training_equals_greedy_decoding(tiny_model):
     _, hid, lp, top, new = train_heads._greedy_batch(tiny_model, ids, mask, 12, torch.tensor([-1]))
     assert hid.shape[:2] == (3, 12) and top.shape == (3, 12, train_heads.TOPK_TEACHER)
     for b, p in enumerate(prompts):
-        assert new[b].tolist() == decoding.generate(tiny_model, p, 12, eos_ids=set()).tokens
+        assert new[b].tolist() == decode(tiny_model, p, 12).tokens
     assert torch.all(lp[..., 0] >= lp[..., 1])

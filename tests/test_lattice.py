@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from bpdbench.lattice import build_lattice, kbest_paths, pbest_rescored, top1_draft
+from rescorers.lattice import build_lattice, kbest_paths, pbest_rescored, top1_draft
 from rescorers.base import Lattice
 from rescorers.kbest import KBestRescorer
 

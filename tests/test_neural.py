@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from bpdbench.train_rescorer import train_lm, train_neural
+from bpdbench.train.rescorer import train_lm, train_neural
 from rescorers.base import Lattice
 from rescorers.neural import KVCache, NeuralRescorer, SmallLM, SmallLMConfig, load_lm, make_config, save_lm
 

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from bpdbench.lattice import build_lattice, kbest_paths, pbest_rescored
+from rescorers.lattice import build_lattice, kbest_paths, pbest_rescored
 from bpdbench.models import sha256_file
 from rescorers import ngram
 from rescorers.base import Lattice

@@ -6,7 +6,9 @@ import json
 import pytest
 import torch
 
-from bpdbench import decoding, models, runner
+from bpdbench import models
+from bpdbench.experiments import run as runner
+from tests.conftest import decode
 from bpdbench.config import RunConfig
 
 pytestmark = pytest.mark.slow
@@ -23,7 +25,7 @@ def fp32_model():
 def test_ar_matches_transformers_generate(fp32_model):
     model, tok = fp32_model
     ids = tok("def fibonacci(n):", add_special_tokens=False)["input_ids"]
-    ours = decoding.generate(model, ids, 12, eos_ids=set()).tokens
+    ours = decode(model, ids, 12).tokens
     hf = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, temperature=None, top_p=None,
                         top_k=None, eos_token_id=None)[0, len(ids):].tolist()
     assert ours == hf

@@ -30,6 +30,7 @@ def kenlm_required():
 def workspace(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path / "results"))
     rng = random.Random(0)
     words = "the cat sat on a mat and then it ran to see the dog who was not happy".split()
     data = tmp_path / "data"
@@ -53,12 +54,11 @@ def test_refinement_pipeline(workspace):
     ws = workspace
     common = ["--model", ws["model"], "--heads-profile", "init", "--heads", "3", "--dtype", "float32",
               "--data-dir", ws["data"], "--max-new-tokens", "10"]
-    cli("train-rescorer", "ngram", "--order", "2", "--model", ws["model"], "--corpus", ws["data"] / "corpus" /
-        "c4.jsonl", "--discount-fallback")
-    # Real decoding with every lattice method stays lossless.
+    # Real decoding with every lattice method stays lossless; the missing 2-gram is built on first use.
     for rescorer in ("ngram2", "16best-0gram"):
-        cli("run", "--task", "xsum", "--rescorer", rescorer, "--k", "4", "--limit", "2", "--out", f"r-{rescorer}",
-            *common)
+        text = cli("run", "--task", "xsum", "--rescorer", rescorer, "--k", "4", "--limit", "2", "--out",
+                   f"r-{rescorer}", *common)
+        assert ("building it now" in text) == (rescorer == "ngram2"), text
         row = pd.read_csv(f"r-{rescorer}/summary.csv").iloc[0]
         assert row.lossless_rate == 1.0 and row.rescorer == rescorer
     cli("oracle", "--task", "xsum", "--k", "8", "--limit", "3", *common)
@@ -74,7 +74,7 @@ def test_refinement_pipeline(workspace):
     cli("replay", "--task", "xsum", "--methods", "bpd,ngram2,16best-0gram,oracle-k4", "--k", "4", "--limit", "3",
         *common)
     rp = pd.read_csv("results/replay/xsum/replay.csv").set_index("method")
-    assert rp.loc["16best-0gram", "block_efficiency"] <= rp.loc["oracle-k4", "block_efficiency"]
+    assert rp.loc["16best-0gram", "block_efficiency"] <= rp.loc["oracle:k=4", "block_efficiency"]
     cli("tune", "--task", "xsum", "--rescorer", "ngram2", "--limit", "2", "--k", "4", *common[:-4],
         "--data-dir", ws["data"], "--max-new-tokens", "10")
     alpha = json.loads(open("results/alpha.json").read())
@@ -89,4 +89,5 @@ def test_refinement_pipeline(workspace):
         assert (ws["data"].parent / "results" / "tables" / f"{name}.png").exists()
     hw = pd.read_csv("results/tables/hardware_utilization.csv").set_index(["task", "method"])
     assert hw.loc[("xsum", "ar"), "block_efficiency"] == 1
-    assert hw.loc[("xsum", "bpd"), "verified_per_call"] == 4   # 3 heads + root, counted by the new replay
+    # 3 heads + root per step, except the last steps, whose drafts are clipped to what the budget can still keep
+    assert 3 < hw.loc[("xsum", "bpd"), "verified_per_call"] <= 4

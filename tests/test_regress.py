@@ -1,7 +1,7 @@
 """Regression comparison logic: block efficiency tolerance, losslessness, wide speedup band."""
 from __future__ import annotations
 
-from bpdbench.regress import compare
+from bpdbench.experiments.regress import compare
 
 BASE = {"tolerance": {"block_efficiency_abs": 0.05, "speedup_factor": 3.0},
         "results": {"xsum/bpd": {"block_efficiency": 1.30, "lossless_rate": 1.0, "speedup_vs_ar": 1.2}}}

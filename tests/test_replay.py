@@ -1,49 +1,165 @@
-"""Replay agrees with real decoding (float32), and the oracle bounds every drafting rule."""
+"""Replay equals real decoding, counter for counter, for every registered method (float32, tiny model); the oracle
+bounds every drafting rule; analysis helpers."""
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
-from bpdbench import decoding, replay
-from bpdbench.metrics import ratios
-from rescorers.kbest import KBestRescorer
-from tests.conftest import random_heads
+from bpdbench import paths
+from bpdbench.config import RunConfig
+from bpdbench.engine import Limits, generate, ratios, replay, teacher_forced
+from bpdbench.experiments.analysis import h_max, repetition
+from bpdbench.heads import Heads
+from bpdbench.methods import REGISTRY, Env, parse
+from rescorers.neural import SmallLM, make_config, save_lm
 
-PROMPT = [5, 17, 3, 42, 8, 11]
-
-
-def noisy_heads(tiny_model, seed=4, n=4):
-    return random_heads(tiny_model.lm_head, n, seed=seed, std=0.3)
-
-
-def test_replay_matches_real_decoding(tiny_model):
-    heads = noisy_heads(tiny_model)
-    for prompt in (PROMPT, [1, 2, 3], [90, 4, 4, 4, 7]):
-        real = decoding.generate(tiny_model, prompt, 40, set(), heads=heads, n_heads=4)
-        traj = replay.trajectory(tiny_model, heads, prompt, real.tokens, 4, k_max=8)
-        sim = replay.simulate(traj, replay.top1, k=1)
-        assert (sim.serial_calls, sim.accepted, sim.hist) == (real.counters.serial_calls, real.counters.accepted,
-                                                               real.counters.hist)
-        rescorer = KBestRescorer("16best-0gram", p=4)
-        real_k = decoding.generate(tiny_model, prompt, 40, set(), heads=heads, n_heads=4, rescorer=rescorer, k=3)
-        assert real_k.tokens == real.tokens
-        sim_k = replay.simulate(traj, rescorer.refine, k=3)
-        assert (sim_k.serial_calls, sim_k.accepted) == (real_k.counters.serial_calls, real_k.counters.accepted)
+PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
+VOCAB = 128
 
 
-def test_oracle_bounds_and_grows_with_k(tiny_model):
-    heads = noisy_heads(tiny_model)
-    gen = decoding.generate(tiny_model, PROMPT, 60, set())
-    traj = replay.trajectory(tiny_model, heads, PROMPT, gen.tokens, 4, k_max=96)
-    eff = [ratios(replay.oracle(traj, k))["block_efficiency"] for k in (1, 2, 8, 96)]
-    assert eff == sorted(eff)
-    assert eff[0] == ratios(replay.simulate(traj, replay.top1, 1))["block_efficiency"]
-    assert eff[-1] == 60 / (1 + -(-59 // 5))  # k = vocabulary: every greedy token is in the lattice
-    kbest = replay.simulate(traj, KBestRescorer("k", p=8).refine, k=8)
-    assert ratios(kbest)["block_efficiency"] <= eff[2]
+class PartlyRightHeads(Heads):
+    """Heads that know the greedy continuation and get about two positions in three right, with the right token
+    at rank 2 otherwise and a spread of other candidates: acceptance varies, and every refiner has choices."""
+
+    def __init__(self, reference: dict[tuple, list[int]], n: int = 4, seed: int = 0):
+        super().__init__(d=32, num_heads=n)
+        self.reference, self.seed = reference, seed      # prompt -> greedy continuation
+
+    def draft_logits(self, hidden, n, lm_head, context=None):
+        prompt = next(p for p in self.reference if tuple(context[: len(p)]) == p)
+        ref = self.reference[prompt]
+        m = len(context) - len(prompt)
+        g = torch.Generator().manual_seed(self.seed * 1000 + len(context))
+        logits = torch.randn(n, VOCAB, generator=g)
+        for i in range(n):
+            true = ref[m + i] if m + i < len(ref) else 0
+            if (m + 2 * i) % 3:
+                logits[i, true] = 6.0
+            else:
+                logits[i, (true + 1) % VOCAB], logits[i, true] = 6.0, 5.0
+        return logits
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_model_dir, tmp_path_factory):
+    from bpdbench import models
+    torch.set_num_threads(1)
+    model, tok = models.load(str(tiny_model_dir), "float32")
+    return model, tok
+
+
+def _artefacts(root, model_name):
+    """Tiny stand-ins for every rescorer artefact, where the registry looks for them."""
+    for tag in ("neural-s", "neural-m", "neural-l"):
+        torch.manual_seed(len(tag))
+        lm = SmallLM(make_config(tag[-1], VOCAB), torch.arange(VOCAB)).eval()
+        save_lm(lm, paths.rescorer_dir(tag, model_name))
+    pairs = [(t, (t * 7 + 3) % VOCAB) for t in range(0, VOCAB, 2)]
+    arpa = ["\\data\\", f"ngram 1={VOCAB + 3}", f"ngram 2={len(pairs)}", "", "\\1-grams:", "-1.0\t<unk>\t0",
+            "-99\t<s>\t0", "-1.2\t</s>\t0"]
+    arpa += [f"{-1.0 - (t % 7) / 3:.3f}\t{t}\t-0.2" for t in range(VOCAB)] + ["", "\\2-grams:"]
+    arpa += [f"-0.1\t{a} {b}" for a, b in pairs] + ["", "\\end\\", ""]
+    for order in (2, 4):
+        path = paths.rescorer_dir(f"ngram{order}", model_name) / f"ngram{order}.bin"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(arpa))   # KenLM reads ARPA text as well as its binary format
+
+
+def all_methods(model_dir) -> list[str]:
+    out = []
+    for name, spec in REGISTRY.items():
+        if spec.external:
+            continue
+        out.append({"hf-lm": f"hf-lm:model={model_dir}", "oracle": "oracle:k=4"}.get(name, name))
+    return out + ["bpd:heads=2", "bpd:threshold=0.3", "medusa:tree=auto", "ngram4:alpha=2", "pld:tokens=3,ngram=1"]
+
+
+@pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])
+def test_replay_equals_real_for_every_method(setup, tiny_model_dir, tmp_path, monkeypatch, eos_at, max_new):
+    pytest.importorskip("kenlm")
+    model, tok = setup
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
+    name = str(tiny_model_dir)
+    _artefacts(tmp_path, name)
+    refs = {tuple(p): generate(model, None, list(p), Limits(max_new)).tokens for p in PROMPTS}
+    eos = frozenset() if eos_at is None else frozenset({refs[tuple(PROMPTS[0])][eos_at]})
+    limits = Limits(max_new, eos)
+    heads = PartlyRightHeads(refs)
+    meta = {"heldout": {"top1": [0.6, 0.5, 0.4, 0.3], "top16": [0.9, 0.8, 0.7, 0.6]}}
+    cfg = RunConfig(model=name, heads=4, k=4, alpha_file=str(tmp_path / "alpha.json"))
+    env = Env(model, tok, cfg, limits, log=lambda m: None, _heads=(heads, meta))
+    checked = []
+    for spelling in all_methods(tiny_model_dir):
+        method = parse(spelling)
+        drafter = method.spec.build(env, method)
+        accepted = 0
+        for prompt in PROMPTS:
+            greedy = generate(model, None, list(prompt), limits).tokens
+            if getattr(drafter, "needs_reference", False):
+                drafter.use_reference(greedy)
+            real = generate(model, drafter, list(prompt), limits)
+            assert real.tokens == greedy, spelling
+            sim = replay(drafter, list(prompt), greedy, teacher_forced(model, list(prompt), greedy), limits)
+            assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
+            accepted += real.counters.accepted
+        assert accepted > 0 or method.name == "ar", spelling   # the comparison is not between two empty walks
+        checked.append(method.label)
+    assert {parse(m).name for m in checked} == {n for n, s in REGISTRY.items() if not s.external}
+
+
+def test_perfect_and_wrong_drafts_at_the_extremes(setup):
+    """Perfect drafts accept everything, wrong drafts nothing; replay agrees with both."""
+    model, tok = setup
+    prompt, limits = list(PROMPTS[0]), Limits(40)
+    greedy = generate(model, None, prompt, limits).tokens
+
+    class Scripted:
+        name = "scripted"
+
+        def __init__(self, shift):
+            self.shift = shift
+
+        def reset(self, prompt_ids):
+            self.start = len(prompt_ids)
+
+        def propose(self, ctx):
+            from bpdbench.engine import Proposal
+            m = len(ctx.tokens) - self.start
+            return Proposal([[(t + self.shift) % VOCAB for t in greedy[m: m + 4]]])
+
+        def observe(self, tokens):
+            pass
+
+    hidden = teacher_forced(model, prompt, greedy)
+    for shift, calls in ((0, 1 + 8), (1, 40)):
+        real = generate(model, Scripted(shift), prompt, limits)
+        assert real.tokens == greedy and real.counters.serial_calls == calls
+        assert replay(Scripted(shift), prompt, greedy, hidden, limits).to_dict() == real.counters.to_dict()
+
+
+def test_oracle_bounds_and_grows_with_k(setup):
+    model, tok = setup
+    prompt, limits = list(PROMPTS[0]), Limits(60)
+    greedy = generate(model, None, prompt, limits).tokens
+    heads = PartlyRightHeads({tuple(prompt): greedy})
+    env = Env(model, tok, RunConfig(model="tiny", heads=4, k=4), limits, log=lambda m: None, _heads=(heads, {}))
+    hidden = teacher_forced(model, prompt, greedy)
+
+    def eff(spelling):
+        d = parse(spelling).spec.build(env, parse(spelling))
+        if getattr(d, "needs_reference", False):
+            d.use_reference(greedy)
+        return ratios(replay(d, prompt, greedy, hidden, limits))["block_efficiency"]
+    oracle = [eff(f"oracle:k={k}") for k in (1, 2, 8, VOCAB)]
+    assert oracle == sorted(oracle) and oracle[0] == eff("bpd")
+    assert oracle[-1] == 60 / (1 + -(-59 // 5))   # k = vocabulary: every greedy token is in the lattice
+    assert eff("16best-0gram:k=8") <= oracle[2] and eff("medusa") <= oracle[-1]
 
 
 def test_repetition_and_h_max():
-    stats = replay.repetition([[1, 1, 1, 2], [3, 4, 5, 6]])
+    stats = repetition([[1, 1, 1, 2], [3, 4, 5, 6]])
     assert stats["repeat_share"] == 2 / 6 and stats["mean_max_run"] == 2.0
-    assert replay.h_max([1.0, 2.0, 3.0, 2.5, 4.0]) == 3
-    assert replay.h_max([3.0, 2.0]) == 1
+    assert h_max([1.0, 2.0, 3.0, 2.5, 4.0]) == 3
+    assert h_max([3.0, 2.0]) == 1

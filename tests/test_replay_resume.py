@@ -21,7 +21,7 @@ def test_replay_resume_extends_a_run_and_equals_a_fresh_one(tmp_path, monkeypatc
         for i in range(20)) + "\n")
 
     def replay(out, limit, *extra):
-        r = CliRunner().invoke(app, ["replay", "--task", "xsum", "--methods", "bpd,16best-0gram,oracle-k4", "--k",
+        r = CliRunner().invoke(app, ["replay", "--task", "xsum", "--methods", "bpd,16best-0gram,oracle:k=4", "--k",
                                      "4", "--model", str(tiny_model_dir), "--heads-profile", "init", "--heads", "3",
                                      "--dtype", "float32", "--data-dir", str(tmp_path / "data"),
                                      "--max-new-tokens", "10", "--limit", str(limit), "--out", out, *extra])

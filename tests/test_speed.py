@@ -7,17 +7,18 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from bpdbench import speed
+from bpdbench.experiments import speed
+from bpdbench.methods import hf as hf_methods
 from bpdbench.cli import app
 from tests.conftest import write_prompts
 
-METHODS = ["ar", "bpd", "bpd-t0.3", "16best-0gram", "medusa", "hf-greedy", "hf-pld"]
+METHODS = ["ar", "bpd", "bpd:threshold=0.3", "16best-0gram", "medusa", "pld", "hf-greedy", "hf-pld"]
 
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.chdir(tmp_path)  # results/alpha.json lookups must not see the repo's
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path / "results"))  # alpha lookups must not see the repo's
 
 
 @pytest.fixture()
@@ -44,7 +45,7 @@ def test_speed_writes_results_and_all_methods_identical(tiny_model_dir, prompts_
     csv = pd.read_csv(out / "speed.csv")
     assert list(csv.method) == METHODS
     for col in ("n_prompts", "n_identical", "tokens", "seconds", "tokens_per_s", "speedup_vs_ar",
-                "block_efficiency", "median_spread"):
+                "block_efficiency", "step_cost", "median_spread"):
         assert col in csv.columns
     assert (csv.n_prompts == 2).all() and (csv.n_identical == 2).all(), text  # float32: exact ties only
     ar = csv.set_index("method").loc["ar"]
@@ -65,9 +66,10 @@ def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, 
     code, text = speed_cli(tiny_model_dir, prompts_file, out, ["hf-assisted"], "--assistant", tiny_model_dir)
     assert code == 0, text
     csv = pd.read_csv(out / "speed.csv").set_index("method")
-    assert list(csv.index) == ["ar", "hf-assisted"]  # ar is always added as the baseline
-    assert csv.loc["hf-assisted", "n_identical"] == 2
-    assert csv.loc["hf-assisted", "block_efficiency"] > 1.0  # a self-draft is always accepted
+    label = f"hf-assisted:assistant={tiny_model_dir}"   # --assistant M is hf-assisted:assistant=M
+    assert list(csv.index) == ["ar", label]  # ar is always added as the baseline
+    assert csv.loc[label, "n_identical"] == 2
+    assert csv.loc[label, "block_efficiency"] > 1.0  # a self-draft is always accepted
 
 
 def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_model_dir, prompts_file, tmp_path):
@@ -87,15 +89,17 @@ def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_m
 
 
 def _build(tiny_model_dir, monkeypatch, fallback):
-    monkeypatch.setattr(speed, "DEFAULT_ASSISTANT", str(tiny_model_dir))
-    monkeypatch.setattr(speed, "FALLBACK_ASSISTANT", fallback)
-    from bpdbench import models
+    monkeypatch.setattr(hf_methods, "DEFAULT_ASSISTANT", str(tiny_model_dir))
+    monkeypatch.setattr(hf_methods, "FALLBACK_ASSISTANT", fallback)
     from bpdbench.config import RunConfig
-    model, tok = models.load(str(tiny_model_dir), "float32")
-    cfg = RunConfig(model=str(tiny_model_dir), dtype="float32")
+    from bpdbench.experiments.session import open_session
+    from bpdbench.methods import parse_list
     logs = []
-    decoders, resolved = speed.build_decoders(cfg, ["ar", "hf-assisted"], model, tok, {1}, 8, None, logs.append)
-    return decoders, resolved, logs
+    cfg = RunConfig(task="prompts", data_file=str(write_prompts(tiny_model_dir.parent, 1)),
+                    model=str(tiny_model_dir), dtype="float32", max_new_tokens=8)
+    s = open_session(cfg, logs.append)
+    decoders, skipped = speed.decoders(s, parse_list("ar,hf-assisted"), logs.append)
+    return decoders, {**s.env.resolved.get("hf-assisted", {}), "skipped": skipped}, logs
 
 
 def test_target_equal_to_default_assistant_falls_back(tiny_model_dir, tmp_path, monkeypatch):
@@ -166,10 +170,12 @@ def test_speedup_per_category():
 
 
 def test_threshold_method_names_are_validated_up_front():
-    assert speed.check_methods(["bpd-t0.3"]) == ["ar", "bpd-t0.3"]
-    for bad in ("bpd-t", "bpd-tx", "bpd-t1.5", "bpd-t0"):
-        with pytest.raises(ValueError, match="bpd-t<threshold>"):
-            speed.check_methods([bad])
+    from bpdbench.methods import MethodError, parse_list
+    assert [m.label for m in parse_list("bpd-t0.3,bpd:threshold=0.3")] == ["bpd:threshold=0.3"]
+    for bad, needle in (("bpd-tx", "not a float"), ("bpd-t1.5", "must be < 1"), ("bpd:threshold=nan", "finite"),
+                        ("bpd:threshold=-1", "must be >= 0")):
+        with pytest.raises(MethodError, match=needle):
+            parse_list(bad)
 
 
 def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp_path):

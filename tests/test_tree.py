@@ -6,9 +6,9 @@ import copy
 import torch
 from transformers import DynamicCache
 
-from bpdbench import decoding
-from bpdbench.tree import ancestors_mask, build_tree
-from tests.conftest import random_heads
+from bpdbench.engine import GREEDY, Limits, Proposal, loop
+from bpdbench.engine.tree import ancestors_mask, build_tree
+from tests.conftest import decode, random_heads
 
 PROMPT = [5, 17, 3, 42, 8, 11]
 
@@ -25,23 +25,25 @@ def test_trie_merges_shared_prefixes():
 
 def _chain_result(model, state, draft):
     st = copy.deepcopy(state)
-    v = decoding.verify(model, st, [draft])
-    best, a = decoding.accept(v)
-    new = decoding.advance(st, v, best, a)
-    return a, new, st
+    proposal = Proposal([draft])
+    v = loop.verify(model, st, proposal)
+    d = loop.step_decision(v.tree, v.targets, proposal, Limits(100), GREEDY)
+    new = loop.advance(st, v, d)
+    return d.accepted, new, st
 
 
 def test_tree_verify_equals_best_single_draft(tiny_model):
-    ref = decoding.generate(tiny_model, PROMPT, 12, eos_ids=set()).tokens
-    base = decoding.prefill(tiny_model, PROMPT)
+    ref = decode(tiny_model, PROMPT, 12, eos_ids=set()).tokens
+    base = loop.prefill(tiny_model, PROMPT)
     # Drafts with different correct prefixes: 0, 2 and 3 tokens right, sharing prefixes.
     drafts = [[ref[1] + 1, 0, 0, 0], ref[1:3] + [0, 0], ref[1:4] + [(ref[4] + 1) % 96], [ref[1], 0, 0, 0]]
     singles = [_chain_result(tiny_model, base, d) for d in drafts]
     st = copy.deepcopy(base)
-    v = decoding.verify(tiny_model, st, drafts)
-    best, a = decoding.accept(v)
-    new = decoding.advance(st, v, best, a)
-    assert (best, a) == (2, 3)
+    proposal = Proposal(drafts)
+    v = loop.verify(tiny_model, st, proposal)
+    d = loop.step_decision(v.tree, v.targets, proposal, Limits(100), GREEDY)
+    new = loop.advance(st, v, d)
+    assert (d.path, d.accepted) == (2, 3)
     assert new == singles[2][1] == ref[1:5]
     assert torch.allclose(st.hidden, singles[2][2].hidden, atol=1e-5)
     # The compacted cache continues exactly like a fresh prefill of the accepted tokens.
@@ -67,8 +69,8 @@ class ManyDrafts:
 
 def test_multi_draft_decoding_is_lossless(tiny_model):
     heads = random_heads(tiny_model.lm_head, 4, seed=3, std=0.5)
-    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
-    gen = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=ManyDrafts(), k=2)
+    ref = decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    gen = decode(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=ManyDrafts(), k=2)
     assert gen.tokens == ref
 
 
@@ -78,11 +80,11 @@ def test_medusa_tree_paths_and_lossless_decoding(tiny_model):
     tree = auto_tree([[0.6, 0.1, 0.05], [0.4, 0.1], [0.3]], nodes=6)
     assert tree[0] == [0] and len(tree) == 6 and all(p[:-1] in tree for p in tree if len(p) > 1)
     heads = random_heads(tiny_model.lm_head, 4, seed=5, std=0.3)
-    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
-    gen = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=MedusaTree("medusa"),
+    ref = decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    gen = decode(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=MedusaTree("medusa"),
                             k=10)
     assert gen.tokens == ref
-    plain = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4)
+    plain = decode(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4)
     assert gen.counters.serial_calls <= plain.counters.serial_calls
 
 
@@ -120,7 +122,7 @@ def test_rescored_tree_puts_the_local_pick_on_the_main_path(tiny_model):
     assert drafts[MC_SIM_7B_63.index([0, 0, 0, 0])] == [2, 12, 22, 32]      # rank 0 = the rescorer's pick
     assert drafts[MC_SIM_7B_63.index([1])] == [0] and drafts[MC_SIM_7B_63.index([2])] == [1]  # heads' order after it
     heads = random_heads(tiny_model.lm_head, 4, seed=5, std=0.3)
-    ref = decoding.generate(tiny_model, PROMPT, 30, eos_ids=set()).tokens
-    gen = decoding.generate(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, k=10,
+    ref = decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    gen = decode(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, k=10,
                             rescorer=RescoredTree("medusa-x", MedusaTree("medusa"), PickThird()))
     assert gen.tokens == ref

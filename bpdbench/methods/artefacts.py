@@ -2,6 +2,8 @@
 after saying how long it takes (refuse with --no-auto-train)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import rescorers
 from ..config import RunConfig
 
@@ -28,8 +30,9 @@ def ensure(spec: rescorers.RescorerSpec, cfg: RunConfig, tok, log) -> None:
         from tasks import corpus_files
         log(f"{spec.name} needs a {spec.order}-gram for {cfg.model}: building it now (about 15 s; "
             f"`bpdbench train-rescorer ngram --order {spec.order}`)")
-        train_ngram(spec.order, lambda s: tok(s, add_special_tokens=False)["input_ids"],
-                    corpus_files(), path.parent)
+        corpus = corpus_files(Path(cfg.data_dir) if cfg.data_dir else None)
+        train_ngram(spec.order, lambda s: tok(s, add_special_tokens=False)["input_ids"], corpus, path.parent,
+                    discount_fallback=True)   # only used when the corpus is too small to estimate discounts
         return
     if not cfg.auto_train:
         raise FileNotFoundError(f"{spec.name} needs {tag} for {cfg.model}, which is not trained, and "

@@ -125,7 +125,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     refiner = rescorers.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
                               dtype=env.cfg.dtype)
     k = k if refiner is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
-    env.resolved[method.label] = {"heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
+    env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
                                   "alpha": alpha, "alpha_source": source}
     return HeadsDrafter(method.label, heads, n, env.model.lm_head, k, threshold, refiner)
 

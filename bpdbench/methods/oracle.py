@@ -50,7 +50,7 @@ def build(env: Env, method: Method) -> OracleDrafter:
     heads, _ = env.heads()
     k = method.get("k", env.cfg.k)
     n = method.get("heads", env.cfg.heads)
-    env.resolved[method.label] = {"heads": n, "k": k}
+    env.resolved[method.label] = {"n_heads": n, "k": k}
     inner = HeadsDrafter(method.label, heads, n, env.model.lm_head, k=k)
     return OracleDrafter(method.label, inner)
 

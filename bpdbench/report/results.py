@@ -96,7 +96,7 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
     method = res.get("method", cfg["method"])
     seconds = sum(r["seconds"] for r in records)
     row = {"task": cfg["task"], "model": cfg["model"], "method": method, "rescorer": res.get("rescorer"),
-           "heads": res.get("heads", 0) if method != "ar" else 0, "alpha": config["resolved"].get("alpha"),
+           "heads": res.get("n_heads", 0) if method != "ar" else 0, "alpha": config["resolved"].get("alpha"),
            "k": config["resolved"].get("k"), "p": config["resolved"].get("p"), "dtype": cfg["dtype"],
            "n_examples": len(records),
            "new_tokens": total.new_tokens, "serial_calls": total.serial_calls,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import paths
 from ..methods.registry import canonical, parse
 from .hardware import hardware_table
 from .plots import lines_by_task
@@ -24,7 +25,7 @@ TASK_ORDER = ["lambada", "squad", "cnn_dailymail", "samsum", "multi_news", "xsum
 
 
 def reference_tables() -> pd.DataFrame | None:
-    path = Path(__file__).resolve().parents[2] / "shared" / "paper" / "reference_tables.csv"
+    path = paths.REPO.parent / "shared" / "paper" / "reference_tables.csv"
     return pd.read_csv(path) if path.exists() else None
 
 
@@ -96,7 +97,8 @@ def lattice_wide(df: pd.DataFrame) -> pd.DataFrame:
     return wide.loc[order].reset_index()
 
 
-def build(results: Path = Path("results")) -> list[Path]:
+def build(results: Path | None = None) -> list[Path]:
+    results = results or paths.results_root()
     out = results / "tables"
     out.mkdir(parents=True, exist_ok=True)
     written = []
