@@ -22,8 +22,10 @@ kenlm: install
 	VENV=$(VENV) bash scripts/install_kenlm.sh
 
 # Prepare the default model and its quick heads (trained automatically on first use), decode a few examples.
-demo: install
+# KenLM comes along so that n-gram methods (`--method ngram4`) build their model on first use.
+demo: install kenlm
 	$(BIN)/bpdbench models
+	$(BIN)/bpdbench methods
 	$(BIN)/bpdbench run --task xsum --limit 3 --max-new-tokens 64 --out results/runs/demo-xsum --resume
 	$(BIN)/bpdbench run --task mt_bench --limit 3 --max-new-tokens 64 --out results/runs/demo-mt_bench --resume
 
@@ -57,7 +59,7 @@ heads-full: install
 	$(BIN)/bpdbench train-heads --profile full
 
 bench: install
-	$(BIN)/python scripts/bench_step.py
+	$(BIN)/python scripts/bench_step.py --thresholds 0,0.4
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -22,23 +22,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-import rescorers  # noqa: E402
-from bpdbench import analysis, decoding  # noqa: E402
 from bpdbench.config import RunConfig  # noqa: E402
+from bpdbench.engine import DraftContext, Proposal, loop  # noqa: E402
+from bpdbench.experiments.replay import trajectories  # noqa: E402
+from bpdbench.experiments.session import open_session  # noqa: E402
+from bpdbench.methods import parse  # noqa: E402
 
 
-def build(name: str, ctx) -> tuple[object, str]:
-    spec = rescorers.get_rescorer(name)
+def build(name: str, s):
+    """The method's drafter; an untrained neural rescorer gets random weights (cost does not depend on them)."""
     try:
-        return rescorers.build(spec, ctx.cfg.model, None, ctx.cfg.k, "cpu", print,
-                               heads_meta=ctx.meta.get("heads"), dtype=ctx.cfg.dtype), "trained"
-    except FileNotFoundError:
-        if spec.kind != "neural":
-            raise
+        return s.drafter(parse(name)), "trained"
+    except Exception:  # noqa: BLE001 - only neural rescorers can be timed without their artefact
+        from bpdbench.methods.heads import HeadsDrafter
         from rescorers.neural import NeuralRescorer, SmallLM, make_config
-        shortlist = ctx.heads.shortlist
-        lm = SmallLM(make_config(spec.size, len(shortlist)), shortlist).eval()
-        return NeuralRescorer(name, lm, alpha=spec.default_alpha, k=ctx.cfg.k), "random weights"
+        if not name.startswith("neural-"):
+            raise
+        heads, _ = s.env.heads()
+        lm = SmallLM(make_config(name[-1], len(heads.shortlist)), heads.shortlist).eval()
+        return HeadsDrafter(name, heads, s.cfg.heads, s.model.lm_head, s.cfg.k,
+                            refiner=NeuralRescorer(name, lm, alpha=0.5, k=s.cfg.k)), "random weights"
 
 
 def main() -> None:
@@ -53,31 +56,31 @@ def main() -> None:
     args = ap.parse_args()
     cfg = RunConfig(task=args.task, limit=args.limit, max_new_tokens=args.max_new_tokens, threads=args.threads,
                     dtype=args.dtype)
-    ctx, examples = analysis.prepare(cfg)
-    trajs = [t for _, t in analysis.trajectories(ctx, examples)]
+    s = open_session(cfg)
+    trajs = list(trajectories(s))
 
     decode = []  # one decode step (1-token forward with a KV cache), on the same prompts
     with torch.inference_mode():
-        for traj in trajs:
-            state = decoding.prefill(ctx.model, traj.prompt)
-            for tok in traj.greedy[:16]:
+        for _, prompt, greedy, _ in trajs:
+            state = loop.prefill(s.model, prompt)
+            for _ in greedy[:16]:
                 t0 = time.perf_counter()
-                v = decoding.verify(ctx.model, state, [[]])
-                decoding.advance(state, v, 0, 0)
+                v = loop.verify(s.model, state, Proposal())
+                loop.advance(state, v, loop.Decision(0, 0, v.targets[0]))
                 decode.append(time.perf_counter() - t0)
     step_ms = 1000 * statistics.median(decode)
 
     rows = []
     for name in args.rescorers.split(","):
-        r, weights = build(name, ctx)
+        drafter, weights = build(name, s)
         times = []
-        for traj in trajs:
-            r.reset(traj.prompt)
-            for m in range(len(traj.greedy) - 1):
-                lat = traj.lattice(m, ctx.cfg.k)
-                context = traj.prompt + traj.greedy[: m + 1]
+        for _, prompt, greedy, hidden in trajs:
+            drafter.reset(prompt)
+            for m in range(len(greedy) - 1):
+                ctx = DraftContext(prompt + greedy[: m + 1], hidden[m], s.cfg.heads)
+                lat = drafter.lattice(ctx)
                 t0 = time.perf_counter()
-                r.refine(lat, context)
+                drafter.refiner.refine(lat, ctx.tokens)
                 times.append(time.perf_counter() - t0)
         ms = 1000 * statistics.median(times)
         rows.append({"rescorer": name, "weights": weights, "median_ms": round(ms, 3),
@@ -87,7 +90,7 @@ def main() -> None:
               f"{rows[-1]['pct_of_decode_step']:.1f}% of a {step_ms:.1f} ms decode step", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"decode_step_ms": step_ms, "rescorers": rows, "args": vars(args),
-                                          "environment": ctx.meta["environment"]}, indent=2))
+                                          "environment": s.meta()["environment"]}, indent=2))
     print(f"written to {args.out}")
 
 

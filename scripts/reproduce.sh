@@ -12,7 +12,7 @@ THREADS=${THREADS:-2}
 MODEL=${MODEL:-qwen2.5-coder-0.5b}
 TASKS=${TASKS:-"xsum samsum cnn_dailymail squad lambada mt_bench"}
 CACHE=${BPDBENCH_CACHE:-$HOME/.cache/bpdbench}
-METHODS="bpd,neural-m,ngram4,16best-0gram,16best-ngram4,oracle-k16,medusa,bpd-h1,bpd-h2,bpd-h3,bpd-h4,bpd-h5,bpd-h6,bpd-h7"
+METHODS="bpd,neural-m,ngram4,16best-0gram,16best-ngram4,oracle:k=16,medusa,bpd:heads=1,bpd:heads=2,bpd:heads=3,bpd:heads=4,bpd:heads=5,bpd:heads=6,bpd:heads=7"
 
 step() { echo "== $* ($(date +%H:%M:%S))"; }
 if [ "${FRESH:-0}" = 1 ]; then rm -rf results/replay results/oracle results/analysis results/speed/spec_bench results/alpha.json; fi
@@ -29,7 +29,7 @@ for t in $TASKS; do
   step "oracle $t"; $B oracle --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS" --resume
   [ -f "results/analysis/$t/entropy.csv" ] || { step "analyze $t"; $B analyze --task "$t" --model "$MODEL" --limit "$LIMIT" --threads "$THREADS"; }
 done
-step speed; { $B speed --task spec_bench --per-category 2 --repeats 2 --max-new-tokens 64 --threads "$THREADS" --methods ar,bpd,16best-ngram4,medusa,hf-greedy,hf-pld,hf-assisted --resume; }
+step speed; { $B speed --task spec_bench --per-category 2 --repeats 2 --max-new-tokens 64 --threads "$THREADS" --methods ar,bpd,16best-ngram4,medusa,pld,hf-greedy,hf-pld,hf-assisted --resume; }
 step tables
 $B tables
 echo "== reproduce finished in $((SECONDS / 60)) min"

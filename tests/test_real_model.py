@@ -41,3 +41,39 @@ def test_bpd_smoke_run_is_lossless(fp32_model, tmp_path):
     assert row["lossless_rate"] == 1.0, [r["first_divergence"] for r in records]
     assert row["new_tokens"] == 32 and row["serial_calls"] <= 32
     assert 0.0 <= row["rougeL"] <= 1.0
+
+
+def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_model, tmp_path, monkeypatch):
+    """Every registered method that runs in our loop, on the real default model in float32 with the `ci` heads:
+    replay (one teacher-forced forward, the loop's own propose/decide) and real decoding give identical counters.
+    Neural rescorers that are not trained here get random weights in a private folder (cost and correctness of
+    the path do not depend on the weights); n-grams are built on first use as in any run."""
+    from bpdbench import paths
+    from bpdbench.config import RunConfig
+    from bpdbench.engine import generate, replay, teacher_forced
+    from bpdbench.experiments.session import open_session
+    from bpdbench.methods import REGISTRY, parse
+    from rescorers.neural import SmallLM, make_config, save_lm
+
+    real_dir = paths.rescorer_dir
+    monkeypatch.setattr(paths, "rescorer_dir", lambda tag, model: tmp_path / tag if tag.startswith("neural")
+                        else real_dir(tag, model))
+    cfg = RunConfig(task="xsum", limit=2, max_new_tokens=12, dtype="float32", heads_profile="ci", heads=4, k=8,
+                    alpha_file=str(tmp_path / "alpha.json"))
+    s = open_session(cfg, log=print)
+    heads, _ = s.env.heads()
+    for size in "sml":
+        save_lm(SmallLM(make_config(size, len(heads.shortlist)), heads.shortlist).eval(), tmp_path / f"neural-{size}")
+    spellings = [{"hf-lm": f"hf-lm:model={models.DEFAULT_MODEL},heads=2", "oracle": "oracle:k=8"}.get(n, n)
+                 for n, spec in REGISTRY.items() if not spec.external] + ["medusa:tree=auto", "bpd:threshold=0.2"]
+    prompts = [s.prompt(ex) for ex in s.examples]
+    for spelling in spellings:
+        drafter = s.drafter(parse(spelling))
+        for prompt in prompts:
+            greedy, _ = s.reference.get(prompt, s.limits)
+            if getattr(drafter, "needs_reference", False):
+                drafter.use_reference(greedy)
+            real = generate(s.model, drafter, prompt, s.limits)
+            assert real.tokens == greedy, spelling
+            sim = replay(drafter, prompt, greedy, teacher_forced(s.model, prompt, greedy), s.limits)
+            assert sim.to_dict() == real.counters.to_dict(), spelling
