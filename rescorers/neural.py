@@ -275,12 +275,12 @@ class NeuralRescorer:
     p = 1
 
     def __init__(self, name: str, lm, alpha: float, k: int = 16, device: str = "cpu",
-                 dtype: torch.dtype | str = torch.float32, threads: int | None = None, max_len: int = 256):
-        """`threads`: intra-op threads during `refine` only (restored after); batch-1 GEMVs this small can lose
-        more to thread sync than they gain, unlike the base model's forward. None leaves torch's setting alone."""
+                 dtype: torch.dtype | str = torch.float32, max_len: int = 256):
+        """Thread counts are the session's (--threads), never changed here: a refiner that switched torch's
+        global setting inside `refine` would silently change the base model's speed too."""
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        self.name, self.alpha, self.k, self.threads = name, float(alpha), int(k), threads
+        self.name, self.alpha, self.k = name, float(alpha), int(k)
         if isinstance(lm, (str, Path)):
             lm = load_lm(lm, device, dtype)
         if isinstance(lm, SmallLM):
@@ -322,18 +322,8 @@ class NeuralRescorer:
         self.ctx_tokens += len(new)
         return new
 
-    def refine(self, lattice: Lattice, context: list[int]) -> list[list[int]]:
-        if self.threads is None:
-            return self._refine(lattice, context)
-        before = torch.get_num_threads()
-        torch.set_num_threads(self.threads)
-        try:
-            return self._refine(lattice, context)
-        finally:
-            torch.set_num_threads(before)
-
     @torch.inference_mode()
-    def _refine(self, lattice: Lattice, context: list[int]) -> list[list[int]]:
+    def refine(self, lattice: Lattice, context: list[int]) -> list[list[int]]:
         ids, lp = lattice.ids[:, : self.k].to(self.device), lattice.logprobs[:, : self.k].to(self.device).float()
         h = ids.shape[0]
         if h - 1 > self.max_len - self.keep:

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..engine import Limits
+from .heads_store import resolve_heads
 
 Log = Callable[[str], None]
 
@@ -28,7 +29,6 @@ class Env:
     def heads(self):
         """(Heads, metadata) for the run's heads option: loaded, or trained on first use (as `make demo` does)."""
         if self._heads is None:
-            from .heads import resolve_heads
             self._heads = resolve_heads(self.cfg, self.model, self.tok, self.log)
         return self._heads
 

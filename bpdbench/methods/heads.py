@@ -14,7 +14,7 @@ import rescorers
 from .. import paths
 from ..config import RunConfig
 from ..engine import DraftContext, Lattice, Proposal
-from ..heads import Heads, load as load_heads
+from ..heads import Heads
 from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .env import Env
 
@@ -59,36 +59,6 @@ class HeadsDrafter:
     def observe(self, tokens: list[int]) -> None:
         if hasattr(self.refiner, "observe"):
             self.refiner.observe(tokens)
-
-
-def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
-    """The heads a config names, with their metadata (path, training profile, held-out agreement)."""
-    from ..train import heads as train_heads
-
-    if cfg.heads_profile == "init" and not cfg.heads_path:  # untrained (zero-init) heads: smoke tests, ablations
-        heads = Heads(model.config.hidden_size, cfg.heads).to(model.dtype).eval().requires_grad_(False)
-        heads.pack(model.lm_head)
-        return heads, {"profile": "init"}
-    path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(cfg.model, cfg.heads_profile)
-    if not (path / "config.json").exists():
-        if cfg.heads_path:
-            raise FileNotFoundError(f"no heads at {path} (expected config.json + medusa_lm_head.pt); "
-                                    f"train them with `bpdbench train-heads`")
-        minutes = {"quick": 10, "full": 60, "ci": 1}.get(cfg.heads_profile, 10)
-        if minutes > 1 and not cfg.auto_train:
-            raise FileNotFoundError(f"no '{cfg.heads_profile}' heads for {cfg.model} and --no-auto-train: run "
-                                    f"`bpdbench train-heads --profile {cfg.heads_profile}` (about {minutes} min)")
-        log(f"no '{cfg.heads_profile}' heads cached for {cfg.model}: training them now, up to about {minutes} min "
-            f"(bpdbench train-heads --profile {cfg.heads_profile}; --no-auto-train refuses) into {path}")
-        train_heads.train(cfg.model, cfg.heads_profile, model, tok, log=log)
-    heads, hcfg = load_heads(path, model.config.hidden_size, model.dtype, str(model.device))
-    if cfg.heads > heads.num_heads:
-        raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")
-    heads.pack(model.lm_head)
-    training = hcfg.get("bpdbench", {}).get("training", {})
-    meta = {"path": str(path), **{k: training[k] for k in ("profile", "seconds", "greedy_positions", "heldout")
-                                  if k in training}}
-    return heads, meta
 
 
 def alpha_for(env: Env, method: Method, spec: rescorers.RescorerSpec) -> tuple[float | None, str]:

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import re
 
-from . import ar, heads, hf, oracle, pld
+from .ar import SPECS as AR
 from .base import Method, MethodError, MethodSpec
+from .heads import SPECS as HEADS
+from .hf import SPECS as HF
+from .oracle import SPECS as ORACLE
+from .pld import SPECS as PLD
 
-REGISTRY: dict[str, MethodSpec] = {s.name: s for mod in (ar, heads, oracle, pld, hf) for s in mod.SPECS}
+REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, HF) for s in group}
 
 # old spelling -> (method, parameters); regex aliases carry a parameter in the name
 ALIASES: dict[str, str] = {"none": "bpd", "medusa-auto": "medusa:tree=auto"}
