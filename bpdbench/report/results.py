@@ -58,11 +58,12 @@ class OutputLock:
         self.release()
 
     def acquire(self) -> None:
-        ensure_writable_dir(self.out)
         key = self.out.resolve()
         if key in self._held:
             self._held[key][1] += 1
             return
+        created = not self.out.exists()
+        ensure_writable_dir(self.out)
         path = self.out / LOCK
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -74,7 +75,7 @@ class OutputLock:
                              f"or pass a different --out") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv[:3])}\n".encode(), 0)
-        self._held[key] = [fd, 1]
+        self._held[key] = [fd, 1, created]
 
     def release(self) -> None:
         key = self.out.resolve()
@@ -85,6 +86,9 @@ class OutputLock:
         if entry[1] == 0:
             del self._held[key]
             os.close(entry[0])       # closing the descriptor releases the flock
+            if entry[2] and [p.name for p in self.out.iterdir()] == [LOCK]:
+                (self.out / LOCK).unlink()      # a command that failed before writing leaves no empty folder
+                self.out.rmdir()
 
 
 def ensure_writable_dir(out: Path) -> None:
