@@ -220,6 +220,16 @@ class AppendOnlyJsonl:
             os.fsync(f.fileno())
         self.keys = set()
 
+    def rewrite(self, records: list[dict]) -> None:
+        """Replace the file atomically (write, fsync, rename): used only to drop incomplete groups of records."""
+        tmp = self.path.with_name(self.path.name + ".rewrite")
+        with open(tmp, "w") as f:
+            f.write("".join(json.dumps(r, default=_json_default) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self.keys = {self.key(r) for r in records}
+
     def append(self, records: Iterable[dict]) -> list[dict]:
         """Append records not already in the file, in one write; returns those written."""
         new = [r for r in records if self.key(r) not in self.keys]
