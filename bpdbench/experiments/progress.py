@@ -7,7 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..config import RunConfig
 from ..report.results import to_markdown
 from .run import run
-from ..report.results import OutputLock
+from ..report.results import OutputLock, precheck_run
 from .session import out_dir, preflight, resolve_method
 
 
@@ -17,6 +17,7 @@ def run_with_progress(cfg: RunConfig, console) -> dict:
     label = method.label
     total = len(preflight(cfg, methods=[method], log=lambda m: None))   # warnings: once, from the session
     with OutputLock(out_dir(cfg)):
+        precheck_run(out_dir(cfg), cfg.to_dict(), cfg.resume)
         return _run_with_bar(cfg, console, label, total)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from ..config import RunConfig
 from ..methods import Method
-from ..report.results import OutputLock, ResultWriter, summarize, write_summary
+from ..report.results import OutputLock, ResultWriter, precheck_run, summarize, write_summary
 from .certificate import EXACT, LostExamples, certify
 from .reference import first_divergence
 from .session import Log, Session, open_session, out_dir, resolve_method
@@ -29,6 +29,7 @@ def run(cfg: RunConfig, log: Log = print, progress: Callable[[dict], None] | Non
     method = resolve_method(cfg.validate())
     out = out_dir(cfg)
     with OutputLock(out):                 # a second writer fails here; open_session checks inputs before loading
+        precheck_run(out, cfg.to_dict(), cfg.resume)
         s = open_session(cfg, log, methods=[method])
         drafter = s.drafter(method)
         meta = s.meta([method])

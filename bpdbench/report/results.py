@@ -275,6 +275,26 @@ class ResultWriter:
             self.records.append(record)
 
 
+def precheck_run(out: Path, config: dict, resume: bool) -> None:
+    """The checks ResultWriter makes, made before the model loads and before the progress bar: an existing
+    examples.jsonl without --resume, or --resume with other settings, is one line now rather than after loading."""
+    path = Path(out) / EXAMPLES
+    if not path.exists() or not path.stat().st_size:
+        return
+    if not resume:
+        raise FileExistsError(f"{path} exists; pass --resume to continue it or --out to write elsewhere")
+    if (Path(out) / CONFIG).exists():
+        try:
+            old = json.loads((Path(out) / CONFIG).read_text()).get("config", {})
+        except ValueError:
+            raise ValueError(f"{Path(out) / CONFIG} is corrupt; pass a new --out (examples.jsonl is kept)") from None
+        changed = _differences({"config": old}, {"config": json.loads(json.dumps(config, default=str))},
+                               RUN_RESUME_IGNORES)
+        if changed:
+            raise ValueError(f"cannot resume {out}: its config.json differs in {', '.join(changed)}; "
+                             f"pass a new --out or drop --resume")
+
+
 # a resumed run may ask for more examples, start elsewhere, or use another number of threads
 RUN_RESUME_IGNORES = ("resume", "limit", "offset", "out", "threads")
 
