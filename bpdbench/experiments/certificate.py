@@ -76,7 +76,7 @@ def _replay_reference(model, prompt: list[int], ref: list[int], i: int, draft: l
             past = state.cache.get_seq_length()
             vb = verify(model, state, Proposal([draft]))
             block = _logits(model, vb.hidden)[0]
-            state.cache.crop(past)
+            state.cache.crop(-(state.cache.get_seq_length() - past))   # drop the block again
         v = verify(model, state, EMPTY)
         if j == i:
             logits = _logits(model, v.hidden)[0]

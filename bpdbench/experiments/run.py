@@ -33,7 +33,9 @@ def run(cfg: RunConfig, log: Log = print, progress: Callable[[dict], None] | Non
         s = open_session(cfg, log, methods=[method])
         drafter = s.drafter(method)
         meta = s.meta([method])
+        heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
         meta["resolved"].update(method=method.label, **s.env.resolved.get(method.label, {}))
+        meta["resolved"]["heads_files"] = heads_meta
         with ResultWriter(out, meta, cfg.resume, log) as writer:
             row = _decode_all(s, method, drafter, writer, progress, meta)
             write_summary(out, row)
