@@ -36,9 +36,13 @@ def one_line_errors(fn):
     def wrapper(*args, **kwargs):
         from tasks import DataError
         from .config import ConfigError
+        from .experiments.certificate import LostExamples
         from .models import ModelError
         try:
             return fn(*args, **kwargs)
+        except LostExamples as e:      # a real loss: records and summary are written, the exit status says it
+            console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+            raise typer.Exit(1)
         except (ConfigError, DataError, ModelError, FileExistsError, FileNotFoundError, ValueError) as e:
             console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
             raise typer.Exit(2)
@@ -146,6 +150,8 @@ def train_heads_cmd(model: str = _M, profile: str = typer.Option("quick", help="
     from .train import heads as train_heads
     if profile not in train_heads.PROFILES:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(train_heads.PROFILES)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
     if threads:
         torch.set_num_threads(threads)
     train_heads.train(model, profile, out=Path(out) if out else None, log=_log)

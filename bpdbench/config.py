@@ -71,7 +71,24 @@ class RunConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        if self.max_prompt_tokens < 1:
+            raise ConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        self._validate_device()
         return self
+
+    def _validate_device(self) -> None:
+        """A missing GPU is one line now, not a CUDA traceback after the model has loaded."""
+        dev = self.device
+        if dev not in ("cpu", "cuda", "auto") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+            raise ConfigError(f"unknown device '{dev}'; valid: cpu, cuda, cuda:N, auto")
+        if dev.startswith("cuda"):
+            import torch
+            if not torch.cuda.is_available():
+                raise ConfigError(f"--device {dev} but torch sees no CUDA GPU (torch {torch.__version__}, "
+                                  f"cuda {torch.version.cuda}); use --device cpu or --device auto")
+            if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
+                raise ConfigError(f"--device {dev} but only {torch.cuda.device_count()} CUDA device(s) are "
+                                  f"visible; use cuda:0..{torch.cuda.device_count() - 1}")
 
     def replace(self, **kw) -> "RunConfig":
         return replace(self, **kw)

@@ -114,23 +114,113 @@ def save(heads: Heads, info: HeadsInfo, out: Path) -> None:
     (out / "config.json").write_text(json.dumps(config, indent=2))
 
 
-def load(path: Path, d: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple[Heads, dict]:
-    """Load our heads or a Medusa-1 checkpoint (`medusa_lm_head.pt` or `.safetensors`)."""
-    config = json.loads((path / "config.json").read_text())
+class HeadsFileError(FileNotFoundError):
+    """A heads artefact that does not match its config: one line naming the file, the field and how to rebuild."""
+
+
+def _rebuild(path: Path) -> str:
+    return f"delete {path} and rebuild it with `bpdbench train-heads` (or pass another --heads-path)"
+
+
+def read_state(path: Path) -> tuple[dict, dict]:
+    """(config.json, weights) of a heads directory, each checked: unreadable or truncated files are named."""
+    cfg_file = path / "config.json"
+    try:
+        config = json.loads(cfg_file.read_text())
+        n = int(config["medusa_num_heads"])
+        int(config.get("medusa_num_layers", 1))
+    except (OSError, ValueError) as e:
+        raise HeadsFileError(f"{cfg_file} is unreadable ({type(e).__name__}); {_rebuild(path)}") from None
+    except KeyError:
+        raise HeadsFileError(f"{cfg_file} has no field medusa_num_heads; {_rebuild(path)}") from None
+    if n < 1:
+        raise HeadsFileError(f"{cfg_file}: medusa_num_heads is {n}; {_rebuild(path)}")
+    weights = path / WEIGHTS
+    try:
+        if weights.exists():
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        else:
+            weights = path / "medusa_lm_head.safetensors"
+            if not weights.exists():
+                raise HeadsFileError(f"{path} has config.json but no {WEIGHTS}; {_rebuild(path)}")
+            from safetensors.torch import load_file
+            state = load_file(str(weights))
+    except HeadsFileError:
+        raise
+    except Exception as e:  # truncated zip, pickle or safetensors header: name the file, not the parser's words
+        raise HeadsFileError(f"{weights} is truncated or corrupt ({type(e).__name__}); {_rebuild(path)}") from None
+    if not isinstance(state, dict) or not state:
+        raise HeadsFileError(f"{weights} holds no weights; {_rebuild(path)}")
+    return config, state
+
+
+def check(path: Path) -> dict:
+    """What a heads directory holds, checked against its config.json without building anything: number of heads,
+    shortlist size (None: the full vocabulary) and whether a shortlist the config names is missing."""
+    return _inspect(path, *read_state(path))
+
+
+def _inspect(path: Path, config: dict, state: dict) -> dict:
     n, layers = int(config["medusa_num_heads"]), int(config.get("medusa_num_layers", 1))
-    if (path / WEIGHTS).exists():
-        state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
-    else:
-        from safetensors.torch import load_file
-        state = load_file(str(path / "medusa_lm_head.safetensors"))
-    proj_key = f"0.{layers}.weight"
-    vocab = state[proj_key].shape[0] if proj_key in state else None
+    for key in state:
+        parts = key.split(".")
+        if len(parts) < 3 or not (parts[0].isdigit() and parts[1].isdigit()):
+            raise HeadsFileError(f"{path / WEIGHTS}: key {key!r} is not in the Medusa-1 layout; {_rebuild(path)}")
+        j = int(parts[1])
+        if j > layers or (j == layers and parts[2:] != ["weight"]):
+            raise HeadsFileError(f"{path / 'config.json'}: medusa_num_layers is {layers} but the weights hold "
+                                 f"{key!r}; {_rebuild(path)}")
+    found = len({k.split(".")[0] for k in state})
+    if found != n:
+        raise HeadsFileError(f"{path / 'config.json'}: medusa_num_heads is {n} but the weights hold {found} heads; "
+                             f"{_rebuild(path)}")
+    proj = state.get(f"0.{layers}.weight")
+    named = (config.get("bpdbench") or {}).get("shortlist_size")
+    short = path / "shortlist.pt"
+    size, missing = None, False
+    if short.exists():
+        try:
+            size = int(torch.load(short, map_location="cpu", weights_only=True).numel())
+        except Exception as e:
+            raise HeadsFileError(f"{short} is truncated or corrupt ({type(e).__name__}); {_rebuild(path)}") from None
+        if named and size != named:
+            raise HeadsFileError(f"{short} holds {size} tokens but config.json bpdbench.shortlist_size is {named}; "
+                                 f"{_rebuild(path)}")
+    elif named:
+        missing = True
+    return {"num_heads": n, "num_layers": layers, "shortlist_size": size, "shortlist_missing": missing,
+            "shortlist_named": named, "vocab": None if proj is None else int(proj.shape[0])}
+
+
+def load(path: Path, d: int, dtype: torch.dtype = torch.float32, device: str = "cpu") -> tuple[Heads, dict]:
+    """Load our heads or a Medusa-1 checkpoint (`medusa_lm_head.pt` or `.safetensors`). The returned config gains
+    `shortlist`: what drafting runs over, so a missing shortlist (full vocabulary, much slower) is recorded."""
+    config, state = read_state(path)
+    info = _inspect(path, config, state)
+    n, layers = info["num_heads"], info["num_layers"]
+    vocab = info["vocab"]
     heads = Heads(d, n, layers, vocab)
     mapped = {}
     for key, value in state.items():
         i, j, *rest = key.split(".")
         mapped[f"proj.{i}.weight" if int(j) == layers else f"blocks.{i}.{j}.{'.'.join(rest)}"] = value
-    heads.load_state_dict(mapped)
+    try:
+        heads.load_state_dict(mapped)
+    except RuntimeError as e:
+        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
+        raise HeadsFileError(f"{path / WEIGHTS} does not fit a model of hidden size {d} ({_one(first)}); "
+                             f"{_rebuild(path)}") from None
     if (path / "shortlist.pt").exists():
         heads.shortlist = torch.load(path / "shortlist.pt", weights_only=True)
+        config["shortlist"] = f"{info['shortlist_size']} tokens"
+    elif info["shortlist_missing"]:
+        config["shortlist"] = (f"MISSING: config.json names a {info['shortlist_named']}-token shortlist but "
+                               f"{path / 'shortlist.pt'} is absent; drafting over the full vocabulary (slower)")
+    else:
+        config["shortlist"] = "none (full vocabulary)"
     return heads.to(device=device, dtype=dtype).eval().requires_grad_(False), config
+
+
+def _one(text: str, limit: int = 120) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -73,12 +73,20 @@ def _one_line(text: str, limit: int = 160) -> str:
 
 
 def _parse_file(task: Task, path: Path) -> list[Example]:
+    """Examples of one JSONL file. Ids must be unique (resume works by id: a duplicate would make a later --resume
+    skip an example it never decoded) and prompts non-empty (an empty prompt decodes silently into nothing)."""
     examples: list[Example] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    first_line: dict[str, int] = {}
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, 1):
+            where = f"{task.name}: {path}:{lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: not UTF-8 (byte {raw[err.start]:#04x} at column {err.start + 1}); "
+                                f"re-save the file as UTF-8") from None
             if not line.strip():
                 continue
-            where = f"{task.name}: {path}:{lineno}"
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
@@ -86,11 +94,19 @@ def _parse_file(task: Task, path: Path) -> list[Example]:
             if not isinstance(record, dict):
                 raise DataError(f"{where}: expected a JSON object; expected {task.layout}")
             try:
-                examples.append(task.parse(record))
+                ex = task.parse(record)
             except KeyError as err:
                 raise DataError(f"{where}: missing field {err.args[0]!r}; expected {task.layout}") from None
             except (TypeError, ValueError, IndexError, AttributeError) as err:
                 raise DataError(f"{where}: bad record ({_one_line(err)}); expected {task.layout}") from None
+            if ex.id in first_line:
+                raise DataError(f"{task.name}: {path}: id {_one_line(ex.id, 60)!r} appears on lines "
+                                f"{first_line[ex.id]} and {lineno}; ids must be unique (results resume by id)")
+            if not ex.prompt.strip():
+                raise DataError(f"{where}: example {_one_line(ex.id, 60)!r} has an empty prompt; give it text or "
+                                f"remove the line")
+            first_line[ex.id] = lineno
+            examples.append(ex)
     if not examples:
         raise DataError(f"{task.name}: {path} holds no examples; expected {task.layout}")
     return examples
@@ -155,13 +171,29 @@ def select(examples: list[Example], offset: int = 0, limit: int | None = None) -
     return examples[offset:] if limit is None else examples[offset:offset + limit]
 
 
-def encode_prompt(tok, task: Task, example: Example, max_prompt_tokens: int) -> list[int]:
-    """Token ids of an example's prompt: the chat template for chat tasks when the tokenizer has one; over-long
-    prompts keep their *end* (the question and the generation prompt)."""
+def _template(tok, task: Task, text: str) -> str:
     if task.chat and getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template([{"role": "user", "content": example.prompt}], tokenize=False,
-                                       add_generation_prompt=True)
-    else:
-        text = example.prompt
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    return ids[-max_prompt_tokens:]
+        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+    return text
+
+
+def encode_prompt_checked(tok, task: Task, example: Example, max_prompt_tokens: int) -> tuple[list[int], int]:
+    """(token ids, length before truncation). An over-long prompt keeps the *end* of its text (the question); in a
+    chat template the user message is cut, not the template, so the chat header and generation prompt survive.
+    The caller records the original length, so a truncation is never silent."""
+    ids = tok(_template(tok, task, example.prompt), add_special_tokens=False)["input_ids"]
+    if len(ids) <= max_prompt_tokens:
+        return ids, len(ids)
+    if task.chat and getattr(tok, "chat_template", None):
+        content = tok(example.prompt, add_special_tokens=False)["input_ids"]
+        keep = max_prompt_tokens - (len(ids) - len(content))
+        if keep > 0:
+            cut = tok(_template(tok, task, tok.decode(content[-keep:])), add_special_tokens=False)["input_ids"]
+            if len(cut) <= max_prompt_tokens:
+                return cut, len(ids)
+    return ids[-max_prompt_tokens:], len(ids)
+
+
+def encode_prompt(tok, task: Task, example: Example, max_prompt_tokens: int) -> list[int]:
+    """Token ids of an example's prompt (see encode_prompt_checked)."""
+    return encode_prompt_checked(tok, task, example, max_prompt_tokens)[0]

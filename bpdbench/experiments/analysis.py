@@ -84,6 +84,9 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
         raise ValueError(f"{rescorer} has no alpha to tune; methods with one: ngram2, ngram4, 16best-ngram4, "
                          f"neural-s|m|l, medusa-neural-m, hf-lm")
     trajs = list(trajectories(s))
+    if not trajs:   # nothing to tune on: refuse rather than store alpha 0.0 as if it had been measured
+        raise ValueError(f"{s.cfg.task}: none of the {len(s.examples)} held-out examples has a greedy output of 2+ "
+                         f"tokens, so alpha cannot be tuned; raise --max-new-tokens or --limit")
     scores = {}
     for alpha in grid:
         drafter = s.drafter(parse(f"{method.label}:alpha={alpha}" if ":" not in method.label

@@ -6,22 +6,24 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import RunConfig
-from ..report.results import to_markdown
+from ..report.results import OutputLock, to_markdown
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
 from .session import Log, open_session, out_dir, resolve_methods
 
 
 def oracle(cfg: RunConfig, k: int, resume: bool, log: Log) -> pd.DataFrame:
     ks = tuple(sorted({x for x in replay_lib.KS if x <= k} | {k}))
-    s = open_session(cfg, log)
-    df = replay_lib.oracle_table(s, out_dir(cfg, "oracle"), ks=ks, resume=resume)
+    with OutputLock(out_dir(cfg, "oracle")):          # one writer per folder, before the model loads
+        s = open_session(cfg, log)
+        df = replay_lib.oracle_table(s, out_dir(cfg, "oracle"), ks=ks, resume=resume)
     print(to_markdown(df))
     return df
 
 
 def analyze(cfg: RunConfig, log: Log) -> dict:
-    s = open_session(cfg, log)
-    res = analysis.analyze(s, out_dir(cfg, "analysis"))
+    with OutputLock(out_dir(cfg, "analysis")):
+        s = open_session(cfg, log)
+        res = analysis.analyze(s, out_dir(cfg, "analysis"))
     print(to_markdown(res["repetition"]))
     print(to_markdown(res["entropy"]))
     return res
@@ -33,8 +35,9 @@ def replay(cfg: RunConfig, methods: str, resume: bool, log: Log) -> pd.DataFrame
     if external:
         raise ValueError(f"{', '.join(external)} run transformers' own loop and cannot be replayed; "
                          f"time them with `bpdbench speed`")
-    s = open_session(cfg, log, methods=chosen)
-    df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume)
+    with OutputLock(out_dir(cfg, "replay")):
+        s = open_session(cfg, log, methods=chosen)
+        df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume)
     print(to_markdown(df))
     return df
 

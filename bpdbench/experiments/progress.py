@@ -7,13 +7,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from ..config import RunConfig
 from ..report.results import to_markdown
 from .run import run
-from .session import out_dir, resolve_method, select_examples
+from ..report.results import OutputLock, precheck_run
+from .session import out_dir, preflight, resolve_method
 
 
 def run_with_progress(cfg: RunConfig, console) -> dict:
     cfg = cfg.validate()
-    label = resolve_method(cfg).label        # a bad method or selection fails here, before the bar and the model
-    total = len(select_examples(cfg))
+    method = resolve_method(cfg)             # a bad method, selection, file or --out fails here, before the bar
+    label = method.label
+    total = len(preflight(cfg, methods=[method], log=lambda m: None))   # warnings: once, from the session
+    with OutputLock(out_dir(cfg)):
+        precheck_run(out_dir(cfg), cfg.to_dict(), cfg.resume)
+        return _run_with_bar(cfg, console, label, total)
+
+
+def _run_with_bar(cfg: RunConfig, console, label: str, total: int) -> dict:
     totals = {"tokens": 0, "calls": 0, "seconds": 0.0}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[stats]}"), console=console, transient=False) as bar:

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..engine import Counters, ratios, replay, teacher_forced
 from ..methods import Method
-from ..report.results import resumable
+from ..report.results import AppendOnlyJsonl, resumable
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -41,23 +41,25 @@ def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden
 def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (the first method is the baseline).
     Records are keyed by each method's canonical label."""
-    out.mkdir(parents=True, exist_ok=True)
     drafters = {m.label: s.drafter(m) for m in methods}
     labels = list(drafters)
     meta = s.meta(methods, rescorer_dtype=s.cfg.dtype)   # neural rescorers follow the run's dtype
     key = lambda m: {"config": m.get("config", {}), "heads": m.get("resolved", {}).get("heads"),  # noqa: E731
                      "methods": m.get("methods")}
     ids = {ex.id for ex in s.examples}
-    done = [r for r in resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES) if r["id"] in ids]
-    if done:
-        s.log(f"resuming: {len(done)} examples already replayed in {out}")
-    (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
-    (out / "replay.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
-    totals = {m: Counters() for m in labels}
-    for r in done:
-        totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
-    n_examples = len(done)
-    with open(out / "replay.jsonl", "a") as f:
+    with AppendOnlyJsonl(out, "replay.jsonl", log=s.log) as jsonl:
+        # kept whole: records of examples outside this selection stay in the file (never rewritten away)
+        kept = resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES, file=jsonl)
+        if not resume:
+            jsonl.start_fresh()
+        done = [r for r in kept if r["id"] in ids]
+        if done:
+            s.log(f"resuming: {len(done)} examples already replayed in {out}")
+        (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        totals = {m: Counters() for m in labels}
+        for r in done:
+            totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
+        n_examples = len(done)
         for ex, prompt, greedy, hidden in trajectories(s, skip=frozenset(r["id"] for r in done)):
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(greedy)}
@@ -65,8 +67,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
                 c = replay_one(s, drafter, prompt, greedy, hidden)
                 totals[m] = totals[m].add(c)
                 rec[m] = c.to_dict()
-            f.write(json.dumps(rec) + "\n")
-            f.flush()
+            jsonl.append([rec])
     rows = []
     base = ratios(totals[labels[0]])["block_efficiency"]
     for m in labels:

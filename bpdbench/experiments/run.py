@@ -6,10 +6,12 @@ from typing import Callable
 import torch
 
 from ..config import RunConfig
-from ..report.results import ResultWriter, summarize, write_summary
+from ..methods import Method
+from ..report.results import OutputLock, ResultWriter, precheck_run, summarize, write_summary
+from .certificate import EXACT, LostExamples, certify
 from .reference import first_divergence
+from .session import Log, Session, open_session, out_dir, resolve_method
 from .timing import timed
-from .session import Log, open_session, out_dir, resolve_method
 
 
 @torch.inference_mode()
@@ -22,36 +24,48 @@ def target_nll(model, prompt_ids: list[int], target_ids: list[int]) -> tuple[flo
 
 
 def run(cfg: RunConfig, log: Log = print, progress: Callable[[dict], None] | None = None) -> dict:
+    """Decode, certify, append one record per example; raise LostExamples (after writing every record and the
+    summary) when an example diverged from greedy beyond numerical noise."""
     method = resolve_method(cfg.validate())
     out = out_dir(cfg)
-    s = open_session(cfg, log, methods=[method])
-    drafter = s.drafter(method)
-    meta = s.meta([method])
-    meta["resolved"].update(method=method.label, **s.env.resolved.get(method.label, {}))
-    writer = ResultWriter(out, meta, cfg.resume)
+    with OutputLock(out):                 # a second writer fails here; open_session checks inputs before loading
+        precheck_run(out, cfg.to_dict(), cfg.resume)
+        s = open_session(cfg, log, methods=[method])
+        drafter = s.drafter(method)
+        meta = s.meta([method])
+        heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
+        meta["resolved"].update(method=method.label, **s.env.resolved.get(method.label, {}))
+        meta["resolved"]["heads_files"] = heads_meta
+        with ResultWriter(out, meta, cfg.resume, log) as writer:
+            row = _decode_all(s, method, drafter, writer, progress, meta)
+            write_summary(out, row)
+    if row.get("n_lost"):
+        lost = [r["id"] for r in writer.records if r.get("certificate") == "lost"]
+        raise LostExamples(f"{row['n_lost']} example(s) lost: output differs from greedy beyond numerical noise "
+                           f"({', '.join(lost[:5])}); see certificate_reason in {out / 'examples.jsonl'}")
+    return row
+
+
+def _decode_all(s: Session, method: Method, drafter, writer: ResultWriter, progress, meta: dict) -> dict:
+    cfg, log = s.cfg, s.log
     done = writer.done_ids()
     todo = [ex for ex in s.examples if ex.id not in done]
     if done:
-        log(f"resuming {out}: {len(done)} done, {len(todo)} to go")
+        log(f"resuming {writer.out}: {len(done)} done, {len(todo)} to go")
     is_ar = method.label == "ar"
+    width = s.env.resolved.get(method.label, {}).get("heads") or cfg.heads
     for ex in todo:
-        prompt_ids = s.prompt(ex)
+        prompt_ids, full = s.prompt_info(ex)
         if not is_ar:
             s.with_reference(drafter, prompt_ids)
         seconds, gen = timed(lambda: s.decode(drafter, prompt_ids), s.model.device)
-        record = {"id": ex.id, "category": ex.category, "prompt_tokens": len(prompt_ids), "seconds": seconds,
-                  **gen.counters.to_dict()}
+        record = {"id": ex.id, "category": ex.category, "prompt_tokens": len(prompt_ids),
+                  "prompt_truncated_from": full, "seconds": seconds, **gen.counters.to_dict()}
         if is_ar:
             s.reference.put(prompt_ids, s.limits, gen.tokens, seconds)
-            record.update(lossless=True, first_divergence=None, ref_seconds=seconds)
+            record.update(lossless=True, first_divergence=None, ref_seconds=seconds, **EXACT.to_record())
         elif cfg.check_lossless:
-            ref_tokens, ref_seconds = s.reference.get(prompt_ids, s.limits)
-            div = first_divergence(gen.tokens, ref_tokens)
-            record.update(lossless=div is None, first_divergence=div, ref_seconds=ref_seconds)
-            if div is not None:
-                why = ("a near-tie that a block forward and a 1-token forward round differently"
-                       if cfg.dtype != "float32" else "in float32 this is a bug: please report it")
-                log(f"example {ex.id}: output diverges from greedy at token {div} ({cfg.dtype}: {why})")
+            record.update(_certified(s, ex.id, prompt_ids, gen.tokens, width))
         text = s.tok.decode(gen.tokens, skip_special_tokens=True)
         record.update(output=text, output_ids=gen.tokens, quality=s.task.score(ex, text))
         if ex.target:
@@ -60,6 +74,24 @@ def run(cfg: RunConfig, log: Log = print, progress: Callable[[dict], None] | Non
         writer.append(record)
         if progress:
             progress(record)
-    row = summarize(writer.records, meta, s.task.metrics)
-    write_summary(out, row)
-    return row
+    return summarize(writer.records, meta, s.task.metrics)
+
+
+def _certified(s: Session, ex_id: str, prompt_ids: list[int], tokens: list[int], width: int) -> dict:
+    """Compare with greedy and certify the divergence; a reference that greedy decoding no longer reproduces is
+    recomputed (with a warning naming its file) and the example certified again."""
+    ref_tokens, ref_seconds = s.reference.get(prompt_ids, s.limits)
+    cert = certify(s.model, prompt_ids, tokens, ref_tokens, s.cfg.dtype, width)
+    if not cert.reference_ok and ref_seconds is None:
+        log_path = s.reference.path(prompt_ids, s.limits)
+        s.log(f"warning: greedy reference {log_path} disagrees with greedy decoding ({cert.reason}); recomputed")
+        ref_tokens, ref_seconds = s.reference.recompute(prompt_ids, s.limits)
+        cert = certify(s.model, prompt_ids, tokens, ref_tokens, s.cfg.dtype, width)
+    div = first_divergence(tokens, ref_tokens)
+    if cert.certificate == "near_tie":
+        s.log(f"example {ex_id}: diverges from greedy at token {div}: near-tie ({cert.reason})")
+    elif cert.certificate == "lost":
+        s.log(f"LOST example {ex_id}: diverges from greedy at token {div}: {cert.reason}")
+    rec = cert.to_record()
+    rec["certificate_reason"] = rec.pop("reason")
+    return {"lossless": div is None, "first_divergence": div, "ref_seconds": ref_seconds, **rec}

@@ -19,6 +19,7 @@ from ..config import ConfigError, RunConfig, environment
 from ..engine import Drafter, Generation, Limits, generate
 from ..methods import Env, Method, MethodError, parse, parse_list
 from ..methods.registry import canonical
+from . import artefacts
 from .reference import GreedyReference
 
 Log = Callable[[str], None]
@@ -71,12 +72,27 @@ def select_examples(cfg: RunConfig, heldout: bool = False, per_category: int | N
             if seen[ex.category] <= per_category:
                 chosen.append(ex)
         return chosen
+    if heldout and not pool:
+        raise ConfigError(f"{cfg.task} has no held-out examples ({len(examples)} examples, all evaluated); tune on "
+                          f"a task with a held-out slice, or pass --alpha / alpha= instead of tuning")
     chosen = task_registry.select(pool, cfg.offset, cfg.limit)
     if not chosen:
         which = "held-out" if heldout else "evaluated"
         raise ConfigError(f"{cfg.task}: no examples selected ({len(pool)} {which} examples, --offset "
                           f"{cfg.offset}); lower --offset or add data")
     return chosen
+
+
+def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = None,
+              methods: list[Method] | None = None, log: Log = print) -> list:
+    """Everything that can be checked without loading the model: options, data, model folder, heads files against
+    their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
+    and before any model loads, so a bad input costs a second, not a model load."""
+    cfg = cfg.validate()
+    examples = select_examples(cfg, heldout, per_category)
+    artefacts.check_model_files(cfg.model, cfg.dtype)
+    artefacts.check_heads(cfg, methods, log)
+    return examples
 
 
 @dataclass
@@ -94,7 +110,18 @@ class Session:
     extra: dict = field(default_factory=dict)
 
     def prompt(self, example) -> list[int]:
-        return task_registry.encode_prompt(self.tok, self.task, example, self.cfg.max_prompt_tokens)
+        return self.prompt_info(example)[0]
+
+    def prompt_info(self, example) -> tuple[list[int], int | None]:
+        """(prompt ids, original token count when the prompt was truncated else None); warns on the first one."""
+        ids, n = task_registry.encode_prompt_checked(self.tok, self.task, example, self.cfg.max_prompt_tokens)
+        if n <= len(ids):
+            return ids, None
+        if not self.extra.get("warned_truncation"):
+            self.extra["warned_truncation"] = True
+            self.log(f"warning: example {example.id}: prompt of {n} tokens truncated to its last "
+                     f"{len(ids)} (max_prompt_tokens); recorded per example as prompt_truncated_from")
+        return ids, n
 
     def drafter(self, method: Method) -> Drafter:
         if method.spec.external:
@@ -137,7 +164,7 @@ def open_session(cfg: RunConfig, log: Log = print, heldout: bool = False, per_ca
     """Validate everything, then load. `methods` are parsed by the caller first, so a typo never waits for a model."""
     cfg = cfg.validate()
     task = task_registry.get_task(cfg.task)
-    examples = select_examples(cfg, heldout, per_category)
+    examples = preflight(cfg, heldout, per_category, methods, log)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     threads = torch.get_num_threads()
@@ -145,5 +172,5 @@ def open_session(cfg: RunConfig, log: Log = print, heldout: bool = False, per_ca
     limits = Limits(cfg.max_new_tokens or task.max_new_tokens, eos_ids(model, tok))
     env = Env(model, tok, cfg, limits, log)
     greedy = Path(cfg.greedy_dir) if cfg.greedy_dir else paths.greedy_dir()
-    reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy)
+    reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy, log)
     return Session(cfg, task, examples, model, tok, limits, env, reference, threads, log)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..methods import Method, MethodUnavailable, Output, parse
-from ..report.results import resumable
+from ..report.results import AppendOnlyJsonl, OutputLock, resumable
 from .reference import first_divergence
 from .session import Log, open_session, out_dir, resolve_methods
 from .timing import interleaved, median
@@ -96,13 +96,20 @@ def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> N
                 f"prompts (prompt@token: {', '.join(firsts)}); excluded from its speedup, tokens and seconds")
 
 
-def _resumable(out: Path, config: dict, resume: bool) -> list[dict]:
+def by_prompt_method(record: dict) -> tuple:
+    return record.get("id"), record.get("method")
+
+
+def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) -> list[dict]:
     """Records of prompts an interrupted run with the same settings and heads measured with every method."""
     key = lambda m: {**{k: m.get(k) for k in ("config", "methods", "repeats", "per_category")},  # noqa: E731
                      "heads": m.get("resolved", {}).get("heads")}
-    records = resumable(out, "speed.jsonl", config, key, resume, ignore=("threads",))
+    records = resumable(out, "speed.jsonl", config, key, resume, ignore=("threads",), file=jsonl)
     per_id = Counter(r["id"] for r in records)
-    return [r for r in records if per_id[r["id"]] == len(config["methods"])]
+    complete = [r for r in records if per_id[r["id"]] == len(config["methods"])]
+    if len(complete) < len(records):      # a prompt measured by only some methods is measured again, whole
+        jsonl.rewrite(complete)
+    return complete
 
 
 def run(cfg: RunConfig, methods: str | list[str], repeats: int = 3, per_category: int | None = None,
@@ -115,33 +122,37 @@ def run(cfg: RunConfig, methods: str | list[str], repeats: int = 3, per_category
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     out = out_dir(cfg, "speed")
-    s = open_session(cfg, log, per_category=per_category, methods=chosen)
+    with OutputLock(out):                  # one writer per folder, taken before the model loads
+        s = open_session(cfg, log, per_category=per_category, methods=chosen)
+        with AppendOnlyJsonl(out, "speed.jsonl", by_prompt_method, log) as jsonl:
+            return _measure_all(s, cfg, chosen, repeats, per_category, resume, out, jsonl, log)
+
+
+def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_category: int | None, resume: bool,
+                 out: Path, jsonl: AppendOnlyJsonl, log: Log) -> Path:
     fns, skipped = decoders(s, chosen, log)
     args = {k: v for k, v in cfg.to_dict().items() if k not in UNUSED}
     config = s.meta(chosen, repeats=repeats, per_category=per_category)
     config["config"], config["methods"] = args, list(fns)
     config["resolved"]["skipped"] = skipped
     config = json.loads(json.dumps(config, default=str))
-    out.mkdir(parents=True, exist_ok=True)
-    records = _resumable(out, config, resume)
+    records = _resumable(out, config, resume, jsonl)
+    if not resume:
+        jsonl.start_fresh()
     if records:
         log(f"resuming: {len({r['id'] for r in records})} prompts already measured in {out}")
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / "speed.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     prompts = [s.prompt(ex) for ex in s.examples]
     for fn in fns.values():  # warm-up: allocator, oneDNN kernels, HF's first-call setup
         fn(prompts[0])
     done = {r["id"] for r in records}
-    with open(out / "speed.jsonl", "a") as f:
-        for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):
-            if ex.id in done:
-                continue
-            recs = measure(fns, ex, prompt, repeats, s.model.device)
-            f.write("".join(json.dumps(r) + "\n" for r in recs))
-            f.flush()
-            records += recs
-            log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
-                f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))
+    for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):
+        if ex.id in done:
+            continue
+        recs = measure(fns, ex, prompt, repeats, s.model.device)
+        records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
+        log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
+            f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))
     summary = summarize(records)
     summary.to_csv(out / "speed.csv", index=False)
     if any(r["category"] for r in records):

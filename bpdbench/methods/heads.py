@@ -85,6 +85,12 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     if n > heads.num_heads:
         raise MethodError(f"{method.label}: heads={n} but the heads have only {heads.num_heads}")
     k = method.get("k", env.cfg.k)
+    width = len(heads.shortlist) if heads.shortlist is not None else env.model.lm_head.out_features
+    if heads.proj is not None:
+        width = heads.proj[0].out_features
+    if k > width and "k" in {p.name for p in method.spec.params}:
+        raise MethodError(f"{method.label}: k={k} exceeds the heads' drafting vocabulary of {width} tokens "
+                          f"(shortlist); pass --k {width} or less")
     threshold = method.get("threshold", env.cfg.draft_threshold)
     if rescorer == "hf" and not method.get("model"):
         raise MethodError(f"{method.label}: name the rescoring model, e.g. hf-lm:model=qwen2.5-coder-0.5b")

@@ -33,6 +33,8 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
         raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")
     heads.pack(model.lm_head)
     training = hcfg.get("bpdbench", {}).get("training", {})
-    meta = {"path": str(path), **{k: training[k] for k in ("profile", "seconds", "greedy_positions", "heldout")
-                                  if k in training}}
+    meta = {"path": str(path), "shortlist": hcfg.get("shortlist"),
+            **{k: training[k] for k in ("profile", "seconds", "greedy_positions", "heldout") if k in training}}
+    if str(hcfg.get("shortlist", "")).startswith("MISSING"):
+        log(f"warning: {hcfg['shortlist']}")
     return heads, meta

@@ -1,43 +1,308 @@
 """Result files: per-example JSONL (appended as each example finishes), then summary CSV/Markdown from it.
 
 The JSONL is the source of truth: summaries, tables and plots are rendered from files, never from stdout, and an
-interrupted run resumes by skipping ids already in the JSONL (losing at most the example in flight).
+interrupted run resumes by skipping ids already in the JSONL. Every command that appends (run, replay, oracle,
+speed, analyze) goes through `OutputLock` + `AppendOnlyJsonl`, so that:
+
+- one directory has one writer: a second process fails at once, naming the pid that holds the lock (flock is
+  released by the kernel when the holder dies, so a `kill -9` never leaves a stale lock);
+- a record is one `write` of one line, flushed and fsynced before the next example starts: `kill -9` at any
+  moment loses at most the example in flight;
+- a torn last line (a crash mid-write) is cut off before anything is appended, and a line that a crash glued to the
+  next record is split back into the complete record it holds, so no finished example is lost;
+- a record whose key (id) is already in the file is never counted twice.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import socket
+import sys
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import pandas as pd
 
 from ..engine.counters import Counters, ratios
 
 EXAMPLES, SUMMARY_CSV, SUMMARY_MD, CONFIG = "examples.jsonl", "summary.csv", "summary.md", "config.json"
+LOCK = ".bpdbench.lock"
+Key = Callable[[dict], object]
+
+
+def by_id(record: dict) -> object:
+    return record.get("id")
+
+
+class OutputBusy(FileExistsError):
+    """Another live process writes into the same result directory."""
+
+
+class OutputLock:
+    """An exclusive, non-blocking lock on a result directory, held for the whole command.
+
+    Re-entrant within one process (the CLI takes it before the model loads, the library function that writes takes
+    it again), because flock locks of two descriptors of one process would otherwise exclude each other."""
+    _held: dict[Path, list] = {}        # resolved dir -> [fd, depth]
+
+    def __init__(self, out: Path):
+        self.out = Path(out)
+
+    def __enter__(self) -> "OutputLock":
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def acquire(self) -> None:
+        key = self.out.resolve()
+        if key in self._held:
+            self._held[key][1] += 1
+            return
+        created = not self.out.exists()
+        ensure_writable_dir(self.out)
+        path = self.out / LOCK
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "unknown process"
+            os.close(fd)
+            raise OutputBusy(f"{self.out} is being written by another bpdbench ({holder}); wait for it to finish "
+                             f"or pass a different --out") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv[:3])}\n".encode(), 0)
+        self._held[key] = [fd, 1, created]
+
+    def release(self) -> None:
+        key = self.out.resolve()
+        entry = self._held.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self._held[key]
+            os.close(entry[0])       # closing the descriptor releases the flock
+            if entry[2] and [p.name for p in self.out.iterdir()] == [LOCK]:
+                (self.out / LOCK).unlink()      # a command that failed before writing leaves no empty folder
+                self.out.rmdir()
+
+
+def ensure_writable_dir(out: Path) -> None:
+    """Create `out` (and parents) now, so a file in the way or an unwritable place is one line before any model
+    loads, not an errno after it."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file, not a directory; pass a directory path")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise FileExistsError(f"--out {out}: {parent} is a file, not a directory; pass a directory path")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise FileNotFoundError(f"--out {out} cannot be created ({e.strerror}); pass a writable directory") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise FileNotFoundError(f"--out {out} is not writable; pass a writable directory")
+
+
+def _salvage(line: str) -> dict | None:
+    """The complete record at the end of a line a crash glued to its successor (`{"id": "p2", "se{...}`)."""
+    decoder = json.JSONDecoder()
+    for i, ch in enumerate(line):
+        if ch == "{" and i:
+            try:
+                obj, end = decoder.raw_decode(line, i)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict) and not line[end:].strip():
+                return obj
+    return None
+
+
+def repair(path: Path, log: Callable[[str], None] = print) -> int:
+    """Cut a torn last line off `path` and split glued lines back into their complete records (atomically, with a
+    warning). Returns the number of bytes dropped; raises on a corrupt line that holds no complete record."""
+    if not path.exists():
+        return 0
+    raw = path.read_bytes()
+    body, _, tail = raw.rpartition(b"\n")
+    good = body + b"\n" if body or raw.startswith(b"\n") else b""
+    if tail.strip():                    # no trailing newline: the line in flight when the process died
+        try:
+            json.loads(tail)
+            good, tail = raw + b"\n", b""   # a whole record whose newline was lost: keep it
+        except ValueError:
+            pass
+    dropped = len(raw) - len(good) if good != raw and tail.strip() else 0
+    lines, fixed = [], False
+    for i, line in enumerate(good.decode("utf-8", "replace").splitlines()):
+        if not line.strip():
+            continue
+        try:
+            json.loads(line)
+            lines.append(line)
+        except ValueError:
+            rec = _salvage(line)
+            if rec is None:
+                raise ValueError(f"{path}:{i + 1}: corrupt line holding no complete record; delete that line and "
+                                 f"rerun with --resume") from None
+            lines.append(json.dumps(rec))
+            fixed = True
+    if good != raw or fixed:
+        tmp = path.with_name(path.name + ".repair")
+        with open(tmp, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        log(f"warning: {path}: cut {dropped} bytes of a torn last line (the example in flight when a run died)"
+            + ("; split a glued line back into its complete record" if fixed else ""))
+    return dropped
+
+
+def read_examples(path: Path, key: Key = by_id) -> list[dict]:
+    """Records of a JSONL, each key once (the first copy: a file written twice is never double counted); a torn
+    last line (a crash mid-write) is ignored, a glued line yields its complete record."""
+    records, seen = [], set()
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = _salvage(line)
+            if rec is None:
+                if i == len(lines) - 1:
+                    continue
+                raise ValueError(f"{path}:{i + 1}: corrupt JSON line; delete it and rerun with --resume") from None
+        k = key(rec)
+        if k in seen:
+            continue
+        seen.add(k)
+        records.append(rec)
+    return records
+
+
+class AppendOnlyJsonl:
+    """The one way result records reach disk: locked directory, repaired tail, one fsynced line per record."""
+
+    def __init__(self, out: Path, name: str, key: Key = by_id, log: Callable[[str], None] = print):
+        self.out, self.path, self.key, self.log = Path(out), Path(out) / name, key, log
+        self.lock = OutputLock(self.out)
+        self.lock.acquire()
+        self.keys: set = set()
+
+    def __enter__(self) -> "AppendOnlyJsonl":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def existing(self) -> list[dict]:
+        """What earlier runs finished (after repairing a crash's torn tail)."""
+        if not self.path.exists():
+            return []
+        repair(self.path, self.log)
+        records = read_examples(self.path, self.key)
+        self.keys = {self.key(r) for r in records}
+        return records
+
+    def start_fresh(self) -> None:
+        """An explicit restart (no --resume on a command that replaces its results)."""
+        with open(self.path, "w") as f:
+            os.fsync(f.fileno())
+        self.keys = set()
+
+    def rewrite(self, records: list[dict]) -> None:
+        """Replace the file atomically (write, fsync, rename): used only to drop incomplete groups of records."""
+        tmp = self.path.with_name(self.path.name + ".rewrite")
+        with open(tmp, "w") as f:
+            f.write("".join(json.dumps(r, default=_json_default) + "\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self.keys = {self.key(r) for r in records}
+
+    def append(self, records: Iterable[dict]) -> list[dict]:
+        """Append records not already in the file, in one write; returns those written."""
+        new = [r for r in records if self.key(r) not in self.keys]
+        if not new:
+            return []
+        with open(self.path, "a") as f:
+            f.write("".join(json.dumps(r, default=_json_default) + "\n" for r in new))
+            f.flush()
+            os.fsync(f.fileno())
+        self.keys.update(self.key(r) for r in new)
+        return new
 
 
 class ResultWriter:
-    def __init__(self, out: Path, config: dict, resume: bool):
-        self.out = out
-        self.path = out / EXAMPLES
-        if self.path.exists() and not resume:
-            raise FileExistsError(f"{self.path} exists; pass --resume to continue it or --out to write elsewhere")
-        out.mkdir(parents=True, exist_ok=True)
-        self.records = resumable(out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,
-                                 ignore=("resume", "limit", "offset", "out"))
-        (out / CONFIG).write_text(json.dumps(config, indent=2, default=str))
+    """examples.jsonl of one `run`: refuses to mix with an earlier run unless --resume and the settings match."""
+
+    def __init__(self, out: Path, config: dict, resume: bool, log: Callable[[str], None] = print):
+        self.out = Path(out)
+        self.path = self.out / EXAMPLES
+        self.file = AppendOnlyJsonl(self.out, EXAMPLES, by_id, log)   # lock first: a second writer fails here
+        try:
+            if self.path.exists() and self.path.stat().st_size and not resume:
+                raise FileExistsError(f"{self.path} exists; pass --resume to continue it or --out to write "
+                                      f"elsewhere")
+            self.records = resumable(self.out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,
+                                     ignore=RUN_RESUME_IGNORES, file=self.file)
+            _write_atomic(self.out / CONFIG, json.dumps(config, indent=2, default=str))
+        except BaseException:
+            self.file.close()
+            raise
+
+    def __enter__(self) -> "ResultWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.file.close()
 
     def done_ids(self) -> set[str]:
         return {r["id"] for r in self.records}
 
     def append(self, record: dict) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record, default=_json_default) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        self.records.append(record)
+        if self.file.append([record]):
+            self.records.append(record)
+
+
+def precheck_run(out: Path, config: dict, resume: bool) -> None:
+    """The checks ResultWriter makes, made before the model loads and before the progress bar: an existing
+    examples.jsonl without --resume, or --resume with other settings, is one line now rather than after loading."""
+    path = Path(out) / EXAMPLES
+    if not path.exists() or not path.stat().st_size:
+        return
+    if not resume:
+        raise FileExistsError(f"{path} exists; pass --resume to continue it or --out to write elsewhere")
+    if (Path(out) / CONFIG).exists():
+        try:
+            old = json.loads((Path(out) / CONFIG).read_text()).get("config", {})
+        except ValueError:
+            raise ValueError(f"{Path(out) / CONFIG} is corrupt; pass a new --out (examples.jsonl is kept)") from None
+        changed = _differences({"config": old}, {"config": json.loads(json.dumps(config, default=str))},
+                               RUN_RESUME_IGNORES)
+        if changed:
+            raise ValueError(f"cannot resume {out}: its config.json differs in {', '.join(changed)}; "
+                             f"pass a new --out or drop --resume")
+
+
+# a resumed run may ask for more examples, start elsewhere, or use another number of threads
+RUN_RESUME_IGNORES = ("resume", "limit", "offset", "out", "threads")
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def _json_default(o):
@@ -47,7 +312,7 @@ def _json_default(o):
 
 
 def resumable(out: Path, jsonl: str, config: dict, key: Callable[[dict], dict], resume: bool,
-              ignore: tuple[str, ...] = ()) -> list[dict]:
+              ignore: tuple[str, ...] = (), file: AppendOnlyJsonl | None = None) -> list[dict]:
     """Records an interrupted run in `out` already wrote, when `key` of its config.json equals `key(config)` (fields
     in `ignore`, e.g. limit or threads, may change). One check for run, replay and speed, so every --resume refuses
     to mix results made with other settings or heads in the same words."""
@@ -59,7 +324,9 @@ def resumable(out: Path, jsonl: str, config: dict, key: Callable[[dict], dict], 
     if changed:
         raise ValueError(f"cannot resume {out}: its config.json differs in {', '.join(changed)}; "
                          f"pass a new --out or drop --resume")
-    return read_examples(path)   # tolerates the torn last line a crash leaves
+    if file is not None:
+        return file.existing()
+    return read_examples(path)
 
 
 def _differences(a: dict, b: dict, ignore: tuple[str, ...]) -> list[str]:
@@ -72,19 +339,6 @@ def _differences(a: dict, b: dict, ignore: tuple[str, ...]) -> list[str]:
         elif k not in ignore and x != y:
             out.append(k)
     return out
-
-
-def read_examples(path: Path) -> list[dict]:
-    """Read the JSONL, ignoring a torn last line left by a crash mid-write."""
-    records = []
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i != len(lines) - 1:
-                raise ValueError(f"{path}:{i + 1}: corrupt JSON line; delete it and rerun with --resume") from None
-    return records
 
 
 def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...]) -> dict:
@@ -102,6 +356,7 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
            "new_tokens": total.new_tokens, "serial_calls": total.serial_calls,
            **{k: v for k, v in ratios(total).items() if not k.startswith("head")},
            "lossless_rate": _mean([r["lossless"] for r in records if r.get("lossless") is not None]),
+           **certificate_counts(records),
            "seconds": round(seconds, 3), "tokens_per_s": total.new_tokens / seconds if seconds else float("nan")}
     ref = [r for r in records if r.get("ref_seconds") is not None]
     if ref and method != "ar":  # same examples, same tokens, in the same run: a like-for-like speed ratio
@@ -113,6 +368,18 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
         row["target_ppl"] = math.exp(sum(x for x, _ in nll) / sum(n for _, n in nll))
     row["accepted_per_head"] = " ".join(str(x) for x in total.accepted_per_head)
     return row
+
+
+def certificate_counts(records: list[dict]) -> dict:
+    """n_exact / n_near_tie / n_lost: a bfloat16 lossless_rate below 1 reads as exact + near-tie, never bare.
+    Records written before certificates existed count as exact when lossless, else as uncertified."""
+    counts = {"n_exact": 0, "n_near_tie": 0, "n_lost": 0, "n_uncertified": 0}
+    for r in records:
+        cert = r.get("certificate") or ("exact" if r.get("lossless") else None)
+        counts[f"n_{cert}" if f"n_{cert}" in counts else "n_uncertified"] += 1
+    if not counts["n_uncertified"]:
+        del counts["n_uncertified"]
+    return counts
 
 
 def _mean(values: list) -> float:
