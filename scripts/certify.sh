@@ -20,7 +20,7 @@ for t in $TASKS; do
 done
 .venv/bin/python - "$OUT" <<'PY'
 import sys, pathlib, pandas as pd
-from bpdbench.report.results import to_markdown
+from bpdbench.report.summary import to_markdown
 root = pathlib.Path(sys.argv[1])
 rows = [pd.read_csv(p) for p in sorted(root.glob("*/summary.csv"))]
 df = pd.concat(rows)[["task", "method", "dtype", "n_examples", "new_tokens", "block_efficiency", "lossless_rate"]]

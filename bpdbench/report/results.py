@@ -23,11 +23,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable
 
-import pandas as pd
-
-from ..engine.counters import Counters, ratios
-
-EXAMPLES, SUMMARY_CSV, SUMMARY_MD, CONFIG = "examples.jsonl", "summary.csv", "summary.md", "config.json"
+EXAMPLES, CONFIG = "examples.jsonl", "config.json"
 LOCK = ".bpdbench.lock"
 Key = Callable[[dict], object]
 
@@ -339,64 +335,3 @@ def _differences(a: dict, b: dict, ignore: tuple[str, ...]) -> list[str]:
         elif k not in ignore and x != y:
             out.append(k)
     return out
-
-
-def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...]) -> dict:
-    """One summary row; every ratio is a ratio of sums."""
-    total = Counters()
-    for r in records:
-        total = total.add(Counters.from_dict(r))
-    cfg, res = config["config"], config["resolved"]
-    method = res.get("method", cfg["method"])
-    seconds = sum(r["seconds"] for r in records)
-    row = {"task": cfg["task"], "model": cfg["model"], "method": method, "rescorer": res.get("rescorer"),
-           "heads": res.get("n_heads", 0) if method != "ar" else 0, "alpha": config["resolved"].get("alpha"),
-           "k": config["resolved"].get("k"), "p": config["resolved"].get("p"), "dtype": cfg["dtype"],
-           "n_examples": len(records),
-           "new_tokens": total.new_tokens, "serial_calls": total.serial_calls,
-           **{k: v for k, v in ratios(total).items() if not k.startswith("head")},
-           "lossless_rate": _mean([r["lossless"] for r in records if r.get("lossless") is not None]),
-           **certificate_counts(records),
-           "seconds": round(seconds, 3), "tokens_per_s": total.new_tokens / seconds if seconds else float("nan")}
-    ref = [r for r in records if r.get("ref_seconds") is not None]
-    if ref and method != "ar":  # same examples, same tokens, in the same run: a like-for-like speed ratio
-        row["speedup_vs_ar"] = sum(r["ref_seconds"] for r in ref) / sum(r["seconds"] for r in ref)
-    for m in quality_metrics:
-        row[m] = _mean([r["quality"].get(m) for r in records])
-    nll = [r["target_nll"] for r in records if r.get("target_nll") is not None]
-    if nll:
-        row["target_ppl"] = math.exp(sum(x for x, _ in nll) / sum(n for _, n in nll))
-    row["accepted_per_head"] = " ".join(str(x) for x in total.accepted_per_head)
-    return row
-
-
-def certificate_counts(records: list[dict]) -> dict:
-    """n_exact / n_near_tie / n_lost: a bfloat16 lossless_rate below 1 reads as exact + near-tie, never bare.
-    Records written before certificates existed count as exact when lossless, else as uncertified."""
-    counts = {"n_exact": 0, "n_near_tie": 0, "n_lost": 0, "n_uncertified": 0}
-    for r in records:
-        cert = r.get("certificate") or ("exact" if r.get("lossless") else None)
-        counts[f"n_{cert}" if f"n_{cert}" in counts else "n_uncertified"] += 1
-    if not counts["n_uncertified"]:
-        del counts["n_uncertified"]
-    return counts
-
-
-def _mean(values: list) -> float:
-    values = [float(v) for v in values if v is not None]
-    return sum(values) / len(values) if values else float("nan")
-
-
-def write_summary(out: Path, row: dict) -> pd.DataFrame:
-    df = pd.DataFrame([row])
-    df.to_csv(out / SUMMARY_CSV, index=False)
-    (out / SUMMARY_MD).write_text(to_markdown(df))
-    return df
-
-
-def to_markdown(df: pd.DataFrame) -> str:
-    """GitHub table without the `tabulate` dependency."""
-    def fmt(v) -> str:
-        return f"{v:.3f}" if isinstance(v, float) else str(v)
-    head = "| " + " | ".join(map(str, df.columns)) + " |\n|" + "---|" * len(df.columns) + "\n"
-    return head + "".join("| " + " | ".join(fmt(v) for v in row) + " |\n" for row in df.itertuples(index=False))
