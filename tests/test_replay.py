@@ -72,8 +72,10 @@ def all_methods(model_dir) -> list[str]:
     for name, spec in REGISTRY.items():
         if spec.external:
             continue
-        out.append({"hf-lm": f"hf-lm:model={model_dir}", "oracle": "oracle:k=4"}.get(name, name))
-    return out + ["bpd:heads=2", "bpd:threshold=0.3", "medusa:tree=auto", "ngram4:alpha=2", "pld:tokens=3,ngram=1"]
+        out.append({"hf-lm": f"hf-lm:model={model_dir}", "oracle": "oracle:k=4",
+                    "sps": f"sps:model={model_dir}"}.get(name, name))
+    return out + ["bpd:heads=2", "bpd:threshold=0.3", "medusa:tree=auto", "ngram4:alpha=2", "pld:tokens=3,ngram=1",
+                  f"sps:model={model_dir},gamma=2,schedule=heuristic"]
 
 
 @pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])

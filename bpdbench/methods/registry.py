@@ -15,8 +15,9 @@ from .heads import SPECS as HEADS
 from .hf import SPECS as HF
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
+from .sps import SPECS as SPS
 
-REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, HF) for s in group}
+REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, HF) for s in group}
 
 # old spelling -> (method, parameters); regex aliases carry a parameter in the name
 ALIASES: dict[str, str] = {"none": "bpd", "medusa-auto": "medusa:tree=auto"}

@@ -1,0 +1,154 @@
+"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), greedy, in our loop.
+
+A smaller same-tokenizer causal LM drafts γ tokens autoregressively (argmax) and the target verifies them in one
+forward. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
+this drafter runs inside our decode loop, so it is counted step by step, replayed, and compared with every other
+drafter on the same terms. The drafter keeps its own KV cache in step with what the target decided: after each
+step the rejected draft suffix is cropped, and the next proposal feeds only the tokens the cache has not seen (the
+bonus token, plus the last accepted draft token, which was drafted but never fed). Each proposed token carries its
+draft probability q(token) so a later speculative-sampling rule can use it; greedy acceptance ignores it.
+
+γ schedules: `fixed`, or transformers' `heuristic` (AssistedCandidateGenerator.update_candidate_strategy): after a
+step that accepted the whole draft γ += 2, otherwise γ = max(1, γ - 1); the drafter learns acceptance from
+`observe` (decided tokens - 1 = accepted draft tokens), so real decoding and replay adapt identically.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from ..engine import DraftContext, Proposal
+from .base import Method, MethodError, MethodSpec, Param
+from .env import Env
+
+# target -> the default same-tokenizer draft model (the only pair of registered models that shares a tokenizer)
+DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+SCHEDULES = ("fixed", "heuristic")
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class DraftModelDrafter:
+    """Greedy drafts from a second causal LM that keeps its own KV cache aligned with the decided context.
+
+    Invariant: the draft cache holds the keys/values of exactly `self.fed` (a prefix of the decided context once
+    `observe` has run), so a step costs the draft model one forward over the unseen decided tokens plus one per
+    further drafted token, never a re-prefill."""
+
+    def __init__(self, name: str, model: Any, gamma: int = 4, schedule: str = "fixed"):
+        if schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+        self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
+        self.gamma = gamma
+        self.cache = DynamicCache()
+        self.fed: list[int] = []         # tokens whose keys/values are in self.cache, in order
+        self.decided: list[int] = []     # prompt + decided tokens, as observe reports them
+        self.drafted: int | None = None  # length of the last proposal, None before the first
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        """A new example: empty cache, γ back to its start value (the heuristic adapts per example, as HF does
+        per `generate` call)."""
+        self.gamma = self.gamma0
+        self.cache = DynamicCache()
+        self.fed, self.decided, self.drafted = [], list(prompt_ids), None
+
+    def _crop_to(self, tokens: list[int], keep_last_unfed: bool) -> None:
+        """Roll the cache back to the longest prefix of `tokens` it holds; with `keep_last_unfed`, at most
+        len(tokens) - 1 so the last token is fed again and yields the next-token logits."""
+        keep = _common_prefix(self.fed, tokens)
+        if keep_last_unfed:
+            keep = min(keep, len(tokens) - 1)
+        if keep < len(self.fed):
+            self.cache.crop(keep - len(self.fed))   # transformers 5: a negative count of tokens to drop
+            self.fed = self.fed[:keep]
+
+    def _forward(self, ids: list[int]) -> torch.Tensor:
+        """Feed `ids` after the cached prefix; the logits [V] after the last one."""
+        x = torch.tensor([ids], device=self.model.device)
+        out = self.model(input_ids=x, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        self.fed.extend(ids)
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        n = min(self.gamma, ctx.budget)
+        self.drafted = max(n, 0)
+        if n <= 0:
+            return Proposal()
+        self._crop_to(ctx.tokens, keep_last_unfed=True)
+        logits = self._forward(ctx.tokens[len(self.fed):])
+        draft: list[int] = []
+        probs: list[float] = []
+        for i in range(n):
+            p = torch.softmax(logits, dim=-1)
+            t = int(torch.argmax(p))
+            draft.append(t)
+            probs.append(float(p[t]))
+            if i + 1 < n:                  # the last drafted token is fed next step, only if it is accepted
+                logits = self._forward([t])
+        return Proposal([draft], probs=[probs])
+
+    def observe(self, tokens: list[int]) -> None:
+        """Drop the rejected draft suffix from the cache now and adapt γ to the acceptance the step shows."""
+        self.decided.extend(tokens)
+        self._crop_to(self.decided, keep_last_unfed=False)
+        if self.drafted and self.schedule == "heuristic":
+            accepted = len(tokens) - 1
+            self.gamma = self.gamma + 2 if accepted >= self.drafted else max(1, self.gamma - 1)
+        self.drafted = None
+
+
+def _draft_name(env: Env, method: Method) -> str:
+    name = method.get("model") or DEFAULT_DRAFT.get(env.cfg.model)
+    if not name:
+        raise MethodError(f"{method.label}: no default draft model for target {env.cfg.model}; name one: "
+                          f"sps:model=<registered name or HF folder> (same tokenizer as the target)")
+    return name
+
+
+def build(env: Env, method: Method) -> DraftModelDrafter:
+    """Load the draft model (or share the target's weights when it drafts for itself) and check the tokenizers."""
+    from .. import models
+    name = _draft_name(env, method)
+    gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
+    if name == env.cfg.model:
+        draft_model, draft_tok = env.model, env.tok   # own cache, shared weights: no second copy in memory
+    else:
+        try:
+            draft_model, draft_tok = models.load(name, env.cfg.dtype, env.cfg.device)
+        except (models.ModelError, ModuleNotFoundError) as e:
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise MethodError(f"{method.label}: cannot load draft model {name} ({first}); "
+                              f"pass sps:model=<name or path>") from None
+    if draft_tok.get_vocab() != env.tok.get_vocab():
+        raise MethodError(f"{method.label}: draft model {name} has a different tokenizer from target "
+                          f"{env.cfg.model}; sps needs the same vocabulary (try hf-assisted for different ones)")
+    env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
+    return DraftModelDrafter(method.label, draft_model, gamma, schedule)
+
+
+def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+    import importlib.util
+    from .. import models
+    name = DEFAULT_DRAFT.get(model)
+    if name is None:
+        return [("a draft model (sps:model=<name or path>)", False)]
+    spec = models.MODELS[name]
+    return [(f"draft model {name}", all(importlib.util.find_spec(m) for m in spec.modules))]
+
+
+SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens greedily "
+                    "(Leviathan et al.), verified in our loop", build,
+                    (Param("model", str, "the draft model (default for qwen2.5-coder-1.5b: qwen2.5-coder-0.5b)"),
+                     Param("gamma", int, "draft length (start value under the heuristic schedule)", low=1),
+                     Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
+                           "draft, -1 otherwise)", choices=SCHEDULES)),
+                    _needs, family="draft-model")]

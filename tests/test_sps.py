@@ -1,0 +1,203 @@
+"""`sps`: speculative decoding with a draft model. Lossless in our loop whatever the draft model is; a model drafting
+for itself accepts everything (so block efficiency follows from γ alone); replay equals real decoding; the heuristic
+γ schedule grows and shrinks as transformers' does; the registry spelling builds, and bad setups fail in one line."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from bpdbench.config import RunConfig
+from bpdbench.engine import DraftContext, Limits, generate, ratios, replay
+from bpdbench.methods import Env, MethodError, parse
+from bpdbench.methods.sps import DraftModelDrafter
+from tests.conftest import make_tiny_model
+
+PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
+
+
+@pytest.fixture(scope="module")
+def other_model():
+    """Same vocabulary as `tiny_model`, different weights: drafts that are sometimes wrong."""
+    torch.set_num_threads(1)
+    return make_tiny_model(vocab=96, seed=1)
+
+
+@pytest.fixture(scope="module")
+def noisy_model(tiny_model):
+    """The target with noise on every weight: it agrees with the target often but not always, so steps accept
+    partly and the draft cache is rolled back mid-draft (a different seed agrees almost never)."""
+    model = copy.deepcopy(tiny_model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2 * p.abs().mean())
+    return model
+
+
+def _cache_in_step(d: DraftModelDrafter) -> None:
+    """The draft cache holds exactly `fed`, a prefix of the decided context."""
+    assert d.cache.get_seq_length() == len(d.fed)
+    assert d.decided[: len(d.fed)] == d.fed
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 4])
+def test_self_drafting_accepts_everything(tiny_model, gamma):
+    prompt, limits = list(PROMPTS[0]), Limits(40)
+    greedy = generate(tiny_model, None, prompt, limits)
+    d = DraftModelDrafter("sps", tiny_model, gamma)
+    real = generate(tiny_model, d, prompt, limits)
+    assert real.tokens == greedy.tokens
+    c = real.counters
+    assert c.accepted == c.drafted > 0
+    steps = -(-(40 - 1) // (gamma + 1))                       # the prefill decides one token, each step γ + 1
+    assert c.serial_calls == 1 + steps
+    assert ratios(c)["block_efficiency"] == 40 / (1 + steps)
+    _cache_in_step(d)
+
+
+def test_other_model_is_lossless_and_accepts_less(tiny_model, other_model):
+    limits = Limits(40)
+    for prompt in PROMPTS:
+        greedy = generate(tiny_model, None, list(prompt), limits)
+        same = generate(tiny_model, DraftModelDrafter("sps", tiny_model, 4), list(prompt), limits)
+        d = DraftModelDrafter("sps", other_model, 4)
+        other = generate(tiny_model, d, list(prompt), limits)
+        assert other.tokens == same.tokens == greedy.tokens
+        assert other.counters.accepted < other.counters.drafted
+        assert other.counters.accepted < same.counters.accepted
+        _cache_in_step(d)
+
+
+def test_probs_are_the_draft_softmax(other_model):
+    d = DraftModelDrafter("sps", other_model, 3)
+    ctx = [5, 17, 3, 42]
+    d.reset(ctx[:-1])
+    d.observe(ctx[-1:])
+    p = d.propose(DraftContext(ctx, None, 10))
+    assert len(p.paths[0]) == 3 and len(p.probs[0]) == 3
+    with torch.inference_mode():
+        seq = ctx + p.paths[0]
+        logits = other_model(input_ids=torch.tensor([seq])).logits[0].float()
+    for i, t in enumerate(p.paths[0]):
+        q = torch.softmax(logits[len(ctx) - 1 + i], -1)
+        assert int(q.argmax()) == t
+        assert p.probs[0][i] == pytest.approx(float(q[t]), rel=1e-4)
+
+
+def test_budget_is_respected(other_model):
+    d = DraftModelDrafter("sps", other_model, 4)
+    d.reset([1, 2])
+    d.observe([3])
+    assert d.propose(DraftContext([1, 2, 3], None, 0)).paths == [[]]
+    assert len(d.propose(DraftContext([1, 2, 3], None, 2)).paths[0]) == 2
+
+
+@pytest.mark.parametrize("schedule", ["fixed", "heuristic"])
+@pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])
+def test_replay_equals_real(tiny_model, other_model, noisy_model, schedule, eos_at, max_new):
+    partial = 0
+    for draft in (tiny_model, other_model, noisy_model):
+        for prompt in PROMPTS:
+            ref = generate(tiny_model, None, list(prompt), Limits(max_new)).tokens
+            limits = Limits(max_new, frozenset() if eos_at is None else frozenset({ref[eos_at]}))
+            greedy = generate(tiny_model, None, list(prompt), limits).tokens
+            d = DraftModelDrafter("sps", draft, 3, schedule)
+            real = generate(tiny_model, d, list(prompt), limits)
+            assert real.tokens == greedy
+            sim = replay(d, list(prompt), greedy, None, limits)
+            assert sim.to_dict() == real.counters.to_dict(), (schedule, prompt)
+            partial += 0 < real.counters.accepted < real.counters.drafted
+    assert partial > 0                                     # some walks roll the draft cache back mid-draft
+
+
+def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection(tiny_model, other_model, noisy_model):
+    d = DraftModelDrafter("sps", other_model, 4, "heuristic")
+    d.reset([1, 2])
+    d.observe([3])
+    assert d.gamma == 4                                    # the prefill's token says nothing about acceptance
+    draft = d.propose(DraftContext([1, 2, 3], None, 100)).paths[0]
+    assert len(draft) == 4
+    d.observe(draft + [7])                                 # all 4 accepted, then the bonus
+    assert d.gamma == 6
+    _cache_in_step(d)
+    ctx = [1, 2, 3] + draft + [7]
+    draft = d.propose(DraftContext(ctx, None, 100)).paths[0]
+    assert len(draft) == 6
+    d.observe(draft[:2] + [(draft[2] + 1) % 96])          # 2 of 6 accepted
+    assert d.gamma == 5
+    _cache_in_step(d)
+    for _ in range(8):                                     # every draft rejected outright: γ falls to 1 and stays
+        ctx = d.decided
+        draft = d.propose(DraftContext(list(ctx), None, 100)).paths[0]
+        d.observe([(draft[0] + 1) % 96])
+        _cache_in_step(d)
+    assert d.gamma == 1
+    d.reset([1, 2])
+    assert d.gamma == 4 and d.cache.get_seq_length() == 0
+    # In the loop: self-drafting accepts everything, so γ only grows, and fewer steps than fixed γ are needed.
+    limits = Limits(60)
+    heur = generate(tiny_model, DraftModelDrafter("sps", tiny_model, 2, "heuristic"), list(PROMPTS[0]), limits)
+    fixed = generate(tiny_model, DraftModelDrafter("sps", tiny_model, 2), list(PROMPTS[0]), limits)
+    assert heur.tokens == fixed.tokens
+    assert [s[0] for s in heur.step_log][:3] == [2, 4, 6]
+    assert heur.counters.serial_calls < fixed.counters.serial_calls
+    d = DraftModelDrafter("sps", noisy_model, 4, "heuristic")    # partial acceptance: γ goes both ways
+    noisy = generate(tiny_model, d, list(PROMPTS[1]), limits)
+    assert noisy.tokens == generate(tiny_model, None, list(PROMPTS[1]), limits).tokens
+    gammas = [s[0] for s in noisy.step_log]
+    assert any(b > a for a, b in zip(gammas, gammas[1:])) and any(b < a for a, b in zip(gammas, gammas[1:]))
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    from bpdbench import models
+    torch.set_num_threads(1)
+    return models.load(str(tiny_model_dir), "float32")
+
+
+def _env(loaded, model_name: str, limits: Limits) -> Env:
+    model, tok = loaded
+    return Env(model, tok, RunConfig(model=model_name, dtype="float32"), limits, log=lambda m: None)
+
+
+def test_registry_builds_and_runs(loaded, tiny_model_dir):
+    limits = Limits(20)
+    env = _env(loaded, "tiny-target", limits)                # a different name: the draft model is loaded
+    method = parse(f"sps:model={tiny_model_dir},gamma=3")
+    drafter = method.spec.build(env, method)
+    assert drafter.model is not env.model
+    assert env.resolved[method.label] == {"draft_model": str(tiny_model_dir), "gamma": 3, "schedule": "fixed"}
+    prompt = [5, 17, 3, 42, 8, 11]
+    greedy = generate(env.model, None, prompt, limits)
+    real = generate(env.model, drafter, prompt, limits)
+    assert real.tokens == greedy.tokens and real.counters.accepted == real.counters.drafted > 0
+    same = _env(loaded, str(tiny_model_dir), limits)          # drafting for itself shares the weights
+    assert parse(f"sps:model={tiny_model_dir}").spec.build(same, parse(f"sps:model={tiny_model_dir}")).model \
+        is same.model
+
+
+def _one_line_error(env: Env, spelling: str) -> str:
+    method = parse(spelling)
+    with pytest.raises(MethodError) as e:
+        method.spec.build(env, method)
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_model_bad_model_and_tokenizer_mismatch(loaded, tiny_model_dir, tmp_path, monkeypatch):
+    env = _env(loaded, "tiny-target", Limits(20))
+    assert "sps:model=" in _one_line_error(env, "sps")
+    assert "sps:model=" in _one_line_error(env, f"sps:model={tmp_path / 'nothing-here'}")
+    with pytest.raises(MethodError):
+        parse("sps:model=x,schedule=adaptive")
+
+    class OtherTok:
+        def get_vocab(self) -> dict[str, int]:
+            return {"a": 0, "b": 1}
+
+    from bpdbench import models
+    monkeypatch.setattr(models, "load", lambda *a, **k: (loaded[0], OtherTok()))
+    assert "tokenizer" in _one_line_error(env, f"sps:model={tiny_model_dir}")
