@@ -45,8 +45,6 @@ class GreedyReference:
         key = json.dumps([self.key_base, prompt_ids, limits.max_new_tokens, sorted(limits.eos_ids)])
         return self.dir / f"{hashlib.sha256(key.encode()).hexdigest()[:32]}.json"
 
-    _path = path
-
     def _read(self, path: Path, limits: Limits) -> list[int] | None:
         """The cached tokens, or None (with a warning) when the file is damaged."""
         try:
