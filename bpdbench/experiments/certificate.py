@@ -24,6 +24,7 @@ import torch
 
 from ..engine.acceptance import Decision
 from ..engine.loop import advance, prefill, verify
+from ..engine.replay import teacher_forced
 from ..engine.types import EMPTY, Proposal
 
 KINDS = ("exact", "near_tie", "lost")
@@ -88,10 +89,9 @@ def _replay_reference(model, prompt: list[int], ref: list[int], i: int, draft: l
     raise AssertionError("unreachable")
 
 
-@torch.inference_mode()
 def _teacher_forced(model, ids: list[int]) -> torch.Tensor:
-    x = torch.tensor([ids], device=model.device)
-    return _logits(model, model.model(input_ids=x).last_hidden_state[0, -1:])[0]
+    """Logits after one teacher-forced forward over `ids` (the engine's replay forward, last position)."""
+    return _logits(model, teacher_forced(model, ids[:1], ids[1:] + [0])[-1:])[0]
 
 
 def certify(model, prompt: list[int], output: list[int], ref: list[int], dtype: str, width: int = 8

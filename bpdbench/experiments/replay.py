@@ -89,5 +89,5 @@ def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False) -> pd.DataF
     df = df[df.method != "bpd"].assign(k=list(ks))
     df["relative_gain_pct"] = 100 * (df.block_efficiency / df.block_efficiency.iloc[0] - 1)
     df.to_csv(out / "oracle.csv", index=False)
-    plot_oracle(df, out / "oracle.png", s.cfg.task, s.meta()["environment"], s.cfg)
+    plot_oracle(df, out / "oracle.png", s.cfg.task, s.cfg)
     return df

@@ -46,7 +46,7 @@ def caption(cfg, n: int) -> str:
     return f"{cfg.model}, {cfg.dtype}, {heads}, n = {n}"
 
 
-def plot_oracle(df: pd.DataFrame, path: Path, task: str, env: dict, cfg) -> None:
+def plot_oracle(df: pd.DataFrame, path: Path, task: str, cfg) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
