@@ -15,6 +15,7 @@ from .. import paths
 from ..engine import Counters, DraftContext, ratios
 from ..methods import parse
 from ..report.plots import plot_entropy
+from ..report.results import write_atomic
 from .replay import replay_one, trajectories
 from .session import Session
 
@@ -73,7 +74,7 @@ def analyze(s: Session, out: Path) -> dict:
     ent_df.to_csv(out / "entropy.csv", index=False)
     torch.save(ent, out / "entropy.pt")
     plot_entropy(ent, out / "entropy.png", s.cfg.task, h_max(mean), s.cfg, n)
-    (out / "config.json").write_text(json.dumps(s.meta([parse("ngram2")]), indent=2, default=str))
+    write_atomic(out / "config.json", json.dumps(s.meta([parse("ngram2")]), indent=2, default=str))
     return {"repetition": rep, "entropy": ent_df}
 
 
@@ -101,7 +102,5 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
     table = json.loads(path.read_text()) if path.exists() else {}
     table[f"{s.cfg.model}/{s.cfg.task}/{method.name}"] = best
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(dict(sorted(table.items())), indent=2) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(dict(sorted(table.items())), indent=2) + "\n")
     return {"alpha": best, "scores": scores, "n_examples": len(trajs), "file": str(path)}

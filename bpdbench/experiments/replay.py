@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..engine import Counters, ratios, replay, teacher_forced
 from ..methods import Method
-from ..report.results import AppendOnlyJsonl, resumable
+from ..report.results import AppendOnlyJsonl, resumable, write_atomic
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -55,7 +55,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
         done = [r for r in kept if r["id"] in ids]
         if done:
             s.log(f"resuming: {len(done)} examples already replayed in {out}")
-        (out / "config.json").write_text(json.dumps(meta, indent=2, default=str))
+        write_atomic(out / "config.json", json.dumps(meta, indent=2, default=str))
         totals = {m: Counters() for m in labels}
         for r in done:
             totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}

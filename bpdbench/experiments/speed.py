@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..methods import Method, MethodUnavailable, Output, parse
-from ..report.results import AppendOnlyJsonl, OutputLock, resumable
+from ..report.results import AppendOnlyJsonl, OutputLock, resumable, write_atomic
 from .reference import first_divergence
 from .session import Log, open_session, out_dir, resolve_methods
 from .timing import interleaved, median
@@ -141,7 +141,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         jsonl.start_fresh()
     if records:
         log(f"resuming: {len({r['id'] for r in records})} prompts already measured in {out}")
-    (out / "config.json").write_text(json.dumps(config, indent=2))
+    write_atomic(out / "config.json", json.dumps(config, indent=2))
     prompts = [s.prompt(ex) for ex in s.examples]
     for fn in fns.values():  # warm-up: allocator, oneDNN kernels, HF's first-call setup
         fn(prompts[0])

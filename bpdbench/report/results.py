@@ -148,12 +148,7 @@ def repair(path: Path, log: Callable[[str], None] = print) -> int:
             lines.append(json.dumps(rec))
             fixed = True
     if good != raw or fixed:
-        tmp = path.with_name(path.name + ".repair")
-        with open(tmp, "w") as f:
-            f.write("".join(line + "\n" for line in lines))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, "".join(line + "\n" for line in lines))
         log(f"warning: {path}: cut {dropped} bytes of a torn last line (the example in flight when a run died)"
             + ("; split a glued line back into its complete record" if fixed else ""))
     return dropped
@@ -218,12 +213,7 @@ class AppendOnlyJsonl:
 
     def rewrite(self, records: list[dict]) -> None:
         """Replace the file atomically (write, fsync, rename): used only to drop incomplete groups of records."""
-        tmp = self.path.with_name(self.path.name + ".rewrite")
-        with open(tmp, "w") as f:
-            f.write("".join(json.dumps(r, default=_json_default) + "\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        write_atomic(self.path, "".join(json.dumps(r, default=_json_default) + "\n" for r in records))
         self.keys = {self.key(r) for r in records}
 
     def append(self, records: Iterable[dict]) -> list[dict]:
@@ -247,12 +237,10 @@ class ResultWriter:
         self.path = self.out / EXAMPLES
         self.file = AppendOnlyJsonl(self.out, EXAMPLES, by_id, log)   # lock first: a second writer fails here
         try:
-            if self.path.exists() and self.path.stat().st_size and not resume:
-                raise FileExistsError(f"{self.path} exists; pass --resume to continue it or --out to write "
-                                      f"elsewhere")
+            precheck_run(self.out, config.get("config", {}), resume)   # checked again under the lock
             self.records = resumable(self.out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,
                                      ignore=RUN_RESUME_IGNORES, file=self.file)
-            _write_atomic(self.out / CONFIG, json.dumps(config, indent=2, default=str))
+            write_atomic(self.out / CONFIG, json.dumps(config, indent=2, default=str))
         except BaseException:
             self.file.close()
             raise
@@ -295,9 +283,14 @@ def precheck_run(out: Path, config: dict, resume: bool) -> None:
 RUN_RESUME_IGNORES = ("resume", "limit", "offset", "out", "threads")
 
 
-def _write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str) -> None:
+    """Write, fsync, rename: a reader (or a crash) sees the old file or the new one, never half of either."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
