@@ -93,6 +93,7 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, tmp_path, mo
     cfg = RunConfig(model=name, heads=4, k=4, alpha_file=str(tmp_path / "alpha.json"))
     env = Env(model, tok, cfg, limits, log=lambda m: None, _heads=(heads, meta))
     checked = []
+    memos = {tuple(p): {} for p in PROMPTS}     # shared by every method, as `bpdbench replay` shares it
     for spelling in all_methods(tiny_model_dir):
         method = parse(spelling)
         drafter = method.spec.build(env, method)
@@ -103,7 +104,8 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, tmp_path, mo
                 drafter.use_reference(greedy)
             real = generate(model, drafter, list(prompt), limits)
             assert real.tokens == greedy, spelling
-            sim = replay(drafter, list(prompt), greedy, teacher_forced(model, list(prompt), greedy), limits)
+            sim = replay(drafter, list(prompt), greedy, teacher_forced(model, list(prompt), greedy), limits,
+                         memo=memos[tuple(prompt)])
             assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
             accepted += real.counters.accepted
         assert accepted > 0 or method.name == "ar", spelling   # the comparison is not between two empty walks

@@ -43,7 +43,7 @@ def targets_from_reference(tree: Tree, truth: list[int]) -> list[int]:
 
 @torch.inference_mode()
 def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch.Tensor | None, limits: Limits,
-           acceptance: Acceptance = GREEDY) -> Counters:
+           acceptance: Acceptance = GREEDY, memo: dict | None = None) -> Counters:
     """Counters of decoding `prompt` with `drafter`, given the greedy output G (truncated as the loop truncates).
     `hidden` from `teacher_forced` (None for drafters that never look at it)."""
     c = Counters(serial_calls=1)          # the prefill decides G[0]
@@ -54,7 +54,7 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
     while m + 1 < n:
         out = g[: m + 1]
         budget = limits.budget(out)
-        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget)
+        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo)
         proposal = drafter.propose(ctx).clip(budget)
         tree = build_tree(g[m], proposal.paths)
         d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)

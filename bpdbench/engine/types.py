@@ -59,10 +59,13 @@ class DraftContext:
     `tokens` = prompt + decided tokens, ending with the base's next token, which is certain and precedes draft
     position 0. `hidden` [d] is the final hidden state that produced that token (heads draft from it; Stern et al.:
     the verify forward of step n yields the state step n+1 drafts from). `budget` is the most draft tokens that can
-    still be kept (the loop clips longer proposals anyway)."""
+    still be kept (the loop clips longer proposals anyway). `memo` is scratch space shared by every drafter that
+    replays the same example (None in real decoding): a drafter may keep there what depends only on the position,
+    such as the heads' lattice, so fourteen methods replayed on one trajectory compute it once, not fourteen times."""
     tokens: list[int]
     hidden: torch.Tensor | None
     budget: int
+    memo: dict | None = None
 
 
 @runtime_checkable

@@ -84,7 +84,7 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
     if "alpha" not in {p.name for p in method.spec.params}:
         raise ValueError(f"{rescorer} has no alpha to tune; methods with one: ngram2, ngram4, 16best-ngram4, "
                          f"neural-s|m|l, medusa-neural-m, hf-lm")
-    trajs = list(trajectories(s))
+    trajs = [(*t, {}) for t in trajectories(s)]       # one memo per example, shared across the alpha grid
     if not trajs:   # nothing to tune on: refuse rather than store alpha 0.0 as if it had been measured
         raise ValueError(f"{s.cfg.task}: none of the {len(s.examples)} held-out examples has a greedy output of 2+ "
                          f"tokens, so alpha cannot be tuned; raise --max-new-tokens or --limit")
@@ -93,8 +93,8 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
         drafter = s.drafter(parse(f"{method.label}:alpha={alpha}" if ":" not in method.label
                                   else f"{method.label},alpha={alpha}"))
         total = Counters()
-        for _, prompt, greedy, hidden in trajs:
-            total = total.add(replay_one(s, drafter, prompt, greedy, hidden))
+        for _, prompt, greedy, hidden, memo in trajs:
+            total = total.add(replay_one(s, drafter, prompt, greedy, hidden, memo))
         scores[alpha] = ratios(total)["block_efficiency"]
         s.log(f"  alpha {alpha}: block efficiency {scores[alpha]:.4f}")
     best = max(scores, key=lambda a: (scores[a], -a))

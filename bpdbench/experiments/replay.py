@@ -32,10 +32,12 @@ def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = 
             yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy) if need_hidden else None)
 
 
-def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden) -> Counters:
+def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None
+               ) -> Counters:
+    """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo)."""
     if getattr(drafter, "needs_reference", False):
         drafter.use_reference(greedy)
-    return replay(drafter, prompt, greedy, hidden, s.limits)
+    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo)
 
 
 def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False) -> pd.DataFrame:
@@ -63,8 +65,9 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
         for ex, prompt, greedy, hidden in trajectories(s, skip=frozenset(r["id"] for r in done)):
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(greedy)}
+            memo: dict = {}
             for m, drafter in drafters.items():
-                c = replay_one(s, drafter, prompt, greedy, hidden)
+                c = replay_one(s, drafter, prompt, greedy, hidden, memo)
                 totals[m] = totals[m].add(c)
                 rec[m] = c.to_dict()
             jsonl.append([rec])

@@ -37,6 +37,16 @@ class HeadsDrafter:
             self.refiner.reset(list(prompt_ids))
 
     def lattice(self, ctx: DraftContext) -> Lattice | None:
+        """The lattice at this position; in replay it is kept in the example's memo under everything it depends
+        on (heads, how many, k, threshold, position), so drafters sharing those share one computation."""
+        if ctx.memo is None:
+            return self._lattice(ctx)
+        key = ("heads-lattice", id(self.heads), self.n, self.k, self.threshold, len(ctx.tokens))
+        if key not in ctx.memo:
+            ctx.memo[key] = self._lattice(ctx)
+        return ctx.memo[key]
+
+    def _lattice(self, ctx: DraftContext) -> Lattice | None:
         logits = self.heads.draft_logits(ctx.hidden, self.n, self.lm_head, context=ctx.tokens).float()
         logp, idx = torch.log_softmax(logits, -1).topk(self.k, dim=-1)
         if self.threshold > 0:
