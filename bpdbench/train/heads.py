@@ -45,16 +45,19 @@ class Profile:
     gen_seconds: float | None = None   # stop starting generation batches after this (None: every prompt)
     fit_seconds: float | None = None   # train for this long, cosine schedule over elapsed time (None: `steps`)
     bf16_fit: bool = False             # bf16 autocast in the head fit (~1.8x faster on AVX512-BF16, same agreement)
+    gen_dtype: str = "bfloat16"        # the base's dtype while generating the training continuations
 
 
 # Why budgets for quick/full: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
 # greedy tokens, measured), so the best recipe for a wall-clock limit is "generate until the budget, then fit".
-# `ci` stays step-counted and fp32 so its heads, and the regression baseline, are identical on every machine.
+# `ci` stays step-counted and fp32 end to end, generation included: bf16 kernels round differently on different CPUs,
+# which flipped near-tied greedy tokens in the training continuations, gave other heads on the CI machine and moved
+# the regression baseline by up to 0.1 block efficiency. fp32 makes such flips rare, not impossible.
 PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=160, gen_seconds=370,
                              fit_seconds=150, bf16_fit=True, eval_fraction=0.1),
             "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, gen_seconds=2700,
                             fit_seconds=660, bf16_fit=True, eval_fraction=0.1),
-            "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8)}
+            "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")}
 
 
 def heads_dir(model: str, profile: str) -> Path:
@@ -299,8 +302,8 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     out = out or heads_dir(model_name, profile)
     t0 = time.time()
     torch.manual_seed(p.seed)
-    if model is None or model.dtype != torch.bfloat16 or model.device.type != "cpu":
-        model, tok = models.load(model_name, "bfloat16", "cpu")  # bf16 is 2-4x faster on CPU; heads train in fp32
+    if model is None or model.dtype != getattr(torch, p.gen_dtype) or model.device.type != "cpu":
+        model, tok = models.load(model_name, p.gen_dtype, "cpu")  # bf16 is 2-4x faster on CPU; heads fit in fp32
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
     budget = f", generation budget {p.gen_seconds:.0f}s" if p.gen_seconds else ""
     log(f"training '{profile}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy "
