@@ -23,8 +23,11 @@ from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 
-# target -> the default same-tokenizer draft model (the only pair of registered models that shares a tokenizer)
-DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+# target -> the default same-tokenizer draft model: the 0.5B for the 1.5B (the only registered pair that shares a
+# tokenizer); for the 0.5B, which has no smaller sibling, our smallest neural LM (rescorers/neural.py), trained on
+# first use like the rescorers that share it
+DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b": "neural-s"}
+NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
 
 
@@ -48,7 +51,7 @@ class DraftModelDrafter:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
         self.gamma = gamma
-        self.cache = DynamicCache()
+        self.cache = self._new_cache()
         self.fed: list[int] = []         # tokens whose keys/values are in self.cache, in order
         self.decided: list[int] = []     # prompt + decided tokens, as observe reports them
         self.drafted: int | None = None  # length of the last proposal, None before the first
@@ -57,8 +60,11 @@ class DraftModelDrafter:
         """A new example: empty cache, γ back to its start value (the heuristic adapts per example, as HF does
         per `generate` call)."""
         self.gamma = self.gamma0
-        self.cache = DynamicCache()
+        self.cache = self._new_cache()
         self.fed, self.decided, self.drafted = [], list(prompt_ids), None
+
+    def _new_cache(self):
+        return self.model.new_cache() if hasattr(self.model, "new_cache") else DynamicCache()
 
     def _crop_to(self, tokens: list[int], keep_last_unfed: bool) -> None:
         """Roll the cache back to the longest prefix of `tokens` it holds; with `keep_last_unfed`, at most
@@ -119,6 +125,9 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     from .. import models
     name = _draft_name(env, method)
     gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
+    if name in NEURAL:
+        env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
+        return DraftModelDrafter(method.label, _neural(env, name), gamma, schedule)
     if name == env.cfg.model:
         draft_model, draft_tok = env.model, env.tok   # own cache, shared weights: no second copy in memory
     else:
@@ -135,10 +144,25 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     return DraftModelDrafter(method.label, draft_model, gamma, schedule)
 
 
+def _neural(env: Env, tag: str):
+    """One of our neural LMs as the draft model, trained on first use (--no-auto-train refuses)."""
+    import rescorers
+    from rescorers.neural import load_lm
+    from .artefacts import ensure
+    from .draft_lm import NeuralDraftLM
+    ensure(rescorers.get_rescorer(tag), env.cfg, env.tok, env.log)
+    lm = load_lm(rescorers.artefact_dir(tag, env.cfg.model), env.cfg.device,
+                 torch.float32 if env.cfg.dtype == "float32" else env.model.dtype)
+    return NeuralDraftLM(lm, env.model.lm_head.weight.shape[0])
+
+
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     import importlib.util
     from .. import models
     name = DEFAULT_DRAFT.get(model)
+    if name in NEURAL:
+        import rescorers
+        return [(f"draft model {name}", (rescorers.artefact_dir(name, model) / "config.json").exists())]
     if name is None:
         return [("a draft model (sps:model=<name or path>)", False)]
     spec = models.MODELS[name]
@@ -147,7 +171,8 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
 
 SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens greedily "
                     "(Leviathan et al.), verified in our loop", build,
-                    (Param("model", str, "the draft model (default for qwen2.5-coder-1.5b: qwen2.5-coder-0.5b)"),
+                    (Param("model", str, "the draft model: a registered model, an HF folder or id, or one of our neural LMs "
+                           "neural-s|m|l (default: qwen2.5-coder-0.5b for the 1.5B, neural-s for the 0.5B)"),
                      Param("gamma", int, "draft length (start value under the heuristic schedule)", low=1),
                      Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
                            "draft, -1 otherwise)", choices=SCHEDULES)),
