@@ -38,13 +38,14 @@ def one_line_errors(fn):
         from .config import ConfigError
         from .experiments.certificate import LostExamples
         from .models import ModelError
+        from rich.markup import escape      # a message may quote [brackets] (TOML tables, lists): print them as is
         try:
             return fn(*args, **kwargs)
         except LostExamples as e:      # a real loss: records and summary are written, the exit status says it
-            console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True)
             raise typer.Exit(1)
         except (ConfigError, DataError, ModelError, FileExistsError, FileNotFoundError, ValueError) as e:
-            console.print(f"[red]error:[/red] {str(e).splitlines()[0]}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True)
             raise typer.Exit(2)
         except KeyboardInterrupt:
             console.print("interrupted: finished examples are saved; rerun with --resume to continue")
@@ -284,6 +285,38 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
                     data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
                     auto_train=not no_auto_train)
     commands.speed(cfg, methods, repeats, assistant, per_category, resume, _log)
+
+
+@app.command()
+@one_line_errors
+def sweep(grid: str = typer.Argument(..., help="grid file (TOML), e.g. grids/reference.toml"),
+          address: str = typer.Option("local", help="local (start Ray here), auto (the cluster this machine joined "
+                                                    "with `ray start`) or ray://<head>:10001"),
+          cpus: Optional[int] = typer.Option(None, help="CPUs of a local Ray instance (default: all); cells run "
+                                                        "cpus // threads at a time"),
+          threads: Optional[int] = typer.Option(None, help="torch threads (= Ray CPUs) per cell; overrides the grid"),
+          limit: Optional[int] = typer.Option(None, help="cap every cell's examples (a reduced run of the grid)"),
+          results: Optional[str] = typer.Option(None, help="results root (default: the grid's, else the checkout's "
+                                                           "results/)"),
+          cache: Optional[str] = typer.Option(None, help="cache root for every worker (default: the grid's, else "
+                                                         "each worker's $BPDBENCH_CACHE or ~/.cache/bpdbench)"),
+          data: Optional[str] = typer.Option(None, help="data root for every worker (default: the grid's, else "
+                                                        "each worker's $BPDBENCH_DATA or ../shared/data)"),
+          dry_run: bool = typer.Option(False, "--dry-run", help="list the cells, what is finished and what each "
+                                                                  "waits for; run nothing")):
+    """Run a grid of run/replay/oracle/analyze/tune/speed cells as Ray tasks; finished cells and examples are kept,
+    failed cells are retried and reported (exit 1), results land in one tree that `bpdbench tables` reads."""
+    from .sweep import driver, grid as grid_lib
+    if cpus is not None and cpus < 1:
+        raise ValueError(f"--cpus must be >= 1, got {cpus}")
+    driver.check_address(address)
+    plan = grid_lib.load(Path(grid), results, cache, data, threads, limit)
+    if dry_run:
+        driver.show(plan)
+        return
+    report = driver.run(plan, address, cpus, _log)
+    if driver.exit_code(report):
+        raise typer.Exit(1)
 
 
 def main() -> None:

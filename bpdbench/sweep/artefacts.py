@@ -1,0 +1,119 @@
+"""What cells need built before they start, once per (model, artefact): the model's dense cache per dtype, heads per
+profile, n-gram and neural LMs per target model (the artefacts `bpdbench methods` lists as needs).
+
+Why tasks of their own: a cell builds a missing artefact on first use (methods/artefacts.py, resolve_heads), and two
+cells doing that at once would both train it and race on its files. As Ray tasks that run before the cells needing
+them, each is built once, by one worker, with the same functions a first use calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import RunConfig
+from ..methods import Method
+
+RANK = {"model": 0, "heads": 1, "rescorer": 2}
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Artefact:
+    kind: str                   # model | heads | rescorer
+    model: str
+    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m)
+    needs: tuple[str, ...] = ()
+
+    @property
+    def id(self) -> str:
+        return f"{'' if self.kind == 'rescorer' else self.kind + '-'}{self.detail}:{self.model}"
+
+
+def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
+    """The artefacts one cell needs, each with the artefacts it is itself built from."""
+    from .. import models
+    from ..methods.sps import DEFAULT_DRAFT, NEURAL
+    from ..train.heads import PROFILES
+    cfg: RunConfig = cell.config
+    out: dict[str, Artefact] = {}
+
+    def model(name: str, dtype: str) -> list[str]:
+        if name not in models.MODELS:       # a local folder or Hub id: nothing to convert
+            return []
+        a = Artefact("model", name, dtype)
+        out.setdefault(a.id, a)
+        return [a.id]
+
+    def heads(profile: str) -> list[str]:
+        if profile == "init" or cfg.heads_path:
+            return []
+        a = Artefact("heads", cfg.model, profile, tuple(model(cfg.model, PROFILES[profile].gen_dtype)))
+        out.setdefault(a.id, a)
+        return [a.id]
+
+    def rescorer(tag: str) -> None:
+        needs = model(cfg.model, cfg.dtype) if tag.startswith("ngram") else \
+            heads("quick") + model(cfg.model, "bfloat16")     # train_neural: the quick heads' shortlist, bf16 tok
+        a = Artefact("rescorer", cfg.model, tag, tuple(needs))
+        out.setdefault(a.id, a)
+
+    model(cfg.model, cfg.dtype)
+    if any(m.spec.family == "heads" for m in methods):
+        heads(cfg.heads_profile)
+    for m in methods:
+        for tag in _rescorer_tags(m, cfg):
+            rescorer(tag)
+        if m.name == "sps":
+            draft = m.get("model") or DEFAULT_DRAFT.get(cfg.model)
+            if draft in NEURAL:
+                rescorer(draft)
+            elif draft:
+                model(draft, cfg.dtype)
+    return sorted(out.values(), key=lambda a: RANK[a.kind])
+
+
+def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
+    import rescorers
+    from ..methods.artefacts import ready
+    if method.spec.family != "heads":
+        return []
+    name = "medusa-auto" if method.get("tree") == "auto" else method.name
+    spec = rescorers.RESCORERS.get(name)
+    return [tag for tag, _ in ready(spec, cfg.model)] if spec is not None else []
+
+
+def collect(cells: list, methods_of) -> list[Artefact]:
+    """Every artefact of the plan once, models first, then heads, then rescorers (their build order)."""
+    seen: dict[str, Artefact] = {}
+    for c in cells:
+        for a in artefacts_for(c, methods_of(c.kind, c.config, c.options)):
+            seen.setdefault(a.id, a)
+    return sorted(seen.values(), key=lambda a: RANK[a.kind])
+
+
+def build(a: Artefact, auto_train: bool, log: Log) -> str:
+    """Build one artefact unless it is already there; returns what was done. The same functions a first use calls."""
+    from .. import models, paths
+    if a.kind == "model":
+        if (paths.dense_model_dir(a.model, a.detail) / "config.json").exists():
+            return "present"
+        log(f"converting {a.model} to a {a.detail} safetensors cache")
+        models.load(a.model, a.detail)
+        return "built"
+    if a.kind == "heads":
+        if (paths.heads_dir(a.model, a.detail) / "config.json").exists():
+            return "present"
+        from ..train import heads as train_heads
+        if not auto_train and a.detail != "ci":      # the rule of methods/heads_store.resolve_heads
+            raise FileNotFoundError(f"no '{a.detail}' heads for {a.model} and auto_train = false: run `bpdbench "
+                                    f"train-heads --profile {a.detail}`")
+        log(f"training '{a.detail}' heads for {a.model} (bpdbench train-heads --profile {a.detail})")
+        train_heads.train(a.model, a.detail, log=log)
+        return "built"
+    import rescorers
+    from ..methods.artefacts import ensure, ready
+    spec = rescorers.RESCORERS[a.detail]
+    if all(ok for _, ok in ready(spec, a.model)):
+        return "present"
+    ensure(spec, RunConfig(model=a.model, auto_train=auto_train), models.load_tokenizer(a.model), log)
+    return "built"

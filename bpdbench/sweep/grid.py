@@ -1,0 +1,329 @@
+"""The grid file: a small TOML document, validated whole before anything loads, expanded into cells and artefacts.
+
+A cell is one command (`run`, `replay`, `oracle`, `analyze`, `tune`, `speed`) with the RunConfig the CLI would build
+from the same flags: the CLI's defaults per command (CLI_DEFAULTS), the grid's [defaults], then the block's keys. So a
+cell's config.json equals that of the equivalent command line, a folder the CLI wrote is recognised as finished or
+resumed, and the reverse. Cell identity is its output folder relative to the results root (tune: its alpha-table
+key). Roots are configuration: `results` (every worker must reach it; the merged tree), `cache` and `data` (default:
+each worker's own $BPDBENCH_CACHE / $BPDBENCH_DATA defaults); they reach workers through the task's environment,
+the way every bpdbench command reads them, so that RunConfig stays what the CLI records.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import paths
+from ..config import ConfigError, RunConfig
+from ..methods import Method
+from .artefacts import Artefact, artefacts_for
+
+KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed")
+SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
+           "speed": "speed.csv"}
+FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed"}
+# what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
+CLI_DEFAULTS: dict[str, dict[str, Any]] = {
+    "run": {"limit": 10, "methods": ["bpd"]},
+    "replay": {"limit": 30, "methods": ["bpd", "16best-0gram", "oracle:k=16"]},
+    "oracle": {"limit": 30}, "analyze": {"limit": 30}, "tune": {"limit": 20},
+    "speed": {"limit": 20, "max_new_tokens": 128, "repeats": 3,
+              "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]}}
+KIND_KEYS = {"run": {"methods"}, "replay": {"methods", "folder"}, "oracle": {"folder"}, "analyze": {"folder"},
+             "tune": {"methods"}, "speed": {"methods", "repeats", "per_category", "folder"}}
+SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads": int, "gpus": (int, float),
+              "retries": int, "tables": bool}
+# RunConfig fields the sweep sets itself (axes, roots, resume): not grid keys
+MANAGED = {"task", "model", "method", "rescorer", "out", "resume", "threads", "data_dir", "alpha_file", "greedy_dir"}
+AXES = {"tasks": "task", "models": "model", "methods": "method", "temperatures": "temperature", "seeds": "seed"}
+FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
+SETTINGS = sorted(set(FIELDS) - MANAGED)
+_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    kind: str
+    config: RunConfig
+    options: dict                       # methods (a spelling list), k, repeats, per_category, rescorer
+    rel: str                            # output folder relative to the results root; "" for tune
+    threads: int = 1                    # torch threads = Ray CPUs
+    gpus: float = 0
+    needs: tuple[str, ...] = ()         # ids of artefacts and tune cells that must finish first
+    hooks: dict = field(default_factory=dict)   # tests only: {"exit_after_examples": n, "once_file": path}
+
+    @property
+    def id(self) -> str:
+        c = self.config
+        if self.kind == "tune":
+            from ..methods import parse
+            return f"tune:{c.model}/{c.task}/{parse(self.options['rescorer']).name}"
+        return self.rel
+
+    def key(self) -> dict:
+        """What the cell's result must have been made with (threads and resume never change a result)."""
+        cfg = {k: v for k, v in self.config.to_dict().items() if k not in ("threads", "resume")}
+        return {"kind": self.kind, "config": cfg, "options": self.options}
+
+
+@dataclass
+class Plan:
+    grid: Path
+    name: str
+    results: Path                       # the merged results tree
+    cache: str | None                   # None: each worker's default
+    data: str | None
+    retries: int
+    tables: bool
+    cells: list[Cell]
+    artefacts: list[Artefact]
+
+    def env(self) -> dict[str, str]:
+        """The environment every task runs in: the roots, as every bpdbench command reads them."""
+        env = {"BPDBENCH_RESULTS": str(self.results)}
+        if self.cache:
+            env["BPDBENCH_CACHE"] = self.cache
+        if self.data:
+            env["BPDBENCH_DATA"] = self.data
+        return env
+
+
+class GridError(ConfigError):
+    """A grid file problem: one line naming the file, the block and the key."""
+
+
+def _toml(path: Path) -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:           # Python 3.10
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise GridError("reading a grid needs Python >= 3.11 or `pip install tomli`") from None
+    if not path.is_file():
+        raise GridError(f"grid file not found: {path}; pass a TOML file like grids/reference.toml")
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise GridError(f"{path}: not valid TOML ({str(e).splitlines()[0]})") from None
+
+
+def _root(value: str | None, base: Path) -> str | None:
+    """Relative paths are relative to `base` (the grid's folder, or the current one for a CLI option)."""
+    if value is None:
+        return None
+    p = Path(value).expanduser()
+    return str(p if p.is_absolute() else (base / p).resolve())
+
+
+def load(grid: Path, results: str | None = None, cache: str | None = None, data: str | None = None,
+         threads: int | None = None, limit: int | None = None) -> Plan:
+    """Read, validate and expand a grid; CLI options override the grid's [sweep] table."""
+    grid = Path(grid)
+    doc = _toml(grid)
+    unknown = sorted(set(doc) - {"sweep", "defaults", *KINDS})
+    if unknown:
+        raise GridError(f"{grid}: unknown table [{unknown[0]}]; valid: [sweep], [defaults], "
+                        + ", ".join(f"[[{k}]]" for k in KINDS))
+    sweep = _table(doc, "sweep", grid)
+    for key, value in sweep.items():
+        if key not in SWEEP_KEYS:
+            raise GridError(f"{grid}: [sweep]: unknown key '{key}'; valid: {', '.join(SWEEP_KEYS)}")
+        if not isinstance(value, SWEEP_KEYS[key]) or (isinstance(value, bool) and SWEEP_KEYS[key] is not bool):
+            raise GridError(f"{grid}: [sweep]: {key} = {value!r} has the wrong type")
+    if threads is not None and threads < 1:
+        raise GridError(f"--threads must be >= 1, got {threads}")
+    if limit is not None and limit < 1:
+        raise GridError(f"--limit must be >= 1, got {limit}")
+    here = Path.cwd()
+    res = _root(results, here) or _root(sweep.get("results"), grid.parent) or str(paths.results_root().resolve())
+    retries = sweep.get("retries", 2)
+    if retries < 0 or sweep.get("gpus", 0) < 0 or sweep.get("threads", 1) < 1:
+        raise GridError(f"{grid}: [sweep]: retries and gpus must be >= 0 and threads >= 1")
+    data_root = _root(data, here) or _root(sweep.get("data"), grid.parent)
+    ctx = {"grid": grid, "threads": sweep.get("threads", 1), "threads_cli": threads, "gpus": sweep.get("gpus", 0),
+           "limit": limit, "data": data_root, "checked": {}}
+    defaults = _table(doc, "defaults", grid)
+    _check_keys(defaults, set(SETTINGS) | {"models", "model", "temperatures", "temperature", "seeds", "seed",
+                                           "threads", "gpus"}, f"{grid}: [defaults]")
+    cells: list[Cell] = []
+    for kind in KINDS:
+        blocks = doc.get(kind, [])
+        if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
+            raise GridError(f"{grid}: write [[{kind}]] blocks (an array of tables), not [{kind}]")
+        for i, block in enumerate(blocks, 1):
+            cells += _expand(kind, block, defaults, f"{grid}: [[{kind}]] {i}", ctx)
+    if not cells:
+        raise GridError(f"{grid}: no cells; add a block such as [[run]] with tasks = [...] and methods = [...]")
+    cells = _unique(cells, grid)
+    cells, artefacts = _link(cells)
+    return Plan(grid, sweep.get("name", grid.stem), Path(res), _root(cache, here) or _root(sweep.get("cache"),
+                grid.parent), data_root, retries, sweep.get("tables", False), cells, artefacts)
+
+
+def _table(doc: dict, name: str, grid: Path) -> dict:
+    value = doc.get(name, {})
+    if not isinstance(value, dict):
+        raise GridError(f"{grid}: [{name}] must be a table")
+    return value
+
+
+def _check_keys(table: dict, valid: set[str], where: str) -> None:
+    for key in table:
+        if key not in valid:
+            raise GridError(f"{where}: unknown key '{key}'; valid: {', '.join(sorted(valid))}")
+
+
+def _merge(cli: dict, defaults: dict, block: dict, where: str) -> dict:
+    """Later tables win; `method = "x"` in a block replaces `methods = [...]` of an earlier one."""
+    out: dict = {}
+    for table in (cli, defaults, block):
+        for plural, singular in AXES.items():
+            if plural in table and singular in table:
+                raise GridError(f"{where}: give {plural} or {singular}, not both")
+            if plural in table or singular in table:
+                out.pop(plural, None)
+                out.pop(singular, None)
+        out.update(table)
+    return out
+
+
+def _axis(merged: dict, plural: str, where: str, default: list) -> list:
+    singular = AXES[plural]
+    value = merged.get(plural, merged.get(singular, default))
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise GridError(f"{where}: {plural} is empty")
+    return values
+
+
+def _setting(name: str, value: Any, where: str) -> Any:
+    """A RunConfig field's value, type-checked against its annotation (`limit = "all"` means every example)."""
+    if name == "limit" and value == "all":
+        return None
+    allowed = [t for t in str(FIELDS[name].type).replace(" ", "").split("|") if t in _TYPES]
+    if isinstance(value, bool) and "bool" not in allowed or not any(isinstance(value, _TYPES[t]) for t in allowed):
+        extra = ' or "all"' if name == "limit" else ""
+        raise GridError(f"{where}: {name} must be {' or '.join(allowed)}{extra}, got {value!r}")
+    return float(value) if allowed == ["float"] else value
+
+
+def _one_line(e: Exception) -> str:
+    """The CLI's messages name flags (--limit); a grid names keys (limit)."""
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e).splitlines()[0])
+
+
+def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> list[Cell]:
+    valid = set(SETTINGS) | {"tasks", "task", "models", "model", "temperatures", "temperature", "seeds", "seed",
+                             "threads", "gpus"} | KIND_KEYS[kind] | ({"method"} if kind in ("run", "tune") else set())
+    _check_keys(block, valid, where)
+    merged = _merge(CLI_DEFAULTS[kind], defaults, block, where)
+    if "tasks" not in block and "task" not in block:
+        raise GridError(f"{where}: name its tasks, e.g. tasks = [\"xsum\"]")
+    if kind == "tune" and "methods" not in block and "method" not in block:
+        raise GridError(f"{where}: name the methods whose alpha to tune, e.g. methods = [\"ngram4\"]")
+    tasks = _axis(merged, "tasks", where, [])
+    models = _axis(merged, "models", where, [RunConfig.model])
+    temps = _axis(merged, "temperatures", where, [None])
+    seeds = _axis(merged, "seeds", where, [None])
+    for name, values in (("temperature", temps), ("seed", seeds)):
+        if values != [None] and name not in FIELDS:
+            if name == "temperature" and all(v == 0 for v in values):
+                temps = [None]
+                continue
+            raise GridError(f"{where}: {name}s given, but this bpdbench decodes greedily only (RunConfig has no "
+                            f"{name}); remove them or use temperatures = [0]")
+    settings = {k: _setting(k, v, where) for k, v in merged.items() if k in FIELDS and k not in MANAGED}
+    threads = ctx["threads_cli"] or block.get("threads", defaults.get("threads", ctx["threads"]))
+    gpus = block.get("gpus", defaults.get("gpus", ctx["gpus"]))
+    if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+        raise GridError(f"{where}: threads must be an integer >= 1, got {threads!r}")
+    if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0:
+        raise GridError(f"{where}: gpus must be a number >= 0, got {gpus!r}")
+    from .kinds import options_for
+    cells = []
+    for model in models:
+        for task in tasks:
+            for t in temps:
+                for s in seeds:
+                    extra = {**({"temperature": float(t)} if t is not None else {}),
+                             **({"seed": s} if s is not None else {})}
+                    for cfg, options in options_for(kind, merged, where):
+                        cfg = RunConfig(task=_str(task, "task", where), model=_str(model, "model", where),
+                                        threads=threads, **{**settings, **extra, **cfg})
+                        cfg = _cap(cfg, ctx["limit"])
+                        options = _cap_options(options, ctx["limit"])
+                        cells.append(_cell(kind, cfg, options, merged, where, ctx, threads, gpus))
+    return cells
+
+
+def _str(value: Any, name: str, where: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise GridError(f"{where}: {name} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _cap(cfg: RunConfig, limit: int | None) -> RunConfig:
+    if limit is None or (cfg.limit is not None and cfg.limit <= limit):
+        return cfg
+    return cfg.replace(limit=limit)
+
+
+def _cap_options(options: dict, limit: int | None) -> dict:
+    if limit is not None and options.get("per_category") and options["per_category"] > limit:
+        return {**options, "per_category": limit}
+    return options
+
+
+def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ctx: dict, threads: int,
+          gpus: float) -> Cell:
+    from .kinds import check
+    if cfg.data_file:
+        cfg = cfg.replace(data_file=_root(cfg.data_file, ctx["grid"].parent))
+    folder = merged.get("folder")
+    if folder is not None and (not isinstance(folder, str) or not folder or "/" in folder or folder.startswith(".")):
+        raise GridError(f"{where}: folder must be one folder name under the results root, got {folder!r}")
+    try:
+        methods: list[Method] = check(kind, cfg, options, ctx)
+    except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
+        raise GridError(f"{where}: {cfg.task}: {_one_line(e)}") from None
+    rel = ""
+    if kind == "run":
+        from ..experiments.session import out_dir
+        rel = out_dir(cfg).relative_to(paths.results_root()).as_posix()
+    elif kind != "tune":
+        rel = f"{folder or FOLDER[kind]}/{cfg.task}"
+    cell = Cell(kind, cfg, options, rel, threads, gpus)
+    return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, methods)))
+
+
+def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
+    """One cell per output folder: the same cell twice is kept once, two settings for one folder are an error."""
+    seen: dict[str, Cell] = {}
+    for c in cells:
+        old = seen.get(c.id)
+        if old is None:
+            seen[c.id] = c
+        elif old.key() != c.key():
+            diff = sorted(k for k in set(old.key()["config"]) | set(c.key()["config"])
+                          if old.key()["config"].get(k) != c.key()["config"].get(k))
+            what = ", ".join(diff) or "options"
+            raise GridError(f"{grid}: two cells write {c.id} with different {what}; give one of them another "
+                            f"folder (folder = ...) or a separate grid with its own results")
+    return list(seen.values())
+
+
+def _link(cells: list[Cell]) -> tuple[list[Cell], list[Artefact]]:
+    """Artefacts once per (model, artefact); a cell reading a tuned alpha waits for the tune cell that writes it."""
+    from .artefacts import collect
+    from .kinds import methods_of, tuned_keys
+    artefacts = collect(cells, methods_of)
+    tunes = {c.id for c in cells if c.kind == "tune"}
+    linked = []
+    for c in cells:
+        waits = tuple(t for t in tuned_keys(c) if t in tunes)
+        linked.append(dataclasses.replace(c, needs=c.needs + waits))
+    return linked, artefacts

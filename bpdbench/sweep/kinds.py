@@ -1,0 +1,206 @@
+"""Per command kind: the cells one block expands into, their checks before anything loads, the call a worker makes,
+and when a cell's results already exist ("finished": its summary file exists and its config.json matches the cell).
+
+The calls are the functions the CLI calls (experiments.run.run, experiments.commands.*), always with `resume`, so a
+cell interrupted mid-way keeps the examples it finished and an extended `limit` only adds the rest.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ..config import ConfigError, RunConfig
+from ..methods import Method, parse
+
+Log = Callable[[str], None]
+
+
+def _spellings(value: Any, where: str) -> list[str]:
+    from ..methods import split_list
+    items = value if isinstance(value, list) else [value]
+    if not items or not all(isinstance(x, str) and x.strip() for x in items):
+        raise ConfigError(f"{where}: methods must be a list of method spellings, e.g. [\"bpd\", \"ngram4\"]")
+    return [s for x in items for s in split_list(x)]
+
+
+def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dict]]:
+    """(RunConfig fields, command options) per cell of one (model, task): run and tune make one cell per method."""
+    methods = merged.get("methods", merged.get("method"))
+    if kind == "run":
+        for m in _spellings(methods, where):
+            yield {"method": m}, {}
+    elif kind == "tune":
+        for m in _spellings(methods, where):
+            yield {"offset": 0}, {"rescorer": m}          # tune reads the held-out slice from its start
+    elif kind == "replay":
+        yield {}, {"methods": ",".join(_spellings(methods, where))}
+    elif kind == "speed":
+        repeats, per_category = merged.get("repeats", 3), merged.get("per_category")
+        for name, v in (("repeats", repeats), ("per_category", per_category)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                raise ConfigError(f"{where}: {name} must be an integer >= 1, got {v!r}")
+        yield {}, {"methods": ",".join(_spellings(methods, where)), "repeats": repeats, "per_category": per_category}
+    else:
+        yield {}, {}
+
+
+def methods_of(kind: str, cfg: RunConfig, options: dict) -> list[Method]:
+    """The methods a cell builds, parsed by the registry (one grammar for every command)."""
+    from ..experiments.replay import KS
+    from ..experiments.session import resolve_method, resolve_methods
+    if kind == "run":
+        return [resolve_method(cfg)]
+    if kind == "tune":
+        return resolve_methods(options["rescorer"])
+    if kind in ("replay", "speed"):
+        chosen = resolve_methods(options["methods"])
+        return [parse("ar")] + [m for m in chosen if m.label != "ar"] if kind == "speed" else chosen
+    if kind == "oracle":
+        return [parse("bpd")] + [parse(f"oracle:k={k}") for k in sorted({x for x in KS if x <= cfg.k} | {cfg.k})]
+    return [parse("bpd"), parse("ngram2")]          # analyze: the heads' drafts, plain and 2-gram rescored
+
+
+def check(kind: str, cfg: RunConfig, options: dict, ctx: dict) -> list[Method]:
+    """What the CLI checks before loading, on the driver: values, method spellings, model name, data selection."""
+    from .. import models
+    from ..experiments.artefacts import check_model_files
+    from ..experiments.session import select_examples
+    checked = cfg.replace(device="cpu") if cfg.device.startswith("cuda") else cfg   # the GPU is on the workers
+    checked = checked.validate()
+    methods = methods_of(kind, cfg, options)
+    external = [m.label for m in methods if m.spec.external]
+    if external and kind != "speed":
+        raise ConfigError(f"{', '.join(external)} run transformers' own loop: time them in a [[speed]] block")
+    if kind == "tune" and "alpha" not in {p.name for p in methods[0].spec.params}:
+        raise ConfigError(f"{methods[0].label} has no alpha to tune; methods with one: ngram2, ngram4, "
+                          f"16best-ngram4, neural-s|m|l, medusa-neural-m, hf-lm")
+    if cfg.model not in models.MODELS:
+        check_model_files(cfg.model, cfg.dtype)
+    key = (cfg.task, cfg.data_file, cfg.offset, cfg.limit, kind == "tune", options.get("per_category"))
+    if key not in ctx["checked"]:
+        data = checked.replace(data_dir=ctx["data"]) if ctx["data"] else checked
+        ctx["checked"][key] = len(select_examples(data, heldout=kind == "tune",
+                                                  per_category=options.get("per_category")))
+    return methods
+
+
+def tuned_keys(cell) -> list[str]:
+    """Ids of the tune cells whose alpha this cell reads (methods that interpolate and are given no alpha)."""
+    if cell.kind in ("tune", "oracle", "analyze") or cell.config.alpha is not None:
+        return []
+    import rescorers
+    out = []
+    for m in methods_of(cell.kind, cell.config, cell.options):
+        spec = rescorers.RESCORERS.get(m.name)
+        if spec is not None and spec.interpolates and m.get("alpha") is None:
+            out.append(f"tune:{cell.config.model}/{cell.config.task}/{m.name}")
+    return out
+
+
+def execute(cell, log: Log) -> dict:
+    """Run one cell through the CLI's own function; returns what the report keeps about it."""
+    from ..experiments import commands
+    from ..experiments.run import run
+    cfg = cell.config.replace(resume=True)
+    if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
+        raise RuntimeError("test hook: failing on purpose")
+    if cell.kind == "run":
+        row = run(cfg, log=log, progress=_hook(cell))
+        return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
+    if cell.kind == "replay":
+        return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log))}
+    if cell.kind == "oracle":
+        return {"rows": len(commands.oracle(cfg, cfg.k, True, log))}
+    if cell.kind == "analyze":
+        commands.analyze(cfg, log)
+        return {}
+    if cell.kind == "tune":
+        res = commands.tune(cfg.replace(resume=False), cell.options["rescorer"], log)
+        return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
+    o = cell.options
+    commands.speed(cfg, o["methods"], o["repeats"], None, o["per_category"], True, log)
+    return {}
+
+
+def _hook(cell):
+    """Tests only: end the worker process abruptly after n examples, once, as a killed machine would."""
+    exit_after, once = cell.hooks.get("exit_after_examples"), cell.hooks.get("once_file")
+    if not exit_after or not once:
+        return None
+    seen = [0]
+
+    def progress(record: dict) -> None:
+        import os
+        seen[0] += 1
+        if seen[0] >= exit_after and not Path(once).exists():
+            Path(once).write_text(f"exited after {seen[0]} examples\n")
+            os._exit(3)
+    return progress
+
+
+# --- finished cells -------------------------------------------------------------------------------------------------
+
+def finished(cell, root: Path) -> bool:
+    """The cell's summary exists, was written after its config.json (a crash after a new config.json leaves an older
+    summary behind), and config.json records the cell's settings and methods. Folders the CLI wrote count too."""
+    from .grid import SUMMARY
+    if cell.kind == "tune":
+        return _tuned(cell, root)
+    out = root / cell.rel
+    summary, conf = out / SUMMARY[cell.kind], out / "config.json"
+    try:
+        if cell.kind == "analyze":           # analyze writes its config.json last
+            if not summary.exists():
+                return False
+        elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns:
+            return False
+        meta = json.loads(conf.read_text())
+    except (OSError, ValueError):
+        return False
+    return _matches(cell, meta)
+
+
+def lost(cell, root: Path) -> int:
+    """Examples of a finished run cell that diverged from greedy beyond numerical noise."""
+    if cell.kind != "run":
+        return 0
+    try:
+        import pandas as pd
+        return int(pd.read_csv(root / cell.rel / "summary.csv").get("n_lost", pd.Series([0])).fillna(0).iloc[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _norm(d: dict) -> dict:
+    return json.loads(json.dumps(d, default=str))
+
+
+def _matches(cell, meta: dict) -> bool:
+    from ..experiments.speed import UNUSED
+    from ..methods import canonical
+    want = _norm(cell.config.to_dict())
+    if cell.kind == "speed":
+        want = {k: v for k, v in want.items() if k not in UNUSED}
+    # a field an older config.json lacks was added since with its default, which is what that run did
+    have = {**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})}
+    if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in ("threads", "resume")):
+        return False
+    labels = [m.label for m in methods_of(cell.kind, cell.config, cell.options)]
+    recorded = [canonical(m) for m in meta.get("methods", [])]
+    if cell.kind == "speed":
+        recorded += list(meta.get("resolved", {}).get("skipped", {}))
+        return (sorted(recorded) == sorted(labels) and meta.get("repeats") == cell.options["repeats"]
+                and meta.get("per_category") == cell.options["per_category"])
+    if cell.kind == "analyze":          # always plain and 2-gram drafts: its config is all there is to match
+        return True
+    return recorded == labels
+
+
+def _tuned(cell, root: Path) -> bool:
+    c = cell.config
+    table = Path(c.alpha_file) if c.alpha_file else root / "alpha.json"
+    try:
+        return f"{c.model}/{c.task}/{parse(cell.options['rescorer']).name}" in json.loads(table.read_text())
+    except (OSError, ValueError):
+        return False
