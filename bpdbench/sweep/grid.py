@@ -129,6 +129,8 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
         raise GridError(f"{grid}: unknown table [{unknown[0]}]; valid: [sweep], [defaults], "
                         + ", ".join(f"[[{k}]]" for k in KINDS))
     sweep = _table(doc, "sweep", grid)
+    if not re.fullmatch(r"[\w.-]+", str(sweep.get("name", "x"))):
+        raise GridError(f"{grid}: [sweep]: name must be one folder name (letters, digits, . _ -)")
     for key, value in sweep.items():
         if key not in SWEEP_KEYS:
             raise GridError(f"{grid}: [sweep]: unknown key '{key}'; valid: {', '.join(SWEEP_KEYS)}")
@@ -145,7 +147,7 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
         raise GridError(f"{grid}: [sweep]: retries and gpus must be >= 0 and threads >= 1")
     data_root = _root(data, here) or _root(sweep.get("data"), grid.parent)
     ctx = {"grid": grid, "threads": sweep.get("threads", 1), "threads_cli": threads, "gpus": sweep.get("gpus", 0),
-           "limit": limit, "data": data_root, "checked": {}}
+           "limit": limit, "data": data_root, "results": res, "checked": {}}
     defaults = _table(doc, "defaults", grid)
     _check_keys(defaults, set(SETTINGS) | {"models", "model", "temperatures", "temperature", "seeds", "seed",
                                            "threads", "gpus"}, f"{grid}: [defaults]")
@@ -296,6 +298,8 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
         rel = out_dir(cfg).relative_to(paths.results_root()).as_posix()
     elif kind != "tune":
         rel = f"{folder or FOLDER[kind]}/{cfg.task}"
+        if folder and folder != FOLDER[kind]:      # as `--out <results>/<folder>/<task>` would
+            cfg = cfg.replace(out=str(Path(ctx["results"]) / rel))
     cell = Cell(kind, cfg, options, rel, threads, gpus)
     return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, methods)))
 
