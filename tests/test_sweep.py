@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bpdbench.cli import app
+from tests.test_refinement_cli import kenlm_required  # noqa: F401 (a fixture)
 
 pytest.importorskip("ray")
 
@@ -150,6 +151,35 @@ def test_failing_cell_is_retried_reported_and_exits_nonzero(tiny_model_dir, data
     assert [c["status"] for c in report["cells"] if c["id"] != bad.id] == ["ok"]
     assert driver.exit_code(report) == 1
     assert json.loads((plan.results / "sweep" / "grid" / "report.json").read_text())["failed"] == [bad.id]
+
+
+def test_artefacts_once_then_tune_then_the_replay_reading_its_alpha(tiny_model_dir, data, tmp_path, kenlm_required):
+    """The 2-gram is built once by its own task; the replay waits for the tune cell and reads the alpha it stored."""
+    from bpdbench.sweep import driver, grid
+    corpus = tmp_path / "data"
+    import shutil
+    shutil.copytree(data, corpus)
+    write(corpus / "corpus" / "c4.jsonl", [{"text": f"the cat sat on the mat and {i} dogs ran past the mill"}
+                                           for i in range(200)])
+    path = tmp_path / "grid.toml"
+    path.write_text("\n".join([
+        "[sweep]", f'results = "{tmp_path / "results"}"', f'data = "{corpus}"', f'cache = "{tmp_path / "cache"}"',
+        "", "[defaults]", *[f'{k} = {json.dumps(str(tiny_model_dir) if k == "model" else v)}'
+                              for k, v in COMMON.items()], "k = 4", "",
+        "[[tune]]", 'tasks = ["xsum"]', 'methods = ["ngram2"]', "limit = 2", "",
+        "[[replay]]", 'tasks = ["xsum"]', 'methods = ["bpd", "ngram2"]', "",
+        "[[analyze]]", 'tasks = ["xsum"]']))
+    plan = grid.load(path)
+    assert [a.id for a in plan.artefacts] == [f"ngram2:{tiny_model_dir}"]
+    replay = next(c for c in plan.cells if c.kind == "replay")
+    assert f"tune:{tiny_model_dir}/xsum/ngram2" in replay.needs
+    report = driver.run(plan, "local", cpus=2, log=print)
+    assert driver.exit_code(report) == 0 and [a["status"] for a in report["artefacts"]] == ["built"], report
+    alpha = json.loads((plan.results / "alpha.json").read_text())[f"{tiny_model_dir}/xsum/ngram2"]
+    resolved = json.loads((plan.results / "replay" / "xsum" / "config.json").read_text())["resolved"]["methods"]
+    assert resolved["ngram2"]["alpha"] == alpha and resolved["ngram2"]["alpha_source"].endswith("alpha.json")
+    assert (plan.results / "analysis" / "xsum" / "entropy.csv").exists()
+    assert driver.run(grid.load(path), "local", log=print)["counts"] == {"finished": 3}
 
 
 def test_a_cell_waits_for_what_it_needs_and_says_which_failed(tiny_model_dir, data, tmp_path):
