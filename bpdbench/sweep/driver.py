@@ -72,11 +72,15 @@ def connect(address: str, cpus: int | None, log: Log):
     except ModuleNotFoundError:
         raise ConfigError("bpdbench sweep needs Ray: pip install 'bpdbench[sweep]' (make install does)") from None
     t = time.time()
-    if address == "local":
-        ray.init(num_cpus=cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                 object_store_memory=256 << 20)
-    else:
-        ray.init(address=address, log_to_driver=False)
+    try:
+        if address == "local":
+            ray.init(num_cpus=cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                     object_store_memory=256 << 20)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise ConfigError(f"cannot start or reach Ray at --address {address}: {str(e).splitlines()[0]}; on a "
+                          f"cluster, run `ray start` on this machine first (README: sweep)") from None
     res = ray.cluster_resources()
     log(f"ray {ray.__version__} at {address}: {len(ray.nodes())} node(s), {res.get('CPU', 0):g} CPUs, "
         f"{res.get('GPU', 0):g} GPUs (connected in {time.time() - t:.1f}s)")
