@@ -94,10 +94,12 @@ def _attempts(ident: str, state: Path, retries: int, log: Callable[[str], None],
 def run_cell(cell, retries: int, state_dir: str, *deps: dict) -> dict:
     """One cell on this worker. `deps`: the results of the artefacts and tune cells it needs (Ray passes them in
     once they are done, which is how the cell waits for them)."""
+    import torch
     from . import kinds
     blocked = _blocked(cell.id, deps)
     if blocked:
         return blocked
+    torch.set_num_threads(cell.threads)        # the commands set it again from the cell's RunConfig (the same)
     if kinds.finished(cell, paths.results_root()):      # e.g. finished since the driver looked
         return {"id": cell.id, "status": "finished"}
     with _logged(state_dir, cell.id) as (log, state):
