@@ -2,7 +2,8 @@
 and when a cell's results already exist ("finished": its summary file exists and its config.json matches the cell).
 
 The calls are the functions the CLI calls (experiments.run.run, experiments.commands.*), always with `resume`, so a
-cell interrupted mid-way keeps the examples it finished and an extended `limit` only adds the rest.
+cell interrupted mid-way keeps the examples it finished (and for run, replay and oracle a larger `limit` only adds
+the rest).
 """
 from __future__ import annotations
 
