@@ -264,6 +264,8 @@ GRID_CASES = [
     ("sweep-key", "[sweep]\nworkers = 2\n[[run]]\ntasks = [\"xsum\"]", ["[sweep]", "unknown key 'workers'"]),
     ("not-array", "[run]\ntasks = [\"xsum\"]", ["[[run]] blocks"]),
     ("speed-repeats", "[[speed]]\ntasks = [\"mt_bench\"]\nrepeats = 0", ["repeats must be an integer >= 1"]),
+    ("gpu-on-cpu", "[sweep]\ngpus = 1\n[[run]]\ntasks = [\"xsum\"]", ["gpus = 1", "device"]),
+    ("cuda-no-gpu", "[[run]]\ntasks = [\"xsum\"]\ndevice = \"cuda\"", ["needs gpus = 1"]),
     ("data-file", "[[run]]\ntasks = [\"prompts\"]\ndata_file = \"none.jsonl\"", ["data file not found"]),
 ]
 

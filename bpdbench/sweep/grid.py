@@ -285,6 +285,11 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
     from .kinds import check
     if cfg.data_file:
         cfg = cfg.replace(data_file=_root(cfg.data_file, ctx["grid"].parent))
+    if gpus and cfg.device == "cpu":
+        raise GridError(f"{where}: gpus = {gpus:g} but device = \"cpu\"; set device = \"cuda\" (or gpus = 0)")
+    if not gpus and cfg.device.startswith("cuda"):     # Ray hides every GPU from a task that asks for none
+        raise GridError(f"{where}: device = \"{cfg.device}\" needs gpus = 1 (Ray shows a task only the GPUs it asks "
+                        f"for)")
     folder = merged.get("folder")
     if folder is not None and (not isinstance(folder, str) or not folder or "/" in folder or folder.startswith(".")):
         raise GridError(f"{where}: folder must be one folder name under the results root, got {folder!r}")
