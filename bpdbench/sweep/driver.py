@@ -73,9 +73,9 @@ def connect(address: str, cpus: int | None, log: Log):
         raise ConfigError("bpdbench sweep needs Ray: pip install 'bpdbench[sweep]' (make install does)") from None
     t = time.time()
     try:
-        if address == "local":
+        if address == "local":     # cells at the priority of the command they replace: Ray would nice them to 15
             ray.init(num_cpus=cpus or os.cpu_count(), include_dashboard=False, log_to_driver=False,
-                     object_store_memory=256 << 20)
+                     object_store_memory=256 << 20, _system_config={"worker_niceness": 0})
         else:
             ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
@@ -121,6 +121,7 @@ def run(plan: Plan, address: str = "local", cpus: int | None = None, log: Log = 
         _wait(ray, refs, report, len(todo), log)
     except KeyboardInterrupt:
         report["interrupted"] = True
+        log("interrupted: finished cells and examples are kept; run the same sweep again to continue")
         _finish(plan, report, t0, log, ran=True)
         raise
     finally:
