@@ -158,6 +158,22 @@ def train_heads_cmd(model: str = _M, profile: str = typer.Option("quick", help="
     train_heads.train(model, profile, out=Path(out) if out else None, log=_log)
 
 
+@app.command("build-history")
+@one_line_errors
+def build_history_cmd(model: str = _M, profile: str = typer.Option("quick", help="quick (about 4 min) | full (about 1 h) | ci"),
+                      threads: Optional[int] = _TH):
+    """The model's greedy continuations on held-out prompts, for `hierarchy`'s model-history database."""
+    import torch
+    from .train import history
+    if profile not in history.PROFILES:
+        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(history.PROFILES)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+    history.build(model, profile, log=_log)
+
+
 @app.command("train-rescorer")
 @one_line_errors
 def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"), model: str = _M,

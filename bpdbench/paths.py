@@ -64,3 +64,9 @@ def run_dir(task: str, model: str, label: str, dtype: str) -> Path:
 def experiment_dir(kind: str, task: str) -> Path:
     """results/<kind>/<task> for replay, oracle, analysis, speed."""
     return results_root() / kind / task
+
+
+def lookup_dir(model: str) -> Path:
+    """Lookup drafters' tables for a target model: the corpus n-gram index, the bigram table, the model's own
+    greedy history (methods/lookup_store.py)."""
+    return cache_root() / "lookup" / _safe(model)

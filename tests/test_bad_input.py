@@ -137,6 +137,8 @@ RUN_CASES = [
     ("method-param-nan", lambda a, t, m: with_opts(a, method="ngram2:alpha=nan"), ["alpha", "finite"]),
     ("method-param-form", lambda a, t, m: with_opts(a, method="bpd:heads"), ["key=value"]),
     ("method-vs-rescorer", lambda a, t, m: with_opts(a, method="pld", rescorer="ngram2"), ["two methods", "pass one"]),
+    ("method-option-choice", lambda a, t, m: with_opts(a, method="hierarchy:order=xyz"), ["order", "one of"]),
+    ("method-shape", lambda a, t, m: with_opts(a, method="cascade:split=5,length=4"), ["split=5", "length=4"]),
     ("heads-profile", lambda a, t, m: with_opts(a, heads_profile="huge"), ["heads profile", "valid:"]),
     ("k-beyond-vocab", lambda a, t, m: with_opts(a, method="16best-0gram", k="1000"), ["k=1000", "--k 128"]),
     ("k-beyond-shortlist", lambda a, t, m: with_opts(a, method="16best-0gram", k="16", heads_profile=None,

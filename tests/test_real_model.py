@@ -65,8 +65,11 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     for size in "sml":
         save_lm(SmallLM(make_config(size, len(heads.shortlist)), heads.shortlist).eval(), tmp_path / f"neural-{size}")
     spellings = [{"hf-lm": f"hf-lm:model={models.DEFAULT_MODEL},heads=2", "oracle": "oracle:k=8",
-                  "sps": f"sps:model={models.DEFAULT_MODEL},gamma=3,schedule=heuristic"}.get(n, n)
-                 for n, spec in REGISTRY.items() if not spec.external] + ["medusa:tree=auto", "bpd:threshold=0.2"]
+                  "sps": f"sps:model={models.DEFAULT_MODEL},gamma=3,schedule=heuristic",
+                  "hierarchy": "hierarchy:history=ci"}.get(n, n)
+                 for n, spec in REGISTRY.items() if not spec.external] + [
+        "medusa:tree=auto", "bpd:threshold=0.2", f"cascade:top=sps,model={models.DEFAULT_MODEL},split=3,vertical=1",
+        "hierarchy:order=lc,candidates=4,length=4"]
     prompts = [s.prompt(ex) for ex in s.examples]
     for spelling in spellings:
         drafter = s.drafter(parse(spelling))

@@ -65,6 +65,26 @@ def _artefacts(root, model_name):
         path = paths.rescorer_dir(f"ngram{order}", model_name) / f"ngram{order}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(arpa))   # KenLM reads ARPA text as well as its binary format
+    _lookup_tables(model_name)
+
+
+def _lookup_tables(model_name):
+    """Tiny stand-ins for the lookup drafters' corpus table, bigram table and quick model history."""
+    import random
+    import numpy as np
+    from bpdbench.methods.lookup import FrequencyTable, bigram_table, stream
+    from bpdbench.train import history
+    from bpdbench.train.rescorer import default_corpus_files
+    rng = random.Random(1)
+    docs = [[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]
+    files = [str(f) for f in default_corpus_files()]
+    FrequencyTable.build(stream(docs), sizes=(2, 3), meta={"source": "corpus", "files": files}).save(
+        paths.lookup_dir(model_name) / "static.npz")
+    np.save(paths.lookup_dir(model_name) / "bigram-corpus.npy", bigram_table(stream(docs), VOCAB))
+    seqs = [[rng.randrange(VOCAB) for _ in range(30)] for _ in range(10)]
+    history.history_file(model_name, "quick").write_text(json.dumps(
+        {"model": model_name, "profile": "quick", "sequences": len(seqs), "tokens": 300,
+         "source": {"kind": "test stand-in"}, "continuations": seqs}))
 
 
 def all_methods(model_dir) -> list[str]:
@@ -75,7 +95,9 @@ def all_methods(model_dir) -> list[str]:
         out.append({"hf-lm": f"hf-lm:model={model_dir}", "oracle": "oracle:k=4",
                     "sps": f"sps:model={model_dir}"}.get(name, name))
     return out + ["bpd:heads=2", "bpd:threshold=0.3", "medusa:tree=auto", "ngram4:alpha=2", "pld:tokens=3,ngram=1",
-                  f"sps:model={model_dir},gamma=2,schedule=heuristic"]
+                  f"sps:model={model_dir},gamma=2,schedule=heuristic", "cascade:top=none,bottom=lookup,length=4",
+                  f"cascade:top=sps,model={model_dir},split=3,vertical=1", "cascade:split=3,threshold=0.2",
+                  "hierarchy:order=lsc,candidates=2,length=3", "hierarchy:order=c,ngram=1"]
 
 
 @pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])

@@ -116,30 +116,35 @@ def _draft_name(env: Env, method: Method) -> str:
     name = method.get("model") or DEFAULT_DRAFT.get(env.cfg.model)
     if not name:
         raise MethodError(f"{method.label}: no default draft model for target {env.cfg.model}; name one: "
-                          f"sps:model=<registered name or HF folder> (same tokenizer as the target)")
+                          f"{method.name}:model=<registered name or HF folder> (same tokenizer as the target)")
     return name
 
 
-def build(env: Env, method: Method) -> DraftModelDrafter:
-    """Load the draft model (or share the target's weights when it drafts for itself) and check the tokenizers."""
+def load_draft(env: Env, method: Method) -> tuple[str, Any]:
+    """(name, draft model): one of our neural LMs, the target itself (its weights shared, its cache separate), or
+    another same-tokenizer model. Shared by every method that drafts with a draft model (sps, cascade)."""
     from .. import models
     name = _draft_name(env, method)
-    gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
     if name in NEURAL:
-        env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
-        return DraftModelDrafter(method.label, _neural(env, name), gamma, schedule)
+        return name, _neural(env, name)
     if name == env.cfg.model:
-        draft_model, draft_tok = env.model, env.tok   # own cache, shared weights: no second copy in memory
-    else:
-        try:
-            draft_model, draft_tok = models.load(name, env.cfg.dtype, env.cfg.device)
-        except (models.ModelError, ModuleNotFoundError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise MethodError(f"{method.label}: cannot load draft model {name} ({first}); "
-                              f"pass sps:model=<name or path>") from None
+        return name, env.model                        # own cache, shared weights: no second copy in memory
+    try:
+        draft_model, draft_tok = models.load(name, env.cfg.dtype, env.cfg.device)
+    except (models.ModelError, ModuleNotFoundError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise MethodError(f"{method.label}: cannot load draft model {name} ({first}); "
+                          f"pass {method.name}:model=<name or path>") from None
     if draft_tok.get_vocab() != env.tok.get_vocab():
         raise MethodError(f"{method.label}: draft model {name} has a different tokenizer from target "
-                          f"{env.cfg.model}; sps needs the same vocabulary (try hf-assisted for different ones)")
+                          f"{env.cfg.model}; a draft model needs the same vocabulary (try hf-assisted for "
+                          f"different ones)")
+    return name, draft_model
+
+
+def build(env: Env, method: Method) -> DraftModelDrafter:
+    name, draft_model = load_draft(env, method)
+    gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
     env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
     return DraftModelDrafter(method.label, draft_model, gamma, schedule)
 
