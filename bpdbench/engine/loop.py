@@ -75,7 +75,7 @@ def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> St
     cache = DynamicCache()
     x = torch.tensor([prompt_ids], device=model.device)
     hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
-    nxt = acceptance.targets(model.lm_head(hidden))[0]
+    nxt = acceptance.first(model.lm_head(hidden))
     return State(cache, hidden[-1], list(prompt_ids) + [nxt])
 
 
@@ -126,9 +126,10 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     gen.seconds["prefill"], clock = _lap(clock)
     out = [state.context[-1]]
     drafter.observe([state.context[-1]])
+    sampler = getattr(acceptance, "sampler", None)     # sampling rules share their generator with the drafter
     while not limits.done(out):
         budget = limits.budget(out)
-        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget)).clip(budget)
+        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget, sampler=sampler)).clip(budget)
         t_draft, clock = _lap(clock)
         verified = verify(model, state, proposal, acceptance)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)

@@ -1,12 +1,19 @@
-"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), greedy, in our loop.
+"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), in our loop.
 
-A smaller same-tokenizer causal LM drafts γ tokens autoregressively (argmax) and the target verifies them in one
-forward. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
+A smaller same-tokenizer causal LM drafts γ tokens autoregressively and the target verifies them in one forward.
+Greedy (the default): the draft is the draft model's argmax, a point mass. At T > 0 (`--temperature`): each token is
+*sampled* from the draft model's own warped distribution q (the same temperature/top-k/top-p warpers as the target,
+the example's generator) and q's full distribution is reported in `Proposal.dists`, so the speculative-sampling rule
+applies Leviathan's min(1, p/q) test with residual resampling; the output is distributed exactly as sampling the
+target alone. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
 this drafter runs inside our decode loop, so it is counted step by step, replayed, and compared with every other
 drafter on the same terms. The drafter keeps its own KV cache in step with what the target decided: after each
 step the rejected draft suffix is cropped, and the next proposal feeds only the tokens the cache has not seen (the
 bonus token, plus the last accepted draft token, which was drafted but never fed). Each proposed token carries its
-draft probability q(token) so a later speculative-sampling rule can use it; greedy acceptance ignores it.
+draft probability q(token); greedy acceptance ignores it.
+
+Draft models: a registered or local transformers model with the target's tokenizer, or one of our small neural LMs
+(`neural-s|m|l`, methods/draft_lm.py), which is the default for the 0.5B target (no smaller Qwen exists).
 
 γ schedules: `fixed`, or transformers' `heuristic` (AssistedCandidateGenerator.update_candidate_strategy): after a
 step that accepted the whole draft γ += 2, otherwise γ = max(1, γ - 1); the drafter learns acceptance from
@@ -24,7 +31,8 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 
 # target -> the default same-tokenizer draft model (the only pair of registered models that shares a tokenizer)
-DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b"}
+DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b": "neural-s"}
+NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
 
 
@@ -48,7 +56,8 @@ class DraftModelDrafter:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
         self.gamma = gamma
-        self.cache = DynamicCache()
+        self.new_cache = getattr(model, "new_cache", DynamicCache)   # draft_lm.SmallLMDraft has its own
+        self.cache = self.new_cache()
         self.fed: list[int] = []         # tokens whose keys/values are in self.cache, in order
         self.decided: list[int] = []     # prompt + decided tokens, as observe reports them
         self.drafted: int | None = None  # length of the last proposal, None before the first
@@ -57,7 +66,7 @@ class DraftModelDrafter:
         """A new example: empty cache, γ back to its start value (the heuristic adapts per example, as HF does
         per `generate` call)."""
         self.gamma = self.gamma0
-        self.cache = DynamicCache()
+        self.cache = self.new_cache()
         self.fed, self.decided, self.drafted = [], list(prompt_ids), None
 
     def _crop_to(self, tokens: list[int], keep_last_unfed: bool) -> None:
@@ -87,14 +96,20 @@ class DraftModelDrafter:
         logits = self._forward(ctx.tokens[len(self.fed):])
         draft: list[int] = []
         probs: list[float] = []
+        dists: list[torch.Tensor] = []
         for i in range(n):
-            p = torch.softmax(logits, dim=-1)
-            t = int(torch.argmax(p))
+            if ctx.sampler is None:
+                p = torch.softmax(logits, dim=-1)
+                t = int(torch.argmax(p))
+            else:                          # T > 0: sample from the warped q and report all of q
+                p = ctx.sampler.probs(logits)
+                t = ctx.sampler.draw(p)
+                dists.append(p)
             draft.append(t)
             probs.append(float(p[t]))
             if i + 1 < n:                  # the last drafted token is fed next step, only if it is accepted
                 logits = self._forward([t])
-        return Proposal([draft], probs=[probs])
+        return Proposal([draft], probs=[probs], dists=[torch.stack(dists)] if dists else None)
 
     def observe(self, tokens: list[int]) -> None:
         """Drop the rejected draft suffix from the cache now and adapt γ to the acceptance the step shows."""
@@ -119,6 +134,11 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     from .. import models
     name = _draft_name(env, method)
     gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
+    if name in NEURAL:                                 # our small LM over the target's own tokenizer
+        from .draft_lm import load
+        draft = load(name.split("-")[1], env)
+        env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
+        return DraftModelDrafter(method.label, draft, gamma, schedule)
     if name == env.cfg.model:
         draft_model, draft_tok = env.model, env.tok   # own cache, shared weights: no second copy in memory
     else:
@@ -141,13 +161,18 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     name = DEFAULT_DRAFT.get(model)
     if name is None:
         return [("a draft model (sps:model=<name or path>)", False)]
+    if name in NEURAL:
+        from .artefacts import ready
+        import rescorers
+        return ready(rescorers.RESCORERS[name], model)
     spec = models.MODELS[name]
     return [(f"draft model {name}", all(importlib.util.find_spec(m) for m in spec.modules))]
 
 
-SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens greedily "
-                    "(Leviathan et al.), verified in our loop", build,
-                    (Param("model", str, "the draft model (default for qwen2.5-coder-1.5b: qwen2.5-coder-0.5b)"),
+SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens (argmax, "
+                    "or sampled from its own q at T > 0; Leviathan et al.), verified in our loop", build,
+                    (Param("model", str, "the draft model: a same-tokenizer model or neural-s|m|l (default: "
+                           "qwen2.5-coder-0.5b for the 1.5b target, neural-s for the 0.5b)"),
                      Param("gamma", int, "draft length (start value under the heuristic schedule)", low=1),
                      Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
                            "draft, -1 otherwise)", choices=SCHEDULES)),
