@@ -132,6 +132,12 @@ def test_speed_by_category(tiny_model_dir, tmp_path):
     by_cat = pd.read_csv(out / "speed_by_category.csv")
     assert sorted(set(by_cat.category)) == ["math", "qa", "writing"]
     assert len(by_cat) == 6 and (by_cat.n_prompts == 1).all()
+    from bpdbench.report.tables import build                  # the per-category figure is drawn from these files
+    (tmp_path / "res" / "speed").mkdir(parents=True)
+    (out).rename(tmp_path / "res" / "speed" / "cat")
+    written = build(tmp_path / "res")
+    png = tmp_path / "res" / "tables" / "speed_by_category_cat.png"
+    assert png in written and png.stat().st_size > 0
 
 
 def test_unknown_method_is_one_line_error(tiny_model_dir, prompts_file, tmp_path):

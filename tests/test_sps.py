@@ -201,3 +201,25 @@ def test_missing_model_bad_model_and_tokenizer_mismatch(loaded, tiny_model_dir, 
     from bpdbench import models
     monkeypatch.setattr(models, "load", lambda *a, **k: (loaded[0], OtherTok()))
     assert "tokenizer" in _one_line_error(env, f"sps:model={tiny_model_dir}")
+
+
+def test_neural_lm_drafts_losslessly_across_its_window(tiny_model, tmp_path):
+    """A neural LM (rescorers/neural.py, the tiny size: a 64-token window) as the draft model: output equals greedy
+    even when the context outgrows the LM's window and its cache is rebuilt mid-example, and its drafts carry
+    probabilities, with nothing drafted outside its shortlist."""
+    from bpdbench.methods.draft_lm import NeuralDraftLM
+    from rescorers.neural import SmallLM, make_config
+
+    torch.manual_seed(0)
+    shortlist = torch.arange(0, 96, 2)
+    lm = SmallLM(make_config("tiny", len(shortlist)), shortlist).eval()
+    drafter = DraftModelDrafter("sps", NeuralDraftLM(lm, 96), gamma=3)
+    prompt = [int(t) for t in torch.randint(0, 96, (50,), generator=torch.Generator().manual_seed(3))]
+    limits = Limits(40)
+    ar = generate(tiny_model, None, prompt, limits)
+    g = generate(tiny_model, drafter, prompt, limits)
+    assert g.tokens == ar.tokens
+    assert drafter.cache.start > 0                       # 50 + 40 tokens > 64: the window moved
+    assert replay(drafter, prompt, ar.tokens, None, limits).to_dict() == g.counters.to_dict()
+    proposal = drafter.propose(DraftContext(prompt + ar.tokens[:5], None, 3))
+    assert all(t % 2 == 0 for t in proposal.paths[0]) and all(0 < q <= 1 for q in proposal.probs[0])

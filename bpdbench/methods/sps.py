@@ -1,19 +1,16 @@
 """Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), in our loop.
 
 A smaller same-tokenizer causal LM drafts γ tokens autoregressively and the target verifies them in one forward.
-Greedy (the default): the draft is the draft model's argmax, a point mass. At T > 0 (`--temperature`): each token is
-*sampled* from the draft model's own warped distribution q (the same temperature/top-k/top-p warpers as the target,
-the example's generator) and q's full distribution is reported in `Proposal.dists`, so the speculative-sampling rule
-applies Leviathan's min(1, p/q) test with residual resampling; the output is distributed exactly as sampling the
-target alone. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
+What q is: greedy (the default), the draft model's argmax, a point mass. At T > 0 (`--temperature`), each token is
+*sampled* from the draft model's own warped distribution q (the target's temperature/top-k/top-p warpers, the
+example's generator) and q's full distribution is reported in `Proposal.dists`, so the speculative-sampling rule
+(engine/sampling.py) applies Leviathan's min(1, p/q) test with residual resampling and the output is distributed
+exactly as sampling the target alone. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
 this drafter runs inside our decode loop, so it is counted step by step, replayed, and compared with every other
 drafter on the same terms. The drafter keeps its own KV cache in step with what the target decided: after each
 step the rejected draft suffix is cropped, and the next proposal feeds only the tokens the cache has not seen (the
 bonus token, plus the last accepted draft token, which was drafted but never fed). Each proposed token carries its
 draft probability q(token); greedy acceptance ignores it.
-
-Draft models: a registered or local transformers model with the target's tokenizer, or one of our small neural LMs
-(`neural-s|m|l`, methods/draft_lm.py), which is the default for the 0.5B target (no smaller Qwen exists).
 
 γ schedules: `fixed`, or transformers' `heuristic` (AssistedCandidateGenerator.update_candidate_strategy): after a
 step that accepted the whole draft γ += 2, otherwise γ = max(1, γ - 1); the drafter learns acceptance from
@@ -30,7 +27,9 @@ from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 
-# target -> the default same-tokenizer draft model (the only pair of registered models that shares a tokenizer)
+# target -> the default same-tokenizer draft model: the 0.5B for the 1.5B (the only registered pair that shares a
+# tokenizer); for the 0.5B, which has no smaller sibling, our smallest neural LM (rescorers/neural.py), trained on
+# first use like the rescorers that share it
 DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b": "neural-s"}
 NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
@@ -56,8 +55,7 @@ class DraftModelDrafter:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
         self.gamma = gamma
-        self.new_cache = getattr(model, "new_cache", DynamicCache)   # draft_lm.SmallLMDraft has its own
-        self.cache = self.new_cache()
+        self.cache = self._new_cache()
         self.fed: list[int] = []         # tokens whose keys/values are in self.cache, in order
         self.decided: list[int] = []     # prompt + decided tokens, as observe reports them
         self.drafted: int | None = None  # length of the last proposal, None before the first
@@ -66,8 +64,11 @@ class DraftModelDrafter:
         """A new example: empty cache, γ back to its start value (the heuristic adapts per example, as HF does
         per `generate` call)."""
         self.gamma = self.gamma0
-        self.cache = self.new_cache()
+        self.cache = self._new_cache()
         self.fed, self.decided, self.drafted = [], list(prompt_ids), None
+
+    def _new_cache(self):
+        return self.model.new_cache() if hasattr(self.model, "new_cache") else DynamicCache()
 
     def _crop_to(self, tokens: list[int], keep_last_unfed: bool) -> None:
         """Roll the cache back to the longest prefix of `tokens` it holds; with `keep_last_unfed`, at most
@@ -134,11 +135,9 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     from .. import models
     name = _draft_name(env, method)
     gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
-    if name in NEURAL:                                 # our small LM over the target's own tokenizer
-        from .draft_lm import load
-        draft = load(name.split("-")[1], env)
+    if name in NEURAL:
         env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
-        return DraftModelDrafter(method.label, draft, gamma, schedule)
+        return DraftModelDrafter(method.label, _neural(env, name), gamma, schedule)
     if name == env.cfg.model:
         draft_model, draft_tok = env.model, env.tok   # own cache, shared weights: no second copy in memory
     else:
@@ -155,24 +154,35 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     return DraftModelDrafter(method.label, draft_model, gamma, schedule)
 
 
+def _neural(env: Env, tag: str):
+    """One of our neural LMs as the draft model, trained on first use (--no-auto-train refuses)."""
+    import rescorers
+    from rescorers.neural import load_lm
+    from .artefacts import ensure
+    from .draft_lm import NeuralDraftLM
+    ensure(rescorers.get_rescorer(tag), env.cfg, env.tok, env.log)
+    lm = load_lm(rescorers.artefact_dir(tag, env.cfg.model), env.cfg.device,
+                 torch.float32 if env.cfg.dtype == "float32" else env.model.dtype)
+    return NeuralDraftLM(lm, env.model.lm_head.weight.shape[0])
+
+
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     import importlib.util
     from .. import models
     name = DEFAULT_DRAFT.get(model)
+    if name in NEURAL:
+        import rescorers
+        return [(f"draft model {name}", (rescorers.artefact_dir(name, model) / "config.json").exists())]
     if name is None:
         return [("a draft model (sps:model=<name or path>)", False)]
-    if name in NEURAL:
-        from .artefacts import ready
-        import rescorers
-        return ready(rescorers.RESCORERS[name], model)
     spec = models.MODELS[name]
     return [(f"draft model {name}", all(importlib.util.find_spec(m) for m in spec.modules))]
 
 
-SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens (argmax, "
-                    "or sampled from its own q at T > 0; Leviathan et al.), verified in our loop", build,
-                    (Param("model", str, "the draft model: a same-tokenizer model or neural-s|m|l (default: "
-                           "qwen2.5-coder-0.5b for the 1.5b target, neural-s for the 0.5b)"),
+SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens (argmax; "
+                    "sampled from its own q at T > 0; Leviathan et al.), verified in our loop", build,
+                    (Param("model", str, "the draft model: a registered model, an HF folder or id, or one of our neural LMs "
+                           "neural-s|m|l (default: qwen2.5-coder-0.5b for the 1.5B, neural-s for the 0.5B)"),
                      Param("gamma", int, "draft length (start value under the heuristic schedule)", low=1),
                      Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
                            "draft, -1 otherwise)", choices=SCHEDULES)),

@@ -78,3 +78,44 @@ def plot_entropy(ent, path: Path, task: str, hmax: int, cfg, n: int) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_speed_by_category(df: pd.DataFrame, path: Path, subtitle: str) -> Path | None:
+    """Speedup over AR per category (rows) and method (columns) of one `bpdbench speed` run, as an annotated
+    heatmap: with 10+ methods and 13 categories, bars would be unreadable. Blank = the method never reproduced AR
+    on that category's prompts (excluded, not zero)."""
+    if df.empty or not {"category", "method", "speedup_vs_ar"} <= set(df.columns):
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    grid = df.pivot_table(index="category", columns="method", values="speedup_vs_ar", sort=False)
+    grid = grid[[m for m in df.method.unique() if m in grid.columns]]      # the run's method order
+    fig, ax = plt.subplots(figsize=(1.0 + 0.9 * grid.shape[1], 1.2 + 0.38 * grid.shape[0]))
+    values = grid.to_numpy(dtype=float)
+    span = max(abs(np.nanmax(values) - 1), abs(1 - np.nanmin(values)), 0.1) if np.isfinite(values).any() else 1
+    im = ax.imshow(values, cmap="RdYlGn", vmin=1 - span, vmax=1 + span, aspect="auto")
+    for (i, j), v in np.ndenumerate(values):
+        if np.isfinite(v):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(grid.shape[1]), grid.columns, rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(grid.shape[0]), grid.index, fontsize=8)
+    ax.set_title("Wall-clock speedup over AR per category", fontsize=10)
+    fig.colorbar(im, ax=ax, fraction=0.03)
+    fig.suptitle(subtitle, fontsize=7, y=0.995)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def speed_caption(config: dict, n_prompts: int) -> str:
+    """Model, dtype, heads, threads, tokens, repeats and n of a speed run, from its config.json."""
+    run, env, res = config.get("config", {}), config.get("environment", {}), config.get("resolved", {})
+    heads = res.get("heads", {}) or {}
+    return (f"{run.get('model')}, {env.get('dtype', run.get('dtype'))}, {run.get('heads')} heads "
+            f"({heads.get('profile', run.get('heads_profile'))}), {env.get('threads')} threads, "
+            f"{res.get('max_new_tokens', run.get('max_new_tokens'))} new tokens, median of "
+            f"{config.get('repeats')}, n = {n_prompts} prompts")

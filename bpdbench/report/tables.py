@@ -155,8 +155,22 @@ def build(results: Path | None = None) -> list[Path]:
          "sum of method medians)")
     emit("speed_by_category", speed_table(results, "speed_by_category.csv"),
          "Speedup per Spec-Bench / MT-Bench category (`bpdbench speed`)")
+    for path in sorted((results / "speed").glob("*/speed_by_category.csv")):
+        written.extend(_speed_figure(path, out))
     runs = _collect(results, "runs", "summary.csv")
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
              "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
     return written
+
+
+def _speed_figure(path: Path, out: Path) -> list[Path]:
+    """One heatmap per speed run (`speed_by_category_<run>.png`), drawn from its CSV and config.json."""
+    import json
+    from .plots import plot_speed_by_category, speed_caption
+    df = pd.read_csv(path)
+    df["method"] = df.method.map(canonical)
+    config = json.loads((path.parent / "config.json").read_text())
+    n = int(df[df.method == "ar"].n_prompts.sum()) if (df.method == "ar").any() else 0
+    png = plot_speed_by_category(df, out / f"speed_by_category_{path.parent.name}.png", speed_caption(config, n))
+    return [png] if png else []
