@@ -336,6 +336,31 @@ def certify(method: str = typer.Option(..., help="method spelling(s), comma-sepa
         raise typer.Exit(1)
 
 
+@app.command("alpha-law")
+@one_line_errors
+def alpha_law(task: str = typer.Option("mt_bench", help="task"), model: str = _M,
+              draft: Optional[str] = typer.Option(None, help="sps draft model (default: sps's default for --model)"),
+              gamma_max: int = typer.Option(8, help="draft length decoded; gamma = 1..this are measured"),
+              temperatures: str = typer.Option("0,0.7,1.0", help="comma-separated temperatures (0: greedy)"),
+              limit: Optional[int] = typer.Option(4, help="prompts"), offset: int = _O,
+              max_new_tokens: Optional[int] = typer.Option(64, help="tokens per prompt"), dtype: str = _D,
+              threads: Optional[int] = _TH, seed: Optional[int] = _SEED, data_dir: Optional[str] = _DD,
+              data_file: Optional[str] = _DF, out: Optional[str] = _OUT, no_auto_train: bool = _NAT):
+    """Measured tokens per target call of a draft-model chain (sps) vs (1 - a^(g+1)) / (1 - a) for g = 1..gamma-max
+    at each temperature: alpha_law.csv / .md / .png."""
+    from .experiments import alpha_law as lib
+    try:
+        temps = tuple(float(t) for t in temperatures.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {temperatures!r}") from None
+    cfg = RunConfig(task=task, model=model, limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype,
+                    threads=threads, seed=seed, data_dir=data_dir, data_file=data_file, out=out,
+                    auto_train=not no_auto_train).validate()
+    path = lib.run(cfg, draft, gamma_max, temps, _log)
+    print((path / "alpha_law.md").read_text())
+    _log(f"results in {path}")
+
+
 def main() -> None:
     app()
 

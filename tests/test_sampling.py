@@ -269,3 +269,22 @@ def test_stats_helpers():
     assert holm([0.001, 0.04, 0.5], 0.05) == [True, False, False]
     assert holm([0.001, 0.02, 0.5], 0.05) == [True, True, False]
     assert all(0.0 < x < 1.0 for x in [goodness_of_fit(Counter(a), {0: 0.5, 1: 0.3, 2: 0.2}).p_value])
+
+
+def test_alpha_law_bookkeeping_on_the_stub():
+    """alpha-law's per-step log: E[sum min(p, q)] (alpha_beta) and accepted / tried (alpha_trial) estimate one
+    probability, and the truncated estimate for gamma = 2 from gamma = 4 runs matches real gamma = 2 runs."""
+    from bpdbench.experiments.alpha_law import StepLog, table
+
+    def steps(gamma: int, seed: int) -> list:
+        logged = StepLog(DraftModelDrafter("sps", DRAFT, gamma=gamma))
+        for i in range(250):
+            logged.acceptance = SpeculativeSampling(PARAMS, seed + i)
+            generate(TARGET, logged, list(PROMPT), Limits(24), logged.acceptance)
+        return logged.steps
+
+    four, two = table(steps(4, 0), 1.0, 4), table(steps(2, 10**5), 1.0, 2)
+    assert four.n_steps.iloc[0] > 1000 and 0.2 < four.alpha_trial.iloc[0] < 0.9
+    assert four.alpha_beta.iloc[0] == pytest.approx(four.alpha_trial.iloc[0], abs=0.03)
+    truncated = four.set_index("gamma").measured_tokens_per_call[2]
+    assert truncated == pytest.approx(two.set_index("gamma").measured_tokens_per_call[2], abs=0.08)
