@@ -4,6 +4,8 @@ Semantics of transformers' `prompt_lookup_num_tokens` (PromptLookupCandidateGene
 `ngram` down to 1; for the first size with a match, take the earliest match in the whole context (prompt and
 generated tokens) whose continuation is not empty, up to `tokens` tokens, cut before the first EOS. No match: an
 empty draft (a plain decode step). Needs no model, heads or training: it costs list scanning only.
+Speculative sampling (T > 0): the draft is a deterministic function of the context, so q is a point mass on each
+proposed token (accept with probability r(x), else remove x from the residual; engine/sampling.py).
 """
 from __future__ import annotations
 
