@@ -128,3 +128,16 @@ def test_sps_drafts_are_samples_from_q(tiny_model_dir):
     for i, t in enumerate(p.paths[0]):
         q = Sampler(SamplingParams(temperature=0.7, top_p=0.9), 0).probs(logits[len(ctx) - 1 + i])
         assert torch.allclose(p.dists[0][i], q, atol=1e-5) and q[t] > 0
+
+
+def test_sampling_table_pivots_temperatures(tmp_path):
+    from bpdbench.report.tables import sampling_table
+    rows = {"bpd-T0": (None, 1.5, 1.1), "bpd-T0.7": (0.7, 1.3, 0.9), "bpd-T1": (1.0, 1.2, 0.8)}
+    for name, (t, be, sp) in rows.items():
+        d = tmp_path / "sampling" / "xsum" / name
+        d.mkdir(parents=True)
+        pd.DataFrame([{"task": "xsum", "method": "bpd", "temperature": t, "block_efficiency": be,
+                       "speedup_vs_ar": sp, "n_examples": 3}]).to_csv(d / "summary.csv", index=False)
+    df = sampling_table(tmp_path).iloc[0]
+    assert (df["BE T=0"], df["BE T=0.7"], df["BE T=1"]) == (1.5, 1.3, 1.2)
+    assert (df["speedup T=0"], df["speedup T=1"], df.n_examples) == (1.1, 0.8, 3)
