@@ -71,14 +71,19 @@ def table(steps: list[tuple[int, int, list[float]]], temperature: float, gamma_m
     rows = []
     for g in range(1, gamma_max + 1):
         reached = sum(1 for a, _ in full if a >= g - 1)
+        per_step = [1 + min(a, g) for a, _ in full]
+        mean = sum(per_step) / len(per_step) if per_step else None
+        var = sum((x - mean) ** 2 for x in per_step) / (len(per_step) - 1) if len(per_step) > 1 else None
         rows.append({"temperature": temperature, "gamma": g, "n_steps": len(full),
-                     "measured_tokens_per_call": 1 + sum(min(a, g) for a, _ in full) / len(full) if full else None,
+                     "measured_tokens_per_call": mean,
+                     "measured_se": (var / len(per_step)) ** 0.5 if var is not None else None,
                      "predicted_alpha_trial": law(alpha_trial, g),
                      "predicted_alpha_beta": law(alpha_beta, g) if betas else None,
                      "alpha_trial": alpha_trial, "alpha_beta": alpha_beta if betas else None,
                      "accept_given_reached": sum(1 for a, _ in full if a >= g) / reached if reached else None})
     df = pd.DataFrame(rows)
     df["gap_pct"] = 100 * (df.measured_tokens_per_call / df.predicted_alpha_trial - 1)
+    df["gap_in_se"] = (df.measured_tokens_per_call - df.predicted_alpha_trial) / df.measured_se
     return df
 
 
@@ -94,7 +99,7 @@ def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMP
     with OutputLock(out):
         s = open_session(cfg.replace(method=spelling), log, methods=[method])
         logged = StepLog(s.drafter(method))
-        frames, per_example = [], []
+        frames, per_example, steps_log = [], [], []
         for t in temperatures:
             st = s.cfg.replace(temperature=t or None)
             s.cfg = st
@@ -106,12 +111,14 @@ def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMP
                 per_example.append({"temperature": t, "id": ex.id, "new_tokens": len(gen.tokens),
                                     "serial_calls": gen.counters.serial_calls})
             frames.append(table(logged.steps, t, gamma_max))
+            steps_log += [{"temperature": t, "drafted": d, "accepted": a, "beta": b} for d, a, b in logged.steps]
             log(f"T={t:g}: {len(logged.steps)} steps, alpha_trial {frames[-1].alpha_trial.iloc[0]:.3f}")
         df = pd.concat(frames, ignore_index=True)
         out.mkdir(parents=True, exist_ok=True)
         df.to_csv(out / "alpha_law.csv", index=False)
         (out / "alpha_law.md").write_text(to_markdown(df))
         pd.DataFrame(per_example).to_csv(out / "examples.csv", index=False)
+        write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in steps_log))
         meta = s.meta([method], gamma_max=gamma_max, temperatures=list(temperatures))
         meta["config"]["temperature"] = None      # one run per temperature, listed above
         write_atomic(out / "config.json", json.dumps(meta, indent=2, default=str))
