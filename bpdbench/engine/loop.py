@@ -8,6 +8,7 @@ output is never counted as accepted, which is also what replay (replay.py) can s
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -71,11 +72,21 @@ class Verified:
     past: int                   # cache length before the verify forward
 
 
-def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> State:
-    cache = DynamicCache()
-    x = torch.tensor([prompt_ids], device=model.device)
-    hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
-    nxt = acceptance.targets(model.lm_head(hidden))[0]
+def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None) -> State:
+    """The prompt's forward and the first token. With a `memo` (many sampled decodes of one prompt, as `certify`
+    runs) the forward is computed once and its cache copied per decode: same numbers, one serial call counted."""
+    key = ("prefill", tuple(prompt_ids))
+    if memo is not None and key in memo:
+        cache, hidden, logits = memo[key]
+        cache = copy.deepcopy(cache)
+    else:
+        cache = DynamicCache()
+        x = torch.tensor([prompt_ids], device=model.device)
+        hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
+        logits = model.lm_head(hidden)
+        if memo is not None:
+            memo[key] = (copy.deepcopy(cache), hidden, logits)
+    nxt = acceptance.first(logits)
     return State(cache, hidden[-1], list(prompt_ids) + [nxt])
 
 
@@ -114,21 +125,24 @@ def step_decision(tree: Tree, targets: list[int], proposal: Proposal, limits: Li
 
 @torch.inference_mode()
 def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limits,
-             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None) -> Generation:
-    """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method."""
+             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None,
+             memo: dict | None = None) -> Generation:
+    """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method.
+    `memo`: see `prefill`."""
     drafter = drafter or EmptyDrafter()
     counters = Counters()
     gen = Generation([], counters)
     clock = time.perf_counter()
     drafter.reset(list(prompt_ids))
-    state = prefill(model, prompt_ids, acceptance)
+    state = prefill(model, prompt_ids, acceptance, memo)
     counters.serial_calls += 1
     gen.seconds["prefill"], clock = _lap(clock)
     out = [state.context[-1]]
     drafter.observe([state.context[-1]])
+    sampler = getattr(acceptance, "sampler", None)     # sampling rules share their generator with the drafter
     while not limits.done(out):
         budget = limits.budget(out)
-        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget)).clip(budget)
+        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget, sampler=sampler)).clip(budget)
         t_draft, clock = _lap(clock)
         verified = verify(model, state, proposal, acceptance)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..report.results import OutputLock
 from ..report.summary import to_markdown
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
@@ -31,6 +31,10 @@ def analyze(cfg: RunConfig, log: Log) -> dict:
 
 
 def replay(cfg: RunConfig, methods: str, resume: bool, log: Log) -> pd.DataFrame:
+    if not cfg.sampling.greedy:
+        raise ConfigError(f"replay walks each method along the greedy reference, but at --temperature "
+                          f"{cfg.temperature:g} the trajectory depends on the draws, so there is none to replay; "
+                          f"decode for real with `bpdbench run --temperature {cfg.temperature:g} --method M`")
     chosen = resolve_methods(methods)
     external = [m.label for m in chosen if m.spec.external]
     if external:

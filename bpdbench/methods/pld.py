@@ -5,6 +5,8 @@ Semantics of transformers' `prompt_lookup_num_tokens` (PromptLookupCandidateGene
 generated tokens) whose continuation is not empty, up to `tokens` tokens, cut before the first EOS. No match: an
 empty draft (a plain decode step). Needs no model, heads or training: the n-grams are indexed as the context
 grows (methods/lookup.py), so a step costs a few dict lookups, not a rescan of the context.
+Speculative sampling (T > 0): the draft is a deterministic function of the context, so q is a point mass on each
+proposed token (accept with probability r(x), else remove x from the residual; engine/sampling.py).
 """
 from __future__ import annotations
 
