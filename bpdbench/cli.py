@@ -348,6 +348,8 @@ def sweep(grid: str = typer.Argument(..., help="grid file (TOML), e.g. grids/ref
         raise typer.Exit(1)
 
 
+@app.command()
+@one_line_errors
 def certify(method: str = typer.Option(..., help="method spelling(s), comma-separated (`bpdbench methods`)"),
             temperature: float = typer.Option(..., "--temperature", help="sampling temperature (> 0)"),
             top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED,
