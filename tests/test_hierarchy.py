@@ -131,7 +131,7 @@ def test_context_database_follows_a_loop(tiny_model):
                                              ("hierarchy:order=cc", "order must be one of"),
                                              ("hierarchy:candidates=0", "candidates must be >= 1"),
                                              ("hierarchy:length=0", "length must be >= 1"),
-                                             ("hierarchy:history=full", "history must be one of"),
+                                             ("hierarchy:history=huge", "history must be one of"),
                                              ("hierarchy:ngram=x", "is not a int"),
                                              ("hierarchy:tokens=3", "unknown parameter")])
 def test_bad_options_fail_when_parsed(spelling, expect):
