@@ -53,6 +53,7 @@ class State:
     cache: DynamicCache
     hidden: torch.Tensor        # [d] final hidden state that produced context[-1]
     context: list[int]          # prompt + decided tokens
+    fresh: torch.Tensor | None = None   # [m, d] hidden states of the positions decided since the last proposal
 
 
 @dataclass
@@ -74,9 +75,9 @@ class Verified:
 def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> State:
     cache = DynamicCache()
     x = torch.tensor([prompt_ids], device=model.device)
-    hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
-    nxt = acceptance.targets(model.lm_head(hidden))[0]
-    return State(cache, hidden[-1], list(prompt_ids) + [nxt])
+    hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0]
+    nxt = acceptance.targets(model.lm_head(hidden[-1:]))[0]
+    return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden)
 
 
 def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY) -> Verified:
@@ -95,6 +96,7 @@ def advance(state: State, v: Verified, d: Decision) -> list[int]:
     compact_cache(state.cache, v.past, len(v.tree.tokens), keep)
     new = [v.tree.tokens[n] for n in path] + [d.bonus]
     state.hidden = v.hidden[keep[-1]]
+    state.fresh = v.hidden[keep]
     state.context.extend(new)
     return new
 
@@ -128,7 +130,8 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     drafter.observe([state.context[-1]])
     while not limits.done(out):
         budget = limits.budget(out)
-        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget)).clip(budget)
+        ctx = DraftContext(state.context, state.hidden, budget, accepted_hidden=state.fresh)
+        proposal = drafter.propose(ctx).clip(budget)
         t_draft, clock = _lap(clock)
         verified = verify(model, state, proposal, acceptance)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)

@@ -21,15 +21,17 @@ KS = (1, 2, 4, 8, 16)
 RESUME_IGNORES = ("limit", "threads", "out", "resume")   # a resumed run may ask for more examples, on other threads
 
 
-def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = True) -> Iterator[tuple]:
-    """(example, prompt ids, greedy output, hidden states) for the selected examples with >= 2 output tokens."""
+def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = True, with_prompt: bool = False
+                 ) -> Iterator[tuple]:
+    """(example, prompt ids, greedy output, hidden states) for the selected examples with >= 2 output tokens;
+    `with_prompt`: the hidden states of the prompt's positions too (feature drafters replay from them)."""
     for ex in s.examples:
         if ex.id in skip:
             continue
         prompt = s.prompt(ex)
         greedy, _ = s.reference.get(prompt, s.limits)
         if len(greedy) >= 2:
-            yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy) if need_hidden else None)
+            yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy, with_prompt) if need_hidden else None)
 
 
 def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None
@@ -62,7 +64,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
         for r in done:
             totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
         n_examples = len(done)
-        for ex, prompt, greedy, hidden in trajectories(s, skip=frozenset(r["id"] for r in done)):
+        for ex, prompt, greedy, hidden in trajectories(s, frozenset(r["id"] for r in done), with_prompt=True):
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(greedy)}
             memo: dict = {}
