@@ -86,10 +86,10 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
             ce = soft_ce(pred, rows, lm_b, shortlist, c.negatives, g)
         w = 1.0 + (c.greedy_weight - 1.0) * rows.greedy[pred.target].float() if obj.sequential else None
         loss = ce.mean() if w is None else (ce * w).sum() / w.sum()
-        stats = {"ce": float(loss)}
+        stats = {"ce": float(loss.detach())}
         if pred.extra is not None:
             loss = loss + c.feature_weight * pred.extra
-            stats["feature"] = float(pred.extra)
+            stats["feature"] = float(pred.extra.detach())
         if disc is not None:
             real = rows.ds.hidden[pred.target].float()
             d_loss = (F.binary_cross_entropy_with_logits(disc(real), torch.ones(len(real)))
@@ -99,7 +99,7 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
             opt_d.step()
             adv = F.binary_cross_entropy_with_logits(disc(pred.fake), torch.ones(len(real)))
             loss = loss + c.adversarial * adv
-            stats.update(discriminator=float(d_loss), adversarial=float(adv))
+            stats.update(discriminator=float(d_loss.detach()), adversarial=float(adv.detach()))
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -19,7 +19,7 @@ import torch
 from ..drafters.amphista import Amphista
 from ..drafters.eagle import Eagle
 from ..drafters.hydra import Hydra
-from ..heads import Heads
+from ..drafters.medusa import MedusaHeads
 from .distill import DistillData
 
 
@@ -59,7 +59,8 @@ def _valid(rows: Rows, r: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def _emb(model, ids: torch.Tensor) -> torch.Tensor:
-    return model.emb[ids].to(model.proj.dtype if model.proj is not None else model.emb.dtype)
+    """The base's frozen embeddings of `ids`, in float32 (the trainable weights' dtype; autocast casts per op)."""
+    return model.emb[ids].float()
 
 
 class Positional:
@@ -75,8 +76,8 @@ class Positional:
         valid = _valid(rows, r, D)
         h = ds.hidden[r].float()
         m = self.model
-        if isinstance(m, Heads):
-            z = m.features(h.to(next(m.parameters()).dtype), D).transpose(0, 1)
+        if isinstance(m, MedusaHeads):
+            z = m.states(h, D)
         elif isinstance(m, Amphista):
             z = m(h, _emb(m, ds.next_ids[r]))
         else:                                            # Hydra: head i sees x_{t+1} and the true tokens before
@@ -131,7 +132,7 @@ class Sequential:
         if isinstance(m, Eagle):
             return m.unrolled(feat, _emb(m, ds.next_ids[safe]), pos, valid, self.unroll if train else self.depth)
         from ..drafters.layers import causal_mask
-        base = m.prefix(feat.to(m.proj.dtype if m.proj is not None else feat.dtype), pos, causal_mask(valid))
+        base = m.prefix(feat, pos, causal_mask(valid))
         D = self.depth
         idx = (safe[..., None] + torch.arange(D)).clamp(max=ds.hidden.shape[0] - 1)
         embs = _emb(m, ds.next_ids[idx])                  # [B, n, D, d]
