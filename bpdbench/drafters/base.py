@@ -56,7 +56,7 @@ class DraftModel(nn.Module):
         """Attach the base's frozen embeddings [V, d] and projection [V, d] (the latter cut to the shortlist once,
         contiguous, so drafting reads S rows, not V)."""
         self.shortlist = shortlist
-        self.emb = embed
+        self.emb = embed.detach()          # a plain tensor: a Parameter would register as the drafter's own
         self.proj = (lm_head if shortlist is None else lm_head[shortlist.to(lm_head.device)]).contiguous()
         return self
 

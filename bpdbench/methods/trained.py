@@ -161,19 +161,48 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
     return model, config
 
 
-def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDrafter:
-    model, config = resolve(env, method, trained_name, family)
-    depth = method.get("depth", model.depth)
-    limit = 16 if family == "eagle" else model.depth        # EAGLE drafts autoregressively past its trained depth
-    if depth > limit:
-        raise MethodError(f"{method.label}: depth={depth} but this {family} drafter drafts at most {limit}")
+def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width: int | None) -> None:
+    limit = 16 if family == "eagle" else depth              # EAGLE drafts autoregressively past its trained depth
+    if method.get("depth", depth) > limit:
+        raise MethodError(f"{method.label}: depth={method.get('depth')} but this {family} drafter drafts at most "
+                          f"{limit}")
     tree, refine = method.get("tree", 0), method.get("refine")
     if tree and refine:
         raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
+    k = method.get("k", cfg.k) if refine else 1
+    if width and max(k, tree) > width:
+        raise MethodError(f"{method.label}: k/tree {max(k, tree)} exceeds the drafting shortlist ({width} ids); "
+                          f"pass a smaller one")
+
+
+def check(method: Method, cfg: RunConfig, trained_name: str, family: str) -> None:
+    """Everything about a drafter method that can be checked before the model loads (session preflight)."""
+    where = folder(method, cfg, trained_name)
+    if not (where / "config.json").exists():
+        _check_shape(method, cfg, family, 16, None)
+        if method.get("path"):
+            raise MethodError(f"{method.label}: no drafter at {where} (no config.json); train one with "
+                              f"`bpdbench train-drafter {trained_name} --out {where}`")
+        profile = profile_of(method, cfg)
+        if profile != "ci" and not cfg.auto_train:
+            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {cfg.model} and "
+                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
+        return
+    config = read_config(where)
+    if config["drafter"] != family:
+        raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {family}")
+    if method.get("shortlist") and not (where / "rank.pt").exists():
+        raise MethodError(f"{method.label}: {where} has no rank.pt, so shortlist= cannot resize its vocabulary")
+    width = method.get("shortlist") or config.get("shortlist_size")
+    _check_shape(method, cfg, family, int(config["depth"]), width)
+
+
+def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDrafter:
+    model, config = resolve(env, method, trained_name, family)
+    _check_shape(method, env.cfg, family, model.depth, len(model.proj))
+    depth = method.get("depth", model.depth)
+    tree, refine = method.get("tree", 0), method.get("refine")
     k = method.get("k", env.cfg.k) if refine else 1
-    width = len(model.proj)
-    if max(k, tree) > width:
-        raise MethodError(f"{method.label}: k/tree {max(k, tree)} exceeds the drafting shortlist ({width} ids)")
     threshold = method.get("threshold", 0.0)
     refiner, alpha, source = None, None, "n/a"
     if refine:
@@ -210,5 +239,10 @@ def spec(name: str, description: str, trained_name, family, extra: tuple[Param, 
         where = folder(m, cfg.replace(model=model), name_of(m))
         return [(f"{name_of(m)} drafter ({profile_of(m, cfg)})", (where / "config.json").exists())]
 
-    return MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), family_of(m)), extra + COMMON,
-                      needs, family="drafter")
+    s = MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), family_of(m)), extra + COMMON,
+                   needs, family="drafter")
+    CHECKS[name] = lambda m, cfg: check(m, cfg, name_of(m), family_of(m))
+    return s
+
+
+CHECKS: dict = {}        # method name -> preflight check (experiments.artefacts.check_drafters)

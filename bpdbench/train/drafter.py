@@ -32,16 +32,16 @@ Log = Callable[[str], None]
 @dataclass(frozen=True)
 class Profile:
     data: str                      # the distillation budget (train/distill.BUDGETS)
-    seconds: float | None          # fit budget (None: `steps`)
+    cpu_seconds: float | None      # fit budget in core-seconds (train/fit.py; None: `steps`)
     steps: int = 0
     depth: int = 5
     shortlist: int = 16384         # drafting vocabulary: the data's most frequent ids
     seed: int = 0
 
 
-# quick: the data's share (about 330-470 s to generate, once for every drafter) plus a 4-minute fit stays within
-# 10 minutes; full: 30 minutes of fit on 3x the data.
-PROFILES = {"quick": Profile("quick", 240.0), "full": Profile("full", 1800.0),
+# quick: the data (about 250 s of two idle cores, once for every drafter) plus a fit of 480 core-seconds (four
+# minutes of two idle cores) stays within 10 minutes; full: 30 minutes of two cores on 3x the data.
+PROFILES = {"quick": Profile("quick", 480.0), "full": Profile("full", 3600.0),
             "ci": Profile("ci", None, steps=12, depth=3, shortlist=4096)}
 
 
@@ -57,6 +57,14 @@ class Family:
     adversarial: float = 0.0
 
 
+def _attn(d: int) -> dict:
+    """Attention and MLP sizes of a draft decoder layer: the base's head size (64) and 2 key/value heads, as Qwen2.5
+    0.5B has (14 heads at d = 896), and an MLP of about 2.3 d (the base's is 5.4 d: drafting cost matters more
+    here than capacity); small test models get one head."""
+    heads = max(1, d // 64)
+    return {"heads": heads, "kv_heads": 2 if heads % 2 == 0 else 1, "ffn": 2048 if d == 896 else max(64, 2 * d)}
+
+
 def _medusa(layers: int):
     def make(d: int, depth: int) -> DraftModel:
         from ..drafters.medusa import MedusaHeads
@@ -67,18 +75,18 @@ def _medusa(layers: int):
 def _hydra(layers: int, prefix: bool = False, dropout: float = 0.0):
     def make(d: int, depth: int) -> DraftModel:
         from ..drafters.hydra import Hydra
-        return Hydra(d, depth, layers=layers, prefix=prefix, dropout=dropout)
+        return Hydra(d, depth, layers=layers, prefix=prefix, dropout=dropout, **(_attn(d) if prefix else {}))
     return make
 
 
 def _eagle(d: int, depth: int) -> DraftModel:
     from ..drafters.eagle import Eagle
-    return Eagle(d, depth)
+    return Eagle(d, depth, **_attn(d))
 
 
 def _amphista(d: int, depth: int) -> DraftModel:
     from ..drafters.amphista import Amphista
-    return Amphista(d, depth)
+    return Amphista(d, depth, **_attn(d))
 
 
 FAMILIES = {"medusa": Family(_medusa(1)), "koala": Family(_medusa(2)),
@@ -131,7 +139,7 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{p.data}' data: "
         f"{len(train_seqs)} sequences, {int(rows.greedy.sum())} greedy rows in all, shortlist {len(shortlist)}, "
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
-    cfg = FitConfig(p.seconds, p.steps, fam.lr, fam.batch, feature_weight=fam.feature_weight,
+    cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, feature_weight=fam.feature_weight,
                     adversarial=fam.adversarial, seed=p.seed)
     stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log)
     drafter.eval()
