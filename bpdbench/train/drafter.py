@@ -122,7 +122,6 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     saved = check(name, profile, adversarial)
     p, fam = PROFILES[profile], FAMILIES[name]
     fam = replace(fam, adversarial=adversarial)
-    out = out or drafter_dir(model_name, saved, profile)
     load0 = os.getloadavg()[0]
     ds = distill.ensure(model_name, p.data, model, tok, log)
     t0 = time.time()
@@ -158,7 +157,13 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
               "environment": environment(torch.get_num_threads(), "cpu", "float32")}
     drafter.shortlist = shortlist
     drafter.emb = None
+    default = out is None
+    out = out or drafter_dir(model_name, saved, profile)
     save(drafter, out, model_name, report, saved, ds.rank)
+    if default:                 # the cached drafter's report is a result too (`bpdbench tables`: drafters_training)
+        copy = paths.results_root() / "drafters" / f"{model_name.replace('/', '_')}-{saved}-{profile}.json"
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(json.dumps(report, indent=2))
     log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "
         f"held-out top-1 per depth {heldout['top1']}, expected tokens per chain step "
         f"{heldout['expected_tokens_per_step']}")
