@@ -56,3 +56,16 @@ def certificate_table(runs: pd.DataFrame) -> pd.DataFrame:
     cols = [c for c in ("task", "method", "n_examples", "new_tokens", "block_efficiency", "lossless_rate",
                         "n_exact", "n_near_tie", "n_lost") if c in keep]
     return keep[cols].reset_index(drop=True)
+
+
+def repetition_table(replay: pd.DataFrame) -> pd.DataFrame:
+    """Share of adjacent identical tokens in each method's drafts (first path per step), beside the greedy text's
+    own share: drafts that repeat more than the text does waste verified tokens (the paper's repetition analysis)."""
+    if replay.empty or "draft_repeat_share" not in replay:
+        return pd.DataFrame()
+    keep = replay[replay.method.map(is_drafter) | (replay.method == "bpd")].dropna(subset=["draft_repeat_share"])
+    if keep.empty:
+        return keep
+    wide = keep.pivot_table(index="task", columns="method", values="draft_repeat_share", aggfunc="last")
+    text = keep.groupby("task").text_repeat_share.last()
+    return wide.round(4).assign(greedy_text=text.round(4)).reset_index()
