@@ -162,7 +162,6 @@ def build(results: Path | None = None) -> list[Path]:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
              "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
     from . import drafters
-    runs = runs if not runs.empty else pd.DataFrame()
     emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
          "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
     emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Trained drafters vs bpd (Medusa-1 heads), "
