@@ -130,6 +130,7 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     shortlist = ds.shortlist(p.shortlist)             # EOS ranks first in the data's ranking
     drafter = fam.build(ds.d, p.depth)
     drafter.emb = embed
+    drafter.emb_scale = _emb_scale(ds, embed)
     n_params = drafter.n_params()
     obj = objective(drafter, p.depth, fam.unroll, fam.noise)
     rows = Rows.of(ds)
@@ -145,7 +146,8 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     heldout = agreement(obj, rows, held, lm_w[shortlist].float(), shortlist)
     seconds = time.time() - t0
     report = {"drafter": drafter.type_name, "name": saved, "profile": profile, "model": model_name,
-              "trainable_parameters": n_params, "shortlist": len(shortlist), "depth": p.depth,
+              "trainable_parameters": n_params, "emb_scale": drafter.emb_scale, "shortlist": len(shortlist),
+              "depth": p.depth,
               "seconds": round(seconds, 1), "data_seconds": ds.meta.get("seconds"),
               "seconds_with_data": round(seconds + float(ds.meta.get("seconds") or 0), 1),
               "heldout": heldout, "fit": stats, "fit_config": asdict(cfg), "profile_config": asdict(p),
@@ -168,6 +170,14 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
         f"held-out top-1 per depth {heldout['top1']}, expected tokens per chain step "
         f"{heldout['expected_tokens_per_step']}")
     return out
+
+
+def _emb_scale(ds: distill.DistillData, embed: torch.Tensor) -> float:
+    """RMS of the base's hidden states over RMS of the embeddings of the tokens they produced (data rows)."""
+    rows = torch.arange(0, ds.hidden.shape[0], max(1, ds.hidden.shape[0] // 4096))
+    h = ds.hidden[rows].float().pow(2).mean(-1).sqrt().mean()
+    e = embed[ds.next_ids[rows]].float().pow(2).mean(-1).sqrt().mean()
+    return round(float(h / e), 3) if float(e) > 0 else 1.0
 
 
 def _base_weights(model_name: str, model) -> tuple[torch.Tensor, torch.Tensor]:

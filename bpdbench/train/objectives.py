@@ -59,8 +59,9 @@ def _valid(rows: Rows, r: torch.Tensor, depth: int) -> torch.Tensor:
 
 
 def _emb(model, ids: torch.Tensor) -> torch.Tensor:
-    """The base's frozen embeddings of `ids`, in float32 (the trainable weights' dtype; autocast casts per op)."""
-    return model.emb[ids].float()
+    """The base's frozen embeddings of `ids`, in float32 (the trainable weights' dtype; autocast casts per op), at
+    the hidden states' scale (DraftModel.emb_scale)."""
+    return model.emb[ids].float() * model.emb_scale
 
 
 class Positional:
