@@ -249,3 +249,29 @@ def test_wrong_family_folder_is_refused_before_loading(tiny, tmp_path, monkeypat
     folders = tiny[4]
     code, text = cli("run", "--method", f"eagle:path={folders['hydra']}", "--limit", "1", "--out", tmp_path / "r")
     assert code == 2 and "holds a hydra drafter, not eagle" in text, text
+
+
+def test_replay_cli_and_tables_from_result_files(tiny, tmp_path, monkeypatch):
+    """`bpdbench replay` with drafters on the tiny model, then `bpdbench tables` renders the drafter tables from the
+    result files alone (training report, block efficiency, draft repetition)."""
+    import shutil
+    from tests.conftest import write_prompts
+    model, tok, name, cache, folders = tiny
+    monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
+    results = tmp_path / "results"
+    (results / "drafters" / "training").mkdir(parents=True)
+    shutil.copy(folders["eagle"] / "report.json", results / "drafters" / "training" / "tiny-eagle-ci.json")
+    prompts = write_prompts(tmp_path, 3)
+    code, text = cli("replay", "--task", "prompts", "--data-file", prompts, "--model", name, "--methods",
+                     "eagle,hydra:tree=2,amphista", "--limit", "2", "--max-new-tokens", "12", "--dtype", "float32",
+                     "--out", results / "drafters" / "replay" / "prompts")
+    assert code == 0, text
+    code, text = cli("tables", "--results", results)
+    assert code == 0, text
+    import pandas as pd
+    eff = pd.read_csv(results / "tables" / "drafters_block_efficiency.csv")
+    assert set(eff.columns) >= {"task", "eagle", "hydra:tree=2", "amphista"} and (eff[["eagle"]] >= 1).all().all()
+    rep = pd.read_csv(results / "tables" / "drafters_repetition.csv")
+    assert "greedy_text" in rep and 0 <= float(rep["eagle"].iloc[0]) <= 1
+    train = pd.read_csv(results / "tables" / "drafters_training.csv")
+    assert train.drafter.tolist() == ["eagle"] and train.top1_d1.between(0, 1).all()

@@ -1,7 +1,8 @@
-"""Tables of the trained drafters, from result files only: training reports (`results/drafters/*.json`, written by
-`bpdbench train-drafter`), replayed block efficiency (`results/replay/<task>/replay.csv`), float32 certificates
-(`results/runs/*/summary.csv`) and drafting cost (`results/speed/<task>/speed.csv`, columns draft_ms_per_step and
-draft_vs_ar_step)."""
+"""Tables of the trained drafters, from result files only, all under `results/drafters/`: training reports
+(`training/*.json`, written by `bpdbench train-drafter`), replays (`replay/<task>/replay.csv`: block efficiency and
+draft repetition, `bpdbench replay --out results/drafters/replay/<task>`) and float32 certificates (`runs/*/
+summary.csv`, `bpdbench run --dtype float32 --out results/drafters/runs/...`). Drafting cost per step is in the
+speed tables (`results/speed/<task>/speed.csv`: draft_ms_per_step, draft_vs_ar_step)."""
 from __future__ import annotations
 
 import json
@@ -20,7 +21,7 @@ def is_drafter(method: str) -> bool:
 
 def training_table(results: Path) -> pd.DataFrame:
     rows = []
-    for path in sorted((results / "drafters").glob("*.json")):
+    for path in sorted((results / "drafters" / "training").glob("*.json")):
         r = json.loads(path.read_text())
         held, fit = r.get("heldout", {}), r.get("fit", {})
         row = {"drafter": r.get("name"), "profile": r.get("profile"), "type": r.get("drafter"),

@@ -163,7 +163,7 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     out = out or drafter_dir(model_name, saved, profile)
     save(drafter, out, model_name, report, saved, ds.rank)
     if default:                 # the cached drafter's report is a result too (`bpdbench tables`: drafters_training)
-        copy = paths.results_root() / "drafters" / f"{model_name.replace('/', '_')}-{saved}-{profile}.json"
+        copy = paths.results_root() / "drafters" / "training" / f"{model_name.replace('/', '_')}-{saved}-{profile}.json"
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(json.dumps(report, indent=2))
     log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "
