@@ -29,6 +29,7 @@ def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES) -
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BPDBENCH_CACHE", str(cache))
+        mp.setenv("BPDBENCH_RESULTS", str(cache / "results"))     # module fixtures run before _private_results
         mp.setattr(distill, "prompt_pool", synthetic_prompts)
         mp.setattr("tasks.default_data_dir", lambda: None)
         mp.setitem(distill.BUDGETS, "ci", replace(distill.BUDGETS["ci"], n_prompts=24, gen_tokens=24))
