@@ -181,6 +181,49 @@ def build_history_cmd(model: str = _M, profile: str = typer.Option("quick", help
     history.build(model, profile, log=_log)
 
 
+@app.command("distill-data")
+@one_line_errors
+def distill_data_cmd(model: str = _M, profile: str = typer.Option("quick", help="data budget: quick | full | ci"),
+                     threads: Optional[int] = _TH):
+    """Build (once) the cached distillation dataset every drafter trainer reads: greedy continuations of held-out
+    prompts with the base's hidden states and top-8 log-probs."""
+    from .train import distill
+    if profile not in distill.BUDGETS:
+        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(distill.BUDGETS)}")
+    _threads(threads)
+    path = distill.path_for(model, profile)
+    if (path / distill.FILE).exists():
+        _log(f"distillation data '{profile}' for {model} is cached at {path}; delete it to rebuild")
+        return
+    distill.build(model, profile, log=_log)
+
+
+@app.command("train-drafter")
+@one_line_errors
+def train_drafter_cmd(name: str = typer.Argument(..., help="medusa | koala | koala-hydra | hydra | hydra++ | "
+                                                       "amphista | eagle"),
+                      model: str = _M, profile: str = typer.Option("quick", help="quick (<=10 min) | full (<=60 "
+                                                                   "min) | ci"),
+                      adversarial: float = typer.Option(0.0, help="KOALA's adversarial weight (koala, koala-hydra; "
+                                                                  "saved as NAME-adv)"),
+                      out: Optional[str] = typer.Option(None, help="default: the drafter cache"),
+                      threads: Optional[int] = _TH):
+    """Train a draft model on the cached distillation data (built first when missing) and write its held-out
+    per-depth agreement next to the weights."""
+    from .train import drafter
+    drafter.check(name, profile, adversarial)
+    _threads(threads)
+    drafter.train(name, profile, model, log=_log, out=Path(out) if out else None, adversarial=adversarial)
+
+
+def _threads(threads: Optional[int]) -> None:
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+
+
 @app.command("train-rescorer")
 @one_line_errors
 def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"), model: str = _M,

@@ -47,7 +47,8 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     """Every registered method that runs in our loop, on the real default model in float32 with the `ci` heads:
     replay (one teacher-forced forward, the loop's own propose/decide) and real decoding give identical counters.
     Neural rescorers that are not trained here get random weights in a private folder (cost and correctness of
-    the path do not depend on the weights); n-grams are built on first use as in any run."""
+    the path do not depend on the weights); n-grams are built on first use as in any run, and so are the `ci`
+    drafters (EAGLE, Hydra, Hydra++, Amphista, KOALA: about a minute each on the cached `ci` data)."""
     from bpdbench import paths
     from bpdbench.config import RunConfig
     from bpdbench.engine import generate, replay, teacher_forced
@@ -79,7 +80,8 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
                 drafter.use_reference(greedy)
             real = generate(s.model, drafter, prompt, s.limits)
             assert real.tokens == greedy, spelling
-            sim = replay(drafter, prompt, greedy, teacher_forced(s.model, prompt, greedy), s.limits)
+            hidden = teacher_forced(s.model, prompt, greedy, with_prompt=True)   # feature drafters see the prompt
+            sim = replay(drafter, prompt, greedy, hidden, s.limits)
             assert sim.to_dict() == real.counters.to_dict(), spelling
 
 

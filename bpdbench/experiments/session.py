@@ -99,6 +99,7 @@ def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = 
     examples = select_examples(cfg, heldout, per_category)
     artefacts.check_model_files(cfg.model, cfg.dtype)
     artefacts.check_heads(cfg, methods, log)
+    artefacts.check_drafters(cfg, methods)
     return examples
 
 

@@ -54,7 +54,7 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
         def run(prompt: list[int], index: int, drafter=drafter) -> Output:
             s.with_reference(drafter, prompt)
             g = s.decode(drafter, prompt, s.acceptance(index))
-            return Output(g.tokens, g.counters.serial_calls)
+            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"])
         out[m.label] = run
     return out, skipped
 
@@ -75,6 +75,8 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                         "tokens": len(rs[0][1].tokens), "serial_calls": rs[0][1].serial_calls, "times": times,
                         "median_s": med, "spread": (max(times) - min(times)) / med if med else 0.0,
                         "identical": wrong is None,
+                        "draft_s": (median([o.draft_seconds for _, o in rs]) if rs[0][1].draft_seconds is not None
+                                    else None),
                         "first_divergence": None if wrong is None else first_divergence(wrong, ref),
                         **({"sampled": True} if sampled else {})})
     return records
@@ -100,6 +102,7 @@ def summarize(records: list[dict], keys: tuple[str, ...] = ("method",)) -> pd.Da
                      "speedup_vs_ar": _speedup(ok, seconds, tokens, sampled),
                      "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
                      "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
+                     **_drafting(ok, ar_step),
                      "median_spread": float(g.spread.median())})
     return pd.DataFrame(rows)
 
@@ -111,6 +114,15 @@ def _speedup(ok: pd.DataFrame, seconds: float, tokens: int, sampled: bool) -> fl
     if not sampled:
         return float(ok.ar_s.sum()) / seconds
     return (float(ok.ar_s.sum()) / float(ok.ar_tokens.sum())) / (seconds / tokens) if tokens else float("nan")
+
+
+def _drafting(ok: pd.DataFrame, ar_step: float) -> dict:
+    """Drafting cost per decode step (proposals only: prefill and verify excluded), in ms and in AR decode steps."""
+    if "draft_s" not in ok or not len(ok) or ok.draft_s.isna().any():
+        return {"draft_ms_per_step": float("nan"), "draft_vs_ar_step": float("nan")}
+    steps = float((ok.serial_calls - 1).sum())
+    ms = 1000 * float(ok.draft_s.sum()) / steps if steps else float("nan")
+    return {"draft_ms_per_step": ms, "draft_vs_ar_step": ms / (1000 * ar_step) if ar_step else float("nan")}
 
 
 def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> None:

@@ -165,6 +165,17 @@ def build(results: Path | None = None) -> list[Path]:
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
              "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
+    from . import drafters
+    emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
+         "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
+    rep = _collect(results, "drafters/replay", "replay.csv")
+    runs = _collect(results, "drafters/runs", "summary.csv")
+    emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Trained drafters vs bpd (Medusa-1 heads), "
+         "block efficiency on the same greedy trajectories (replayed)")
+    emit("drafters_repetition", drafters.repetition_table(rep), "Adjacent repeated tokens in each method's drafts "
+         "(first path per step) vs in the greedy text itself (replayed)")
+    emit("drafters_certificates", drafters.certificate_table(runs), "Trained drafters, float32 certificates "
+         "(`bpdbench run --dtype float32`): lossless_rate must be 1.0")
     return written
 
 
