@@ -60,7 +60,8 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
     while m + 1 < n:
         out = g[: m + 1]
         budget = limits.budget(out)
-        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo, fresh)
+        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo,
+                           accepted_hidden=fresh)
         proposal = drafter.propose(ctx).clip(budget)
         tree = build_tree(g[m], proposal.paths)
         d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)
