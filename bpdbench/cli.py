@@ -386,7 +386,10 @@ def sweep(grid: str = typer.Argument(..., help="grid file (TOML), e.g. grids/ref
     if dry_run:
         driver.show(plan)
         return
-    report = driver.run(plan, address, cpus, _log)
+    try:
+        report = driver.run(plan, address, cpus, _log)
+    except KeyboardInterrupt:          # the driver said what is kept and how to continue
+        raise typer.Exit(130)
     if driver.exit_code(report):
         raise typer.Exit(1)
 

@@ -196,7 +196,7 @@ def _tail(res: dict) -> str:
     if res.get("host"):
         parts.append(f"on {res['host']}")
     if res.get("attempts", 1) > 1 or res.get("interrupted"):
-        parts.append(f"attempt {res.get('attempts')}" + (", resumed after a dead worker" if res.get("interrupted")
+        parts.append(f"attempt {res.get('attempts')}" + (", resumed an interrupted attempt" if res.get("interrupted")
                                                           else ""))
     if res.get("error"):
         parts.append(f"error: {res['error']}")
