@@ -50,6 +50,8 @@ def test_every_trainer_reports_agreement_and_reloads(tiny):
         assert len(held["top1"]) == len(held["top16"]) == report["depth"] == 3, trained
         assert all(0 <= a <= b <= 1 for a, b in zip(held["top1"], held["top16"])), trained
         assert held["positions"] > 0 and report["trainable_parameters"] > 0 and report["fit"]["steps"] == 150
+        curve = report["fit"]["validation"]          # checkpoints on held-back training sequences, best kept
+        assert len(curve) >= 2 and report["fit"]["kept_score"] == max(r["score"] for r in curve)
         config = drafters.read_config(path)
         assert config["name"] == trained and config["training"]["heldout"] == held
         loaded, cfg = drafters.load(path, embed, lm)

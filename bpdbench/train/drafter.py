@@ -95,6 +95,7 @@ FAMILIES = {"medusa": Family(_medusa(1)), "koala": Family(_medusa(2)),
             "amphista": Family(_amphista, lr=1e-3),
             "eagle": Family(_eagle, lr=2e-3, batch=8, unroll=3, noise=0.02, feature_weight=0.1)}
 ADVERSARIAL = ("koala", "koala-hydra")
+VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)
 
 
 def drafter_dir(model: str, name: str, profile: str) -> Path:
@@ -135,15 +136,19 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     obj = objective(drafter, p.depth, fam.unroll, fam.noise)
     rows = Rows.of(ds)
     train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
+    val = train_seqs[::VAL_EVERY]                   # checkpoint selection only; never the reported held-out
+    train_seqs = [q for i, q in enumerate(train_seqs) if i % VAL_EVERY]
     pool = train_seqs if obj.sequential else ds.rows(train_seqs)
+    proj = lm_w[shortlist].float()
     log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{p.data}' data: "
         f"{len(train_seqs)} sequences, {int(rows.greedy.sum())} greedy rows in all, shortlist {len(shortlist)}, "
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
     cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, feature_weight=fam.feature_weight,
                     adversarial=fam.adversarial, seed=p.seed)
-    stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log)
+    score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
+    stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log, validate=score if val else None)
     drafter.eval()
-    heldout = agreement(obj, rows, held, lm_w[shortlist].float(), shortlist)
+    heldout = agreement(obj, rows, held, proj, shortlist)
     seconds = time.time() - t0
     report = {"drafter": drafter.type_name, "name": saved, "profile": profile, "model": model_name,
               "trainable_parameters": n_params, "emb_scale": drafter.emb_scale, "shortlist": len(shortlist),
@@ -154,7 +159,8 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
               "family": {k: v for k, v in asdict(fam).items() if k != "build"},
               "data": {k: ds.meta.get(k) for k in ("budget_name", "sequences", "rows", "greedy_positions",
                                                      "generation_seconds")}
-              | {"path": str(distill.path_for(model_name, p.data)), "heldout_sequences": len(held)},
+              | {"path": str(distill.path_for(model_name, p.data)), "heldout_sequences": len(held),
+                 "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
               "environment": environment(torch.get_num_threads(), "cpu", "float32")}
     drafter.shortlist = shortlist

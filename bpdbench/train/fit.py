@@ -73,8 +73,14 @@ def work_clock() -> float:
     return time.process_time()
 
 
-def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log) -> dict:
-    """Train obj.model in place; returns what the report records (steps, seconds, last losses)."""
+def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
+        validate: Callable[[], float] | None = None, checkpoints: int = 8) -> dict:
+    """Train obj.model in place; returns what the report records (steps, seconds, last losses).
+
+    `validate` (higher is better, on sequences the fit never trains on) is called at `checkpoints` evenly spaced
+    points of the budget and at the end, and the best weights are kept. Why: on a few tens of thousands of greedy
+    tokens every drafter overfits (Medusa heads reach 0.96 top-1 on their training rows, 0.31 held out), so the
+    last step need not be the best one. Validation runs inside the budget."""
     model = obj.model.train()
     g = torch.Generator().manual_seed(c.seed)
     torch.manual_seed(c.seed)
@@ -84,8 +90,23 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
     opt_d = torch.optim.AdamW(disc.parameters(), lr=c.lr) if disc is not None else None
     lm_b = lm_w.bfloat16() if c.bf16 else lm_w.float()
     t0, w0, step, stats = time.time(), work_clock(), 0, {}
+    curve: list[dict] = []
+    best: tuple[float, dict] | None = None
+
+    def check(done: float) -> None:
+        nonlocal best
+        model.eval()
+        score = validate()
+        model.train()
+        curve.append({"step": step, "budget_done": round(min(done, 1.0), 3), "score": round(score, 4)})
+        if best is None or score > best[0]:
+            best = (score, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        log(f"  validation at step {step}: {score:.4f}")
+
     while True:
         done = (work_clock() - w0) / c.seconds if c.seconds else step / max(c.steps, 1)
+        if validate is not None and checkpoints and step and done * checkpoints >= len(curve) + 1 and done < 1:
+            check(done)
         if done >= 1:
             break
         lr = c.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * done))
@@ -118,7 +139,13 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
             log(f"  step {step} " + " ".join(f"{k} {v:.3f}" for k, v in stats.items())
                 + f" ({work_clock() - w0:.0f}s of CPU, {time.time() - t0:.0f}s wall)")
         step += 1
+    out = {"steps": step, "final": {k: round(v, 4) for k, v in stats.items()}}
+    if validate is not None:
+        check(1.0)
+        model.load_state_dict(best[1])
+        kept = max(curve, key=lambda r: r["score"])
+        out.update(validation=curve, kept_step=kept["step"], kept_score=kept["score"])
+        log(f"  kept the weights of step {kept['step']} (validation {kept['score']:.4f})")
     model.eval()
     log(f"  {step} steps in {work_clock() - w0:.0f} CPU-seconds, {time.time() - t0:.0f}s wall")
-    return {"steps": step, "fit_seconds": round(time.time() - t0, 1), "fit_cpu_seconds": round(work_clock() - w0, 1),
-            "final": {k: round(v, 4) for k, v in stats.items()}}
+    return {**out, "fit_seconds": round(time.time() - t0, 1), "fit_cpu_seconds": round(work_clock() - w0, 1)}
