@@ -1,8 +1,8 @@
 """Block efficiency and speedup of methods at T = 0, 0.7 and 1.0 (the `sampling` table of `bpdbench tables`).
 
 Each cell is one `bpdbench run` into results/sampling/<task>/<method>-T<t>/ with the same examples and token budget.
-At T = 0 the greedy reference is decoded in the same process (a private --greedy-dir), so every temperature has an
-in-process AR baseline: greedy AR at T = 0 (same tokens), AR sampling with the same seed at T > 0 (per token).
+At T = 0 the greedy reference is decoded in the same process (a fresh private greedy folder per cell, so no cell
+reuses another's reference and every cell times its own AR), so every temperature has an in-process AR baseline: greedy AR at T = 0 (same tokens), AR sampling with the same seed at T > 0 (per token).
 Resumable: a finished cell is skipped. Usage:
     python scripts/sampling_grid.py --tasks mt_bench,xsum --methods bpd,medusa,pld,sps --limit 3 --max-new-tokens 48
 """
@@ -29,7 +29,6 @@ def main() -> None:
     ap.add_argument("--results", default=None, help="results root (default: the checkout's results/)")
     a = ap.parse_args()
     root = Path(a.results) if a.results else paths.results_root()
-    greedy = Path(tempfile.mkdtemp(prefix="bpdbench-greedy-"))   # fresh: T = 0 times greedy AR in-process
     for task in a.tasks.split(","):
         for method in a.methods.split(","):
             for t in (float(x) for x in a.temperatures.split(",")):
@@ -39,7 +38,8 @@ def main() -> None:
                     continue
                 cfg = RunConfig(task=task, method=method, limit=a.limit, max_new_tokens=a.max_new_tokens,
                                 dtype=a.dtype, threads=a.threads, out=str(out), resume=(out / "examples.jsonl")
-                                .exists(), temperature=t or None, greedy_dir=str(greedy))
+                                .exists(), temperature=t or None,
+                                greedy_dir=tempfile.mkdtemp(prefix="bpdbench-greedy-"))
                 row = run(cfg)
                 print(f"{task} {method} T={t:g}: block efficiency {row['block_efficiency']:.3f}, "
                       f"speedup {row.get('speedup_vs_ar', float('nan')):.3f}")
