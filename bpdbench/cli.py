@@ -229,11 +229,13 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
            max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K, threads: Optional[int] = _TH,
            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
-           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
+           per_category: Optional[int] = typer.Option(None, help="first N examples of each category instead of "
+                                                                 "--limit (Spec-Bench), as `speed` selects")):
     """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code)."""
     from .experiments import commands
     commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                         data_dir, data_file, out, alpha_file, no_auto_train), methods, resume, _log)
+                         data_dir, data_file, out, alpha_file, no_auto_train), methods, resume, _log, per_category)
 
 
 @app.command()
