@@ -283,13 +283,15 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
            resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
            temperature: Optional[float] = _TEMP, top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK,
-           seed: Optional[int] = _SEED):
+           seed: Optional[int] = _SEED,
+           per_category: Optional[int] = typer.Option(None, help="first N examples of each category instead of "
+                                                                 "--limit (Spec-Bench), as `speed` selects")):
     """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code).
     Greedy only: at T > 0 the trajectory depends on the draws (use `run --temperature`)."""
     from .experiments import commands
     commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
                          data_dir, data_file, out, alpha_file, no_auto_train, temperature=temperature,
-                         top_p=top_p, top_k=top_k, seed=seed), methods, resume, _log)
+                         top_p=top_p, top_k=top_k, seed=seed), methods, resume, _log, per_category)
 
 
 @app.command()

@@ -132,26 +132,55 @@ def test_vertical_drafts_what_the_draft_model_drafts(tiny_model, noisy_model, eo
     assert fewer > 0
 
 
+@pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("split,length", [(1, 1), (2, 6), (3, 8)])
-def test_horizontal_heads_then_mag_is_lossless_and_replays(tiny_model, split, length):
+def test_horizontal_heads_then_mag_is_lossless_and_replays(tiny_model, split, length, tree):
+    """The heads draft the first `split` positions, MaG continues after them; with `tree`, MaG's own draft from
+    the first position is verified beside it in the same trie."""
     heads = random_heads(tiny_model.lm_head, 4, seed=3, std=0.05)
     from bpdbench.methods.heads import HeadsDrafter
     limits = Limits(40)
+    two = 0
     for prompt in PROMPTS:
         greedy = generate(tiny_model, None, list(prompt), limits).tokens
         d = CascadeDrafter("c", HeadsDrafter("c", heads, split, tiny_model.lm_head), split, length,
-                           MaG(4, _greedy_bigram(greedy)))
+                           MaG(4, _greedy_bigram(greedy)), tree=tree)
         real = generate(tiny_model, d, list(prompt), limits)
         assert real.tokens == greedy
         assert max(s[0] for s in real.step_log) <= length
         hidden = teacher_forced(tiny_model, list(prompt), greedy)
         assert replay(d, list(prompt), greedy, hidden, limits).to_dict() == real.counters.to_dict()
-        ctx = DraftContext(list(prompt) + greedy[:3], hidden[2], 100)
         d.reset(list(prompt))
-        d.index.sync(ctx.tokens)
-        path = d.propose(ctx).paths[0]
-        top = HeadsDrafter("h", heads, split, tiny_model.lm_head).propose(ctx).paths[0]
-        assert path[:split] == top and path[split:] == d.mag.draft(d.index, top, length - split)[: len(path) - split]
+        for m in range(1, 8):
+            ctx = DraftContext(list(prompt) + greedy[:m], hidden[m - 1], 100)
+            d.index.sync(ctx.tokens)
+            paths = d.propose(ctx).paths
+            top = HeadsDrafter("h", heads, split, tiny_model.lm_head).propose(ctx).paths[0]
+            alone = d.mag.draft(d.index, [], length)
+            assert paths[0][:split] == top
+            assert paths[0][split:] == d.mag.draft(d.index, top, length - split)[: len(paths[0]) - split]
+            assert paths[1:] == ([alone] if tree and alone and alone[: len(paths[0])] != paths[0] else [])
+            two += len(paths) == 2
+    assert two > 0 or not tree
+
+
+def test_vertical_with_a_neural_lm_past_its_window(tiny_model):
+    """A neural LM whose 64-token window is shorter than the prompt: its first forward rebuilds the window from
+    the prompt's end; the vertical cascade still drafts what plain sps drafts."""
+    from bpdbench.methods.draft_lm import NeuralDraftLM
+    from rescorers.neural import SmallLM, make_config
+    torch.manual_seed(0)
+    lm = SmallLM(make_config("tiny", 48), torch.arange(0, VOCAB, 2)).eval()
+    prompt = [int(t) for t in torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(3))]
+    limits = Limits(40)
+    greedy = generate(tiny_model, None, prompt, limits).tokens
+    mag = MaG(4, _greedy_bigram(greedy))
+    vert = CascadeDrafter("c", None, 4, 4, None)
+    vert.top = AssistedDraftModel("c", NeuralDraftLM(lm, VOCAB), 4, lambda out, k: mag.draft(vert.index, out, k))
+    out = generate(tiny_model, vert, prompt, limits)
+    sps = generate(tiny_model, DraftModelDrafter("s", NeuralDraftLM(lm, VOCAB), 4), prompt, limits)
+    assert out.tokens == greedy and out.counters.to_dict() == sps.counters.to_dict()
+    assert vert.top.cache.start > 0
 
 
 BAD = [("cascade:top=heads", "top must be one of"), ("cascade:bottom=ngram", "bottom must be one of"),
@@ -162,6 +191,7 @@ BAD = [("cascade:top=heads", "top must be one of"), ("cascade:bottom=ngram", "bo
        ("cascade:top=bpd,model=x", "model= names"), ("cascade:top=sps,threshold=0.3", "belongs to top=bpd"),
        ("cascade:bottom=none,ngram=3", "belong to the MaG"), ("cascade:bottom=lookup,bigram=corpus", "needs bottom=mag"),
        ("cascade:split=0", "split=0"), ("cascade:top=sps,split=2,bottom=none,vertical=1", "needs top=sps"),
+       ("cascade:top=none,tree=1", "needs both"), ("cascade:tree=2", "tree must be < 2"),
        ("cascade:tokens=3", "unknown parameter")]
 
 
@@ -192,8 +222,10 @@ def test_registry_shapes_build_and_record_their_shape(loaded, tiny_model_dir, tm
     env = Env(model, tok, RunConfig(model=name, dtype="float32"), limits, log=lambda m: None, _heads=(heads, {}))
     prompt = [5, 17, 3, 42, 8, 11, 5, 17]
     greedy = generate(model, None, prompt, limits).tokens
-    for spelling, shape in [("cascade", {"top": "bpd", "split": 2, "length": 8, "bottom": "mag"}),
-                            ("cascade:top=none,bottom=lookup,length=5", {"top": "none", "split": 0, "length": 5}),
+    for spelling, shape in [("cascade", {"top": "bpd", "split": 2, "length": 8, "bottom": "mag", "tree": 1}),
+                            ("cascade:tree=0", {"top": "bpd", "tree": 0}),
+                            ("cascade:top=none,bottom=lookup,length=5", {"top": "none", "split": 0, "length": 5,
+                                                                         "tree": 0}),
                             (f"cascade:top=sps,model={name},split=3,vertical=1", {"top": "sps", "vertical": 1}),
                             ("cascade:split=4,bottom=none", {"split": 4, "length": 4, "bottom": "none"})]:
         m = parse(spelling)

@@ -30,7 +30,8 @@ def analyze(cfg: RunConfig, log: Log) -> dict:
     return res
 
 
-def replay(cfg: RunConfig, methods: str, resume: bool, log: Log) -> pd.DataFrame:
+def replay(cfg: RunConfig, methods: str, resume: bool, log: Log,
+           per_category: int | None = None) -> pd.DataFrame:
     if not cfg.sampling.greedy:
         raise ConfigError(f"replay walks each method along the greedy reference, but at --temperature "
                           f"{cfg.temperature:g} the trajectory depends on the draws, so there is none to replay; "
@@ -41,8 +42,8 @@ def replay(cfg: RunConfig, methods: str, resume: bool, log: Log) -> pd.DataFrame
         raise ValueError(f"{', '.join(external)} run transformers' own loop and cannot be replayed; "
                          f"time them with `bpdbench speed`")
     with OutputLock(out_dir(cfg, "replay")):
-        s = open_session(cfg, log, methods=chosen)
-        df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume)
+        s = open_session(cfg, log, methods=chosen, per_category=per_category)
+        df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume, per_category=per_category)
     print(to_markdown(df))
     return df
 

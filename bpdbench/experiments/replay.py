@@ -77,12 +77,14 @@ def _share(records: list[dict], key: str) -> float:
     return same / pairs if pairs else float("nan")
 
 
-def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False) -> pd.DataFrame:
+def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False,
+                   per_category: int | None = None) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (the first method is the baseline).
     Records are keyed by each method's canonical label."""
     drafters = {m.label: DraftRepetition(s.drafter(m)) for m in methods}
     labels = list(drafters)
-    meta = s.meta(methods, rescorer_dtype=s.cfg.dtype)   # neural rescorers follow the run's dtype
+    meta = s.meta(methods, rescorer_dtype=s.cfg.dtype,   # neural rescorers follow the run's dtype
+                  **({"per_category": per_category} if per_category else {}))
     key = lambda m: {"config": m.get("config", {}), "heads": m.get("resolved", {}).get("heads"),  # noqa: E731
                      "methods": m.get("methods")}
     ids = {ex.id for ex in s.examples}
