@@ -73,6 +73,11 @@ _DD = typer.Option(None, help="data dir (default: $BPDBENCH_DATA or ../shared/da
 _DF = typer.Option(None, help="data file (task `prompts`: JSONL with id, prompt)")
 _OUT = typer.Option(None, help="result directory (default: under the checkout's results/)")
 _NAT = typer.Option(False, "--no-auto-train", help="refuse to train missing heads or neural rescorers (> 1 min)")
+_TEMP = typer.Option(None, "--temperature", help="sample at this temperature (transformers' warpers define p; "
+                     "speculative sampling keeps it exact); unset or 0: greedy")
+_TOPP = typer.Option(None, "--top-p", help="nucleus sampling (needs --temperature > 0); unset: off")
+_TOPK = typer.Option(None, "--top-k", help="top-k sampling (needs --temperature > 0); unset or 0: off")
+_SEED = typer.Option(None, "--seed", help="example i samples from a generator seeded seed + offset + i (default 0)")
 
 
 @app.command()
@@ -88,7 +93,8 @@ def run(task: str = _T, model: str = _M,
         max_new_tokens: Optional[int] = _N, dtype: str = _D, device: str = _DEV, threads: Optional[int] = _TH,
         data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
         resume: bool = typer.Option(False, help="continue an interrupted run in --out"),
-        alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+        alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT, temperature: Optional[float] = _TEMP,
+        top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED):
     """Decode a task's examples with one method, certify losslessness against greedy, write examples.jsonl +
     summary."""
     from .experiments.progress import run_with_progress
@@ -96,7 +102,8 @@ def run(task: str = _T, model: str = _M,
                     heads_path=heads_path, rescorer=rescorer, alpha=alpha, k=k, draft_threshold=draft_threshold,
                     limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device,
                     threads=threads, data_dir=data_dir, data_file=data_file, out=out, resume=resume,
-                    alpha_file=alpha_file, auto_train=not no_auto_train)
+                    alpha_file=alpha_file, auto_train=not no_auto_train, temperature=temperature, top_p=top_p,
+                    top_k=top_k, seed=seed)
     run_with_progress(cfg, console)
 
 
@@ -158,6 +165,65 @@ def train_heads_cmd(model: str = _M, profile: str = typer.Option("quick", help="
     train_heads.train(model, profile, out=Path(out) if out else None, log=_log)
 
 
+@app.command("build-history")
+@one_line_errors
+def build_history_cmd(model: str = _M, profile: str = typer.Option("quick", help="quick (about 4 min) | full (about 1 h) | ci"),
+                      threads: Optional[int] = _TH):
+    """The model's greedy continuations on held-out prompts, for `hierarchy`'s model-history database."""
+    import torch
+    from .train import history
+    if profile not in history.PROFILES:
+        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(history.PROFILES)}")
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    if threads:
+        torch.set_num_threads(threads)
+    history.build(model, profile, log=_log)
+
+
+@app.command("distill-data")
+@one_line_errors
+def distill_data_cmd(model: str = _M, profile: str = typer.Option("quick", help="data budget: quick | full | ci"),
+                     threads: Optional[int] = _TH):
+    """Build (once) the cached distillation dataset every drafter trainer reads: greedy continuations of held-out
+    prompts with the base's hidden states and top-8 log-probs."""
+    from .train import distill
+    if profile not in distill.BUDGETS:
+        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(distill.BUDGETS)}")
+    _threads(threads)
+    path = distill.path_for(model, profile)
+    if (path / distill.FILE).exists():
+        _log(f"distillation data '{profile}' for {model} is cached at {path}; delete it to rebuild")
+        return
+    distill.build(model, profile, log=_log)
+
+
+@app.command("train-drafter")
+@one_line_errors
+def train_drafter_cmd(name: str = typer.Argument(..., help="medusa | koala | koala-hydra | hydra | hydra++ | "
+                                                       "amphista | eagle"),
+                      model: str = _M, profile: str = typer.Option("quick", help="quick (<=10 min) | full (<=60 "
+                                                                   "min) | ci"),
+                      adversarial: float = typer.Option(0.0, help="KOALA's adversarial weight (koala, koala-hydra; "
+                                                                  "saved as NAME-adv)"),
+                      out: Optional[str] = typer.Option(None, help="default: the drafter cache"),
+                      threads: Optional[int] = _TH):
+    """Train a draft model on the cached distillation data (built first when missing) and write its held-out
+    per-depth agreement next to the weights."""
+    from .train import drafter
+    drafter.check(name, profile, adversarial)
+    _threads(threads)
+    drafter.train(name, profile, model, log=_log, out=Path(out) if out else None, adversarial=adversarial)
+
+
+def _threads(threads: Optional[int]) -> None:
+    if threads is not None and threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    if threads:
+        import torch
+        torch.set_num_threads(threads)
+
+
 @app.command("train-rescorer")
 @one_line_errors
 def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"), model: str = _M,
@@ -175,11 +241,12 @@ def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"), m
 
 
 def _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir=None,
-         data_file=None, out=None, alpha_file=None, no_auto_train=False, heads_path=None) -> RunConfig:
+         data_file=None, out=None, alpha_file=None, no_auto_train=False, heads_path=None,
+         **sampling) -> RunConfig:
     return RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
                      limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads,
                      data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
-                     auto_train=not no_auto_train).validate()
+                     auto_train=not no_auto_train, **sampling).validate()
 
 
 @app.command()
@@ -214,11 +281,17 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
            max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K, threads: Optional[int] = _TH,
            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
-           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
-    """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code)."""
+           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
+           temperature: Optional[float] = _TEMP, top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK,
+           seed: Optional[int] = _SEED,
+           per_category: Optional[int] = typer.Option(None, help="first N examples of each category instead of "
+                                                                 "--limit (Spec-Bench), as `speed` selects")):
+    """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code).
+    Greedy only: at T > 0 the trajectory depends on the draws (use `run --temperature`)."""
     from .experiments import commands
     commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                         data_dir, data_file, out, alpha_file, no_auto_train), methods, resume, _log)
+                         data_dir, data_file, out, alpha_file, no_auto_train, temperature=temperature,
+                         top_p=top_p, top_k=top_k, seed=seed), methods, resume, _log, per_category)
 
 
 @app.command()
@@ -276,14 +349,15 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
           out: Optional[str] = typer.Option(None, help="default: <results>/speed/<task>"),
           resume: bool = typer.Option(False, help="keep the prompts an interrupted run already measured"),
-          alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+          alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT, temperature: Optional[float] = _TEMP,
+          top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED):
     """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
     speed_by_category.csv, config.json."""
     from .experiments import commands
     cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                     max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, k=k,
                     data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
-                    auto_train=not no_auto_train)
+                    auto_train=not no_auto_train, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     commands.speed(cfg, methods, repeats, assistant, per_category, resume, _log)
 
 
@@ -320,6 +394,68 @@ def sweep(grid: str = typer.Argument(..., help="grid file (TOML), e.g. grids/ref
         raise typer.Exit(130)
     if driver.exit_code(report):
         raise typer.Exit(1)
+
+
+@app.command()
+@one_line_errors
+def certify(method: str = typer.Option(..., help="method spelling(s), comma-separated (`bpdbench methods`)"),
+            temperature: float = typer.Option(..., "--temperature", help="sampling temperature (> 0)"),
+            top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED,
+            rules: str = typer.Option("exact", help="acceptance rules to test, comma-separated: exact, and the lossy "
+                                      "controls always-accept, no-residual (they should fail)"),
+            samples: int = typer.Option(300, help="samples per side (AR and method) per prompt"),
+            positions: int = typer.Option(4, help="generated positions tested per prompt"),
+            level: float = typer.Option(0.01, help="family-wise false-alarm rate per method and rule (Holm)"),
+            task: str = typer.Option("mt_bench", help="task whose prompts are used"), model: str = _M,
+            heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = typer.Option(3, help="prompts"),
+            offset: int = _O, max_new_tokens: Optional[int] = typer.Option(None, help="tokens decoded per sample "
+                                                                            "(default: --positions)"),
+            dtype: str = _D, k: int = _K, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD,
+            data_file: Optional[str] = _DF, out: Optional[str] = _OUT, alpha_file: Optional[str] = _AF,
+            no_auto_train: bool = _NAT):
+    """Two-sample chi-square test per prompt and position between AR sampling and a method's sampling (distinct
+    seeds): certify.json / certify.csv / certify_summary.csv / samples.jsonl. Exit 1 when an exact rule fails."""
+    from .experiments.sampling_certificate import certify as run_certify
+    cfg = _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir,
+               data_file, out, alpha_file, no_auto_train, temperature=temperature, top_p=top_p, top_k=top_k,
+               seed=seed)
+    res = run_certify(cfg, method, rules, samples, positions, level, _log)
+    failed = False
+    for f in res["families"]:
+        verdict = "PASS" if f["passed"] else "FAIL"
+        if f["lossy"]:
+            verdict = "not detected (no power here)" if f["passed"] else "detected as lossy"
+        print(f"{f['method']} rule={f['rule']}{' (lossy control)' if f['lossy'] else ''}: {verdict} "
+              f"({f['rejections']}/{f['n_tests']} tests rejected at family-wise {res['level']:g}, "
+              f"min p = {f['min_p']:.3g})")
+        failed |= not f["passed"] and not f["lossy"]
+    if failed:
+        raise typer.Exit(1)
+
+
+@app.command("alpha-law")
+@one_line_errors
+def alpha_law(task: str = typer.Option("mt_bench", help="task"), model: str = _M,
+              draft: Optional[str] = typer.Option(None, help="sps draft model (default: sps's default for --model)"),
+              gamma_max: int = typer.Option(8, help="draft length decoded; gamma = 1..this are measured"),
+              temperatures: str = typer.Option("0,0.7,1.0", help="comma-separated temperatures (0: greedy)"),
+              limit: Optional[int] = typer.Option(4, help="prompts"), offset: int = _O,
+              max_new_tokens: Optional[int] = typer.Option(64, help="tokens per prompt"), dtype: str = _D,
+              threads: Optional[int] = _TH, seed: Optional[int] = _SEED, data_dir: Optional[str] = _DD,
+              data_file: Optional[str] = _DF, out: Optional[str] = _OUT, no_auto_train: bool = _NAT):
+    """Measured tokens per target call of a draft-model chain (sps) vs (1 - a^(g+1)) / (1 - a) for g = 1..gamma-max
+    at each temperature: alpha_law.csv / .md / .png."""
+    from .experiments import alpha_law as lib
+    try:
+        temps = tuple(float(t) for t in temperatures.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {temperatures!r}") from None
+    cfg = RunConfig(task=task, model=model, limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype,
+                    threads=threads, seed=seed, data_dir=data_dir, data_file=data_file, out=out,
+                    auto_train=not no_auto_train).validate()
+    path = lib.run(cfg, draft, gamma_max, temps, _log)
+    print((path / "alpha_law.md").read_text())
+    _log(f"results in {path}")
 
 
 def main() -> None:

@@ -42,6 +42,17 @@ class RunConfig:
     alpha_file: str | None = None         # tuned-alpha table; None: <results>/alpha.json
     greedy_dir: str | None = None         # greedy-reference cache; None: <cache>/greedy
     auto_train: bool = True               # train missing heads / neural rescorers on first use (else: an error)
+    # sampling (generate's meaning; None = unset, so result folders written before these existed still resume)
+    temperature: float | None = None      # None or 0: greedy decoding, lossless against greedy per example
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None               # example i draws from a generator seeded with seed + i (default 0)
+
+    @property
+    def sampling(self):
+        """The engine's SamplingParams (greedy when no temperature > 0 is set)."""
+        from .engine.sampling import SamplingParams
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed)
 
     def validate(self) -> "RunConfig":
         from tasks import TASKS
@@ -73,6 +84,10 @@ class RunConfig:
             raise ConfigError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         if self.max_prompt_tokens < 1:
             raise ConfigError(f"max_prompt_tokens must be >= 1, got {self.max_prompt_tokens}")
+        try:
+            self.sampling.check()
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         self._validate_device()
         return self
 

@@ -64,3 +64,19 @@ def run_dir(task: str, model: str, label: str, dtype: str) -> Path:
 def experiment_dir(kind: str, task: str) -> Path:
     """results/<kind>/<task> for replay, oracle, analysis, speed."""
     return results_root() / kind / task
+
+
+def lookup_dir(model: str) -> Path:
+    """Lookup drafters' tables for a target model: the corpus n-gram index, the bigram table, the model's own
+    greedy history (methods/lookup_store.py)."""
+    return cache_root() / "lookup" / _safe(model)
+
+
+def distill_dir(model: str, budget: str) -> Path:
+    """The cached distillation dataset every drafter trainer reads (`bpdbench distill-data`)."""
+    return cache_root() / "distill" / f"{_safe(model)}-{budget}"
+
+
+def drafter_dir(model: str, name: str, profile: str) -> Path:
+    """A trained drafter (`bpdbench train-drafter NAME`): config.json naming its type, weights, report.json."""
+    return cache_root() / "drafters" / f"{_safe(model)}-{name}-{profile}"

@@ -137,6 +137,8 @@ RUN_CASES = [
     ("method-param-nan", lambda a, t, m: with_opts(a, method="ngram2:alpha=nan"), ["alpha", "finite"]),
     ("method-param-form", lambda a, t, m: with_opts(a, method="bpd:heads"), ["key=value"]),
     ("method-vs-rescorer", lambda a, t, m: with_opts(a, method="pld", rescorer="ngram2"), ["two methods", "pass one"]),
+    ("method-option-choice", lambda a, t, m: with_opts(a, method="hierarchy:order=xyz"), ["order", "one of"]),
+    ("method-shape", lambda a, t, m: with_opts(a, method="cascade:split=5,length=4"), ["split=5", "length=4"]),
     ("heads-profile", lambda a, t, m: with_opts(a, heads_profile="huge"), ["heads profile", "valid:"]),
     ("k-beyond-vocab", lambda a, t, m: with_opts(a, method="16best-0gram", k="1000"), ["k=1000", "--k 128"]),
     ("k-beyond-shortlist", lambda a, t, m: with_opts(a, method="16best-0gram", k="16", heads_profile=None,
@@ -182,6 +184,12 @@ RUN_CASES = [
     ("model-missing-path", lambda a, t, m: with_opts(a, model="./no/such/model"), ["no model folder"]),
     ("resume-other-dtype", lambda a, t, m: with_opts(a, dtype="bfloat16"), ["cannot resume", "config.dtype"]),
     ("no-resume-existing", lambda a, t, m: [x for x in a if x != "--resume"], ["exists", "--resume"]),
+    ("temperature-negative", lambda a, t, m: with_opts(a, temperature="-1"), ["--temperature", ">= 0"]),
+    ("top-p-range", lambda a, t, m: with_opts(a, temperature="1", top_p="1.5"), ["--top-p", "(0, 1]"]),
+    ("top-k-negative", lambda a, t, m: with_opts(a, temperature="1", top_k="-3"), ["--top-k", ">= 0"]),
+    ("top-p-greedy", lambda a, t, m: with_opts(a, top_p="0.9"), ["--top-p", "--temperature > 0"]),
+    ("oracle-sampled", lambda a, t, m: with_opts(a, method="oracle", temperature="1"), ["oracle", "greedy"]),
+    ("resume-sampled", lambda a, t, m: with_opts(a, temperature="0.7"), ["cannot resume", "config.temperature"]),
 ]
 
 
@@ -242,6 +250,15 @@ OTHER_CASES = [
     ("train-heads-threads", ["train-heads", "--threads", "-2", "--out", "{tmp}/h"], ["--threads", ">= 1"]),
     ("train-heads-profile", ["train-heads", "--profile", "huge", "--out", "{tmp}/h"], ["unknown profile"]),
     ("regress-no-baseline", ["regress", "--baseline", "{tmp}/none.json"], ["no baseline", "--update"]),
+    ("replay-sampled", ["replay", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
+                        "--temperature", "0.7", "--out", "{tmp}/r"], ["depends on the draws", "run --temperature"]),
+    ("certify-greedy", ["certify", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
+                        "--method", "bpd", "--temperature", "0", "--out", "{tmp}/c"], ["--temperature > 0"]),
+    ("certify-rule", ["certify", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
+                      "--method", "bpd", "--temperature", "1", "--rules", "lenient", "--out", "{tmp}/c"],
+     ["unknown rule", "always-accept"]),
+    ("speed-top-k", ["speed", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
+                     "--temperature", "1", "--top-k", "-1", "--out", "{tmp}/s"], ["--top-k", ">= 0"]),
 ]
 
 

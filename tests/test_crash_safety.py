@@ -187,8 +187,8 @@ def test_real_divergence_fails_loudly_after_writing(run2, tmp_path, monkeypatch)
     out, args = run2
     original = Session.decode
 
-    def broken(self, drafter, prompt_ids):          # a KV-cache bug stand-in: token 3 is wrong
-        gen = original(self, drafter, prompt_ids)
+    def broken(self, drafter, prompt_ids, *args, **kwargs):   # a KV-cache bug stand-in: token 3 is wrong
+        gen = original(self, drafter, prompt_ids, *args, **kwargs)
         gen.tokens[3] = (gen.tokens[3] + 7) % 96
         return gen
     monkeypatch.setattr(Session, "decode", broken)

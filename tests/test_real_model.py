@@ -47,7 +47,8 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     """Every registered method that runs in our loop, on the real default model in float32 with the `ci` heads:
     replay (one teacher-forced forward, the loop's own propose/decide) and real decoding give identical counters.
     Neural rescorers that are not trained here get random weights in a private folder (cost and correctness of
-    the path do not depend on the weights); n-grams are built on first use as in any run."""
+    the path do not depend on the weights); n-grams are built on first use as in any run, and so are the `ci`
+    drafters (EAGLE, Hydra, Hydra++, Amphista, KOALA: about a minute each on the cached `ci` data)."""
     from bpdbench import paths
     from bpdbench.config import RunConfig
     from bpdbench.engine import generate, replay, teacher_forced
@@ -65,8 +66,11 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     for size in "sml":
         save_lm(SmallLM(make_config(size, len(heads.shortlist)), heads.shortlist).eval(), tmp_path / f"neural-{size}")
     spellings = [{"hf-lm": f"hf-lm:model={models.DEFAULT_MODEL},heads=2", "oracle": "oracle:k=8",
-                  "sps": f"sps:model={models.DEFAULT_MODEL},gamma=3,schedule=heuristic"}.get(n, n)
-                 for n, spec in REGISTRY.items() if not spec.external] + ["medusa:tree=auto", "bpd:threshold=0.2"]
+                  "sps": f"sps:model={models.DEFAULT_MODEL},gamma=3,schedule=heuristic",
+                  "hierarchy": "hierarchy:history=ci"}.get(n, n)
+                 for n, spec in REGISTRY.items() if not spec.external] + [
+        "medusa:tree=auto", "bpd:threshold=0.2", f"cascade:top=sps,model={models.DEFAULT_MODEL},split=3,vertical=1",
+        "hierarchy:order=lc,candidates=4,length=4"]
     prompts = [s.prompt(ex) for ex in s.examples]
     for spelling in spellings:
         drafter = s.drafter(parse(spelling))
@@ -76,5 +80,31 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
                 drafter.use_reference(greedy)
             real = generate(s.model, drafter, prompt, s.limits)
             assert real.tokens == greedy, spelling
-            sim = replay(drafter, prompt, greedy, teacher_forced(s.model, prompt, greedy), s.limits)
+            hidden = teacher_forced(s.model, prompt, greedy, with_prompt=True)   # feature drafters see the prompt
+            sim = replay(drafter, prompt, greedy, hidden, s.limits)
             assert sim.to_dict() == real.counters.to_dict(), spelling
+
+
+def test_sampling_p_is_what_generate_samples_from(fp32_model):
+    """--temperature/--top-k/--top-p mean what they mean in generate(do_sample=True): our warped p equals the
+    distribution generate samples its first token from (its processed scores)."""
+    from bpdbench.engine import Sampler, SamplingParams
+    model, tok = fp32_model
+    x = torch.tensor([tok("def fibonacci(n):", add_special_tokens=False)["input_ids"]])
+    out = model.generate(x, do_sample=True, temperature=0.7, top_k=50, top_p=0.9, max_new_tokens=1,
+                         output_scores=True, return_dict_in_generate=True, repetition_penalty=1.0, min_p=None,
+                         typical_p=1.0, eos_token_id=None)
+    theirs = torch.softmax(out.scores[0][0].float(), -1)
+    with torch.inference_mode():
+        ours = Sampler(SamplingParams(0.7, 0.9, 50), 0).probs(model(x).logits[0, -1])
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    assert 1 < int((ours > 0).sum()) <= 50
+
+
+def test_sampled_run_smoke(tmp_path):
+    """T = 1 with the ci heads: the run records the statistical certificate and AR sampling's timing."""
+    cfg = RunConfig(task="xsum", limit=1, max_new_tokens=8, dtype="float32", heads_profile="ci", temperature=1.0,
+                    out=str(tmp_path / "sampled"))
+    row = runner.run(cfg, log=print)
+    assert row["certificate"].startswith("statistical (bpdbench certify --method bpd --temperature 1")
+    assert "lossless_rate" not in row and row["new_tokens"] <= 8 and row["speedup_vs_ar"] > 0

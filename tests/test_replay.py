@@ -14,6 +14,7 @@ from bpdbench.experiments.analysis import h_max, repetition
 from bpdbench.heads import Heads
 from bpdbench.methods import REGISTRY, Env, parse
 from rescorers.neural import SmallLM, make_config, save_lm
+from tests.drafter_fixtures import build_tiny_drafters, copy_cache
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 VOCAB = 128
@@ -50,6 +51,14 @@ def setup(tiny_model_dir, tmp_path_factory):
     return model, tok
 
 
+@pytest.fixture(scope="module")
+def drafter_cache(setup, tiny_model_dir, tmp_path_factory):
+    """Tiny trained drafters (EAGLE, Hydra, Hydra++, Amphista, KOALA...), built once, copied into each test's cache."""
+    cache = tmp_path_factory.mktemp("drafters")
+    build_tiny_drafters(*setup, str(tiny_model_dir), cache)
+    return cache
+
+
 def _artefacts(root, model_name):
     """Tiny stand-ins for every rescorer artefact, where the registry looks for them."""
     for tag in ("neural-s", "neural-m", "neural-l"):
@@ -65,6 +74,26 @@ def _artefacts(root, model_name):
         path = paths.rescorer_dir(f"ngram{order}", model_name) / f"ngram{order}.bin"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("\n".join(arpa))   # KenLM reads ARPA text as well as its binary format
+    _lookup_tables(model_name)
+
+
+def _lookup_tables(model_name):
+    """Tiny stand-ins for the lookup drafters' corpus table, bigram table and quick model history."""
+    import random
+    import numpy as np
+    from bpdbench.methods.lookup import FrequencyTable, bigram_table, stream
+    from bpdbench.train import history
+    from bpdbench.train.rescorer import default_corpus_files
+    rng = random.Random(1)
+    docs = [[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]
+    files = [str(f) for f in default_corpus_files()]
+    FrequencyTable.build(stream(docs), sizes=(2, 3), meta={"source": "corpus", "files": files}).save(
+        paths.lookup_dir(model_name) / "static.npz")
+    np.save(paths.lookup_dir(model_name) / "bigram-corpus.npy", bigram_table(stream(docs), VOCAB))
+    seqs = [[rng.randrange(VOCAB) for _ in range(30)] for _ in range(10)]
+    history.history_file(model_name, "quick").write_text(json.dumps(
+        {"model": model_name, "profile": "quick", "sequences": len(seqs), "tokens": 300,
+         "source": {"kind": "test stand-in"}, "continuations": seqs}))
 
 
 def all_methods(model_dir) -> list[str]:
@@ -75,16 +104,22 @@ def all_methods(model_dir) -> list[str]:
         out.append({"hf-lm": f"hf-lm:model={model_dir}", "oracle": "oracle:k=4",
                     "sps": f"sps:model={model_dir}"}.get(name, name))
     return out + ["bpd:heads=2", "bpd:threshold=0.3", "medusa:tree=auto", "ngram4:alpha=2", "pld:tokens=3,ngram=1",
-                  f"sps:model={model_dir},gamma=2,schedule=heuristic"]
+                  f"sps:model={model_dir},gamma=2,schedule=heuristic", "cascade:top=none,bottom=lookup,length=4",
+                  f"cascade:top=sps,model={model_dir},split=3,vertical=1", "cascade:split=3,threshold=0.2",
+                  "hierarchy:order=lsc,candidates=2,length=3", "hierarchy:order=c,ngram=1",
+                  "eagle:tree=3", "hydra:tree=2",
+                  "koala:base=hydra,adv=1,refine=ngram4"]
 
 
 @pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])
-def test_replay_equals_real_for_every_method(setup, tiny_model_dir, tmp_path, monkeypatch, eos_at, max_new):
+def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cache, tmp_path, monkeypatch, eos_at,
+                                             max_new):
     pytest.importorskip("kenlm")
     model, tok = setup
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
     name = str(tiny_model_dir)
     _artefacts(tmp_path, name)
+    copy_cache(drafter_cache, tmp_path)
     refs = {tuple(p): generate(model, None, list(p), Limits(max_new)).tokens for p in PROMPTS}
     eos = frozenset() if eos_at is None else frozenset({refs[tuple(PROMPTS[0])][eos_at]})
     limits = Limits(max_new, eos)
@@ -104,8 +139,8 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, tmp_path, mo
                 drafter.use_reference(greedy)
             real = generate(model, drafter, list(prompt), limits)
             assert real.tokens == greedy, spelling
-            sim = replay(drafter, list(prompt), greedy, teacher_forced(model, list(prompt), greedy), limits,
-                         memo=memos[tuple(prompt)])
+            hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)   # feature drafters' prefill
+            sim = replay(drafter, list(prompt), greedy, hidden, limits, memo=memos[tuple(prompt)])
             assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
             accepted += real.counters.accepted
         assert accepted > 0 or method.name == "ar", spelling   # the comparison is not between two empty walks

@@ -110,7 +110,7 @@ def test_target_equal_to_default_assistant_falls_back(tiny_model_dir, tmp_path, 
     decoders, resolved, logs = _build(tiny_model_dir, monkeypatch, str(other))
     assert list(decoders) == ["ar", "hf-assisted"] and not resolved["skipped"]
     assert resolved["assistant"] == str(other) and resolved["assistant_tokenizer"] == "same"
-    assert decoders["hf-assisted"]([5, 6, 7]).tokens == decoders["ar"]([5, 6, 7]).tokens
+    assert decoders["hf-assisted"]([5, 6, 7], 0).tokens == decoders["ar"]([5, 6, 7], 0).tokens
 
 
 def test_unavailable_fallback_assistant_is_skipped_with_reason(tiny_model_dir, monkeypatch):

@@ -259,7 +259,7 @@ GRID_CASES = [
     ("replay-external", "[[replay]]\ntasks = [\"xsum\"]\nmethods = [\"hf-pld\"]", ["hf-pld", "[[speed]]"]),
     ("same-folder", "[[replay]]\ntasks = [\"xsum\"]\nlimit = 2\n[[replay]]\ntasks = [\"xsum\"]\nlimit = 3",
      ["two cells write replay/xsum", "limit"]),
-    ("sampling", "[[run]]\ntasks = [\"xsum\"]\ntemperatures = [0.7]", ["greedily only"]),
+    ("sampling", "[[run]]\ntasks = [\"xsum\"]\ntemperatures = [-0.5]", ["temperature"]),
     ("threads-zero", "[sweep]\nthreads = 0\n[[run]]\ntasks = [\"xsum\"]", ["threads >= 1"]),
     ("sweep-key", "[sweep]\nworkers = 2\n[[run]]\ntasks = [\"xsum\"]", ["[sweep]", "unknown key 'workers'"]),
     ("not-array", "[run]\ntasks = [\"xsum\"]", ["[[run]] blocks"]),

@@ -4,8 +4,9 @@ from .acceptance import GREEDY, Acceptance, Decision, GreedyAcceptance
 from .counters import Counters, ratios
 from .loop import Generation, Limits, generate
 from .replay import replay, teacher_forced
+from .sampling import RULES, Sampler, SamplingParams, SpeculativeSampling
 from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Lattice, Proposal
 
 __all__ = ["GREEDY", "Acceptance", "Decision", "GreedyAcceptance", "Counters", "ratios", "Generation", "Limits",
            "generate", "replay", "teacher_forced", "EMPTY", "DraftContext", "Drafter", "EmptyDrafter", "Lattice",
-           "Proposal"]
+           "Proposal", "RULES", "Sampler", "SamplingParams", "SpeculativeSampling"]

@@ -3,7 +3,8 @@
 A rule has two parts so that real decoding and replay share the decision: `targets` turns the verify forward's
 logits into what each tree node's children are compared with, and `decide` picks the path and the bonus token from
 those targets. Replay builds the targets from the greedy reference instead of logits and calls the same `decide`.
-A sampling rule (speculative sampling) implements the same two calls with the draft probabilities of the proposal.
+A sampling rule (speculative sampling, `sampling.py`) implements the same calls with the draft distributions of the
+proposal; its targets are the warped probabilities per node and `first` draws the prefill's token.
 """
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ class Acceptance(Protocol):
     def decide(self, tree: Tree, targets: list[int], proposal: Proposal) -> Decision:
         """The longest acceptable path and the bonus token."""
 
+    def first(self, logits: torch.Tensor) -> int:
+        """[1, V] logits after the prompt -> the first generated token (nothing was drafted for it)."""
+
 
 class GreedyAcceptance:
     """Keep the longest path whose every token equals the base's argmax at its parent (ties: the earlier path)."""
@@ -41,6 +45,9 @@ class GreedyAcceptance:
 
     def targets(self, logits: torch.Tensor) -> list[int]:
         return logits.argmax(-1).tolist()
+
+    def first(self, logits: torch.Tensor) -> int:
+        return self.targets(logits)[0]
 
     def decide(self, tree: Tree, targets: list[int], proposal: Proposal) -> Decision:
         best, a = tree_accept(tree, targets)

@@ -8,6 +8,7 @@ output is never counted as accepted, which is also what replay (replay.py) can s
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -53,6 +54,7 @@ class State:
     cache: DynamicCache
     hidden: torch.Tensor        # [d] final hidden state that produced context[-1]
     context: list[int]          # prompt + decided tokens
+    fresh: torch.Tensor | None = None   # [m, d] hidden states of the positions decided since the last proposal
 
 
 @dataclass
@@ -71,12 +73,23 @@ class Verified:
     past: int                   # cache length before the verify forward
 
 
-def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> State:
-    cache = DynamicCache()
-    x = torch.tensor([prompt_ids], device=model.device)
-    hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0, -1:]
-    nxt = acceptance.targets(model.lm_head(hidden))[0]
-    return State(cache, hidden[-1], list(prompt_ids) + [nxt])
+def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None) -> State:
+    """The prompt's forward and the first token. With a `memo` (many sampled decodes of one prompt, as `certify`
+    runs) the forward is computed once and its cache copied per decode: same numbers, one serial call counted.
+    Every prompt position's hidden state is kept (`State.fresh`) for drafters that run over the base's features."""
+    key = ("prefill", tuple(prompt_ids))
+    if memo is not None and key in memo:
+        cache, hidden, logits = memo[key]
+        cache = copy.deepcopy(cache)
+    else:
+        cache = DynamicCache()
+        x = torch.tensor([prompt_ids], device=model.device)
+        hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0]
+        logits = model.lm_head(hidden[-1:])
+        if memo is not None:
+            memo[key] = (copy.deepcopy(cache), hidden, logits)
+    nxt = acceptance.first(logits)
+    return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden)
 
 
 def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY) -> Verified:
@@ -95,6 +108,7 @@ def advance(state: State, v: Verified, d: Decision) -> list[int]:
     compact_cache(state.cache, v.past, len(v.tree.tokens), keep)
     new = [v.tree.tokens[n] for n in path] + [d.bonus]
     state.hidden = v.hidden[keep[-1]]
+    state.fresh = v.hidden[keep]
     state.context.extend(new)
     return new
 
@@ -114,21 +128,25 @@ def step_decision(tree: Tree, targets: list[int], proposal: Proposal, limits: Li
 
 @torch.inference_mode()
 def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limits,
-             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None) -> Generation:
-    """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method."""
+             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None,
+             memo: dict | None = None) -> Generation:
+    """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method.
+    `memo`: see `prefill`."""
     drafter = drafter or EmptyDrafter()
     counters = Counters()
     gen = Generation([], counters)
     clock = time.perf_counter()
     drafter.reset(list(prompt_ids))
-    state = prefill(model, prompt_ids, acceptance)
+    state = prefill(model, prompt_ids, acceptance, memo)
     counters.serial_calls += 1
     gen.seconds["prefill"], clock = _lap(clock)
     out = [state.context[-1]]
     drafter.observe([state.context[-1]])
+    sampler = getattr(acceptance, "sampler", None)     # sampling rules share their generator with the drafter
     while not limits.done(out):
         budget = limits.budget(out)
-        proposal = drafter.propose(DraftContext(state.context, state.hidden, budget)).clip(budget)
+        ctx = DraftContext(state.context, state.hidden, budget, sampler=sampler, accepted_hidden=state.fresh)
+        proposal = drafter.propose(ctx).clip(budget)
         t_draft, clock = _lap(clock)
         verified = verify(model, state, proposal, acceptance)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)

@@ -23,10 +23,11 @@ UNKNOWN = -1   # target of a node off the greedy path: nothing can equal it
 
 
 @torch.inference_mode()
-def teacher_forced(model, prompt: list[int], greedy: list[int]) -> torch.Tensor:
-    """[N, d]: row m is the final hidden state that produced greedy[m] (the prompt's last position for m = 0)."""
+def teacher_forced(model, prompt: list[int], greedy: list[int], with_prompt: bool = False) -> torch.Tensor:
+    """[N, d]: row m is the final hidden state that produced greedy[m] (the prompt's last position for m = 0).
+    `with_prompt`: [P - 1 + N, d], the prompt's other positions first (what feature drafters see at prefill)."""
     ids = torch.tensor([list(prompt) + list(greedy[:-1])], device=model.device)
-    return model.model(input_ids=ids).last_hidden_state[0, len(prompt) - 1:]
+    return model.model(input_ids=ids).last_hidden_state[0, 0 if with_prompt else len(prompt) - 1:]
 
 
 def targets_from_reference(tree: Tree, truth: list[int]) -> list[int]:
@@ -45,22 +46,29 @@ def targets_from_reference(tree: Tree, truth: list[int]) -> list[int]:
 def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch.Tensor | None, limits: Limits,
            acceptance: Acceptance = GREEDY, memo: dict | None = None) -> Counters:
     """Counters of decoding `prompt` with `drafter`, given the greedy output G (truncated as the loop truncates).
-    `hidden` from `teacher_forced` (None for drafters that never look at it)."""
+    `hidden` from `teacher_forced` (None for drafters that never look at it); with `with_prompt=True` it also
+    holds the prompt's positions, and the first proposal's `accepted_hidden` covers the prompt as in real decoding."""
     c = Counters(serial_calls=1)          # the prefill decides G[0]
     drafter.reset(list(prompt))
     g, n = list(greedy), len(greedy)
+    fresh = None
+    if hidden is not None:
+        lead = hidden.shape[0] - n if hidden.shape[0] == len(prompt) - 1 + n else 0
+        fresh, hidden = hidden[: lead + 1], hidden[lead:]
     drafter.observe(g[:1])
     m = 0                                  # G[:m+1] is decided
     while m + 1 < n:
         out = g[: m + 1]
         budget = limits.budget(out)
-        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo)
+        ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo,
+                           accepted_hidden=fresh)
         proposal = drafter.propose(ctx).clip(budget)
         tree = build_tree(g[m], proposal.paths)
         d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)
         c.record_step(len(proposal.paths[d.path]), d.accepted, len(tree.tokens))
         new = g[m + 1: m + 2 + d.accepted]
         drafter.observe(new)
+        fresh = None if hidden is None else hidden[m + 1: m + 2 + d.accepted]
         m += d.accepted + 1
     c.new_tokens = n
     return c

@@ -9,7 +9,7 @@ code path that differ only in what was proposed.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -61,11 +61,21 @@ class DraftContext:
     the verify forward of step n yields the state step n+1 drafts from). `budget` is the most draft tokens that can
     still be kept (the loop clips longer proposals anyway). `memo` is scratch space shared by every drafter that
     replays the same example (None in real decoding): a drafter may keep there what depends only on the position,
-    such as the heads' lattice, so fourteen methods replayed on one trajectory compute it once, not fourteen times."""
+    such as the heads' lattice, so fourteen methods replayed on one trajectory compute it once, not fourteen times.
+    `sampler` is None when decoding greedily; at T > 0 it is the acceptance rule's `engine.sampling.Sampler`
+    (warpers + the example's generator): a drafter that samples its drafts (sps) draws from it and reports its full
+    draft distributions in `Proposal.dists`; a deterministic drafter ignores it and proposes point masses.
+    `accepted_hidden` [m, d] are the final hidden states of the positions decided since the previous proposal, in
+    order, ending with `hidden`: at an example's first proposal every prompt position's, then the verify forward's
+    rows of the root and the accepted nodes. Row j of all of them together is the state that produced tokens[j + 1],
+    which is what drafters that run over the base's features (EAGLE, Hydra++'s prefix layer) keep a cache of; the
+    verify forward computes them anyway, so passing them costs nothing. None where the caller has not got them."""
     tokens: list[int]
     hidden: torch.Tensor | None
     budget: int
     memo: dict | None = None
+    sampler: Any = None
+    accepted_hidden: torch.Tensor | None = None
 
 
 @runtime_checkable

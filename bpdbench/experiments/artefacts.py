@@ -109,3 +109,15 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
         if width and k > width:
             raise ConfigError(f"{label}: k={k} exceeds {where} ({width} tokens); pass --k {width} or less")
     return info
+
+
+def check_drafters(cfg: RunConfig, methods: list[Method] | None) -> None:
+    """Trained drafters (methods/trained.py): folder, type, shape parameters, before the model loads."""
+    from ..methods.base import MethodError
+    from ..methods.trained import CHECKS
+    for m in methods or []:
+        if m.spec.family == "drafter" and m.name in CHECKS:
+            try:
+                CHECKS[m.name](m, cfg)
+            except MethodError as e:
+                raise ConfigError(str(e)) from None

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import RunConfig
+from ..config import ConfigError, RunConfig
 from ..report.results import OutputLock
 from ..report.summary import to_markdown
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
@@ -30,15 +30,20 @@ def analyze(cfg: RunConfig, log: Log) -> dict:
     return res
 
 
-def replay(cfg: RunConfig, methods: str, resume: bool, log: Log) -> pd.DataFrame:
+def replay(cfg: RunConfig, methods: str, resume: bool, log: Log,
+           per_category: int | None = None) -> pd.DataFrame:
+    if not cfg.sampling.greedy:
+        raise ConfigError(f"replay walks each method along the greedy reference, but at --temperature "
+                          f"{cfg.temperature:g} the trajectory depends on the draws, so there is none to replay; "
+                          f"decode for real with `bpdbench run --temperature {cfg.temperature:g} --method M`")
     chosen = resolve_methods(methods)
     external = [m.label for m in chosen if m.spec.external]
     if external:
         raise ValueError(f"{', '.join(external)} run transformers' own loop and cannot be replayed; "
                          f"time them with `bpdbench speed`")
     with OutputLock(out_dir(cfg, "replay")):
-        s = open_session(cfg, log, methods=chosen)
-        df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume)
+        s = open_session(cfg, log, methods=chosen, per_category=per_category)
+        df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume, per_category=per_category)
     print(to_markdown(df))
     return df
 

@@ -21,15 +21,17 @@ KS = (1, 2, 4, 8, 16)
 RESUME_IGNORES = ("limit", "threads", "out", "resume")   # a resumed run may ask for more examples, on other threads
 
 
-def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = True) -> Iterator[tuple]:
-    """(example, prompt ids, greedy output, hidden states) for the selected examples with >= 2 output tokens."""
+def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = True, with_prompt: bool = False
+                 ) -> Iterator[tuple]:
+    """(example, prompt ids, greedy output, hidden states) for the selected examples with >= 2 output tokens;
+    `with_prompt`: the hidden states of the prompt's positions too (feature drafters replay from them)."""
     for ex in s.examples:
         if ex.id in skip:
             continue
         prompt = s.prompt(ex)
         greedy, _ = s.reference.get(prompt, s.limits)
         if len(greedy) >= 2:
-            yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy) if need_hidden else None)
+            yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy, with_prompt) if need_hidden else None)
 
 
 def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None
@@ -40,12 +42,49 @@ def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden
     return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo)
 
 
-def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False) -> pd.DataFrame:
+class DraftRepetition:
+    """Wraps a drafter to count adjacent identical tokens in the first path of every proposal (the paper's
+    repetition analysis, for any method): independent heads repeat tokens that the base's text does not."""
+
+    def __init__(self, drafter):
+        self.drafter, self.name = drafter, drafter.name
+        self.pairs = self.same = 0
+        for attr in ("needs_reference", "use_reference"):
+            if hasattr(drafter, attr):
+                setattr(self, attr, getattr(drafter, attr))
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.drafter.reset(prompt_ids)
+
+    def propose(self, ctx):
+        p = self.drafter.propose(ctx)
+        path = p.paths[0][: max(ctx.budget, 0)]
+        self.pairs += max(len(path) - 1, 0)
+        self.same += sum(a == b for a, b in zip(path, path[1:]))
+        return p
+
+    def observe(self, tokens: list[int]) -> None:
+        self.drafter.observe(tokens)
+
+    def take(self) -> dict:
+        out, self.pairs, self.same = {"draft_pairs": self.pairs, "draft_repeats": self.same}, 0, 0
+        return out
+
+
+def _share(records: list[dict], key: str) -> float:
+    pairs = sum(r.get(key, {}).get("draft_pairs", 0) for r in records)
+    same = sum(r.get(key, {}).get("draft_repeats", 0) for r in records)
+    return same / pairs if pairs else float("nan")
+
+
+def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False,
+                   per_category: int | None = None) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (the first method is the baseline).
     Records are keyed by each method's canonical label."""
-    drafters = {m.label: s.drafter(m) for m in methods}
+    drafters = {m.label: DraftRepetition(s.drafter(m)) for m in methods}
     labels = list(drafters)
-    meta = s.meta(methods, rescorer_dtype=s.cfg.dtype)   # neural rescorers follow the run's dtype
+    meta = s.meta(methods, rescorer_dtype=s.cfg.dtype,   # neural rescorers follow the run's dtype
+                  **({"per_category": per_category} if per_category else {}))
     key = lambda m: {"config": m.get("config", {}), "heads": m.get("resolved", {}).get("heads"),  # noqa: E731
                      "methods": m.get("methods")}
     ids = {ex.id for ex in s.examples}
@@ -62,23 +101,29 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
         for r in done:
             totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
         n_examples = len(done)
-        for ex, prompt, greedy, hidden in trajectories(s, skip=frozenset(r["id"] for r in done)):
+        for ex, prompt, greedy, hidden in trajectories(s, frozenset(r["id"] for r in done), with_prompt=True):
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(greedy)}
             memo: dict = {}
+            rec["text_pairs"] = len(greedy) - 1
+            rec["text_repeats"] = sum(a == b for a, b in zip(greedy, greedy[1:]))
             for m, drafter in drafters.items():
                 c = replay_one(s, drafter, prompt, greedy, hidden, memo)
                 totals[m] = totals[m].add(c)
-                rec[m] = c.to_dict()
+                rec[m] = {**c.to_dict(), **drafter.take()}
             jsonl.append([rec])
+            done.append(rec)
     rows = []
+    text_pairs = sum(r.get("text_pairs", 0) for r in done)
+    text_share = sum(r.get("text_repeats", 0) for r in done) / text_pairs if text_pairs else float("nan")
     base = ratios(totals[labels[0]])["block_efficiency"]
     for m in labels:
         r = ratios(totals[m])
         rows.append({"task": s.cfg.task, "method": m, "n_examples": n_examples,
                      "new_tokens": totals[m].new_tokens, "serial_calls": totals[m].serial_calls,
                      "block_efficiency": r["block_efficiency"], "acceptance_rate": r["acceptance_rate"],
-                     "relative_change_pct": 100 * (r["block_efficiency"] / base - 1)})
+                     "relative_change_pct": 100 * (r["block_efficiency"] / base - 1),
+                     "draft_repeat_share": _share(done, m), "text_repeat_share": text_share})
     df = pd.DataFrame(rows)
     df.to_csv(out / "replay.csv", index=False)
     return df

@@ -16,7 +16,7 @@ import torch
 import tasks as task_registry
 from .. import models, paths
 from ..config import ConfigError, RunConfig, environment
-from ..engine import Drafter, Generation, Limits, generate
+from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError, parse, parse_list
 from ..methods.registry import canonical
 from . import artefacts
@@ -54,6 +54,8 @@ def out_dir(cfg: RunConfig, kind: str = "runs") -> Path:
     label = resolve_method(cfg).label
     if cfg.draft_threshold > 0 and label != "ar" and "threshold=" not in label:
         label += f"-t{cfg.draft_threshold:g}"
+    if not cfg.sampling.greedy:
+        label += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
     return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
 
 
@@ -89,9 +91,15 @@ def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = 
     their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
     and before any model loads, so a bad input costs a second, not a model load."""
     cfg = cfg.validate()
+    if not cfg.sampling.greedy:
+        greedy_only = [m.label for m in methods or [] if m.name == "oracle"]
+        if greedy_only:
+            raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
+                              f"decoding only; drop --temperature or the method")
     examples = select_examples(cfg, heldout, per_category)
     artefacts.check_model_files(cfg.model, cfg.dtype)
     artefacts.check_heads(cfg, methods, log)
+    artefacts.check_drafters(cfg, methods)
     return examples
 
 
@@ -132,12 +140,26 @@ class Session:
         except MethodError as e:
             raise ConfigError(str(e)) from None
 
-    def decode(self, drafter: Drafter, prompt_ids: list[int]) -> Generation:
-        return generate(self.model, drafter, prompt_ids, self.limits)
+    def decode(self, drafter: Drafter, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> Generation:
+        return generate(self.model, drafter, prompt_ids, self.limits, acceptance)
+
+    def seed(self, index: int) -> int:
+        """Example `index` of the selection (0-based) draws from seed + offset + index: the same example gets the
+        same generator whatever --limit, --resume or the method, and distinct examples get distinct ones."""
+        return (self.cfg.seed or 0) + self.cfg.offset + index
+
+    def acceptance(self, index: int, rule: str = "exact", seed: int | None = None) -> Acceptance:
+        """Greedy acceptance, or at T > 0 a fresh speculative-sampling rule owning the example's generator."""
+        if self.cfg.sampling.greedy:
+            return GREEDY
+        return SpeculativeSampling(self.cfg.sampling, self.seed(index) if seed is None else seed, rule)
 
     def with_reference(self, drafter: Drafter, prompt_ids: list[int]) -> None:
         """Methods that need the greedy reference (the oracle) get it before the example starts."""
         if getattr(drafter, "needs_reference", False):
+            if not self.cfg.sampling.greedy:
+                raise ConfigError(f"{drafter.name} reads the greedy reference, so it exists for greedy decoding "
+                                  f"only; drop --temperature")
             drafter.use_reference(self.reference.get(prompt_ids, self.limits)[0])
 
     def meta(self, methods: list[Method] | None = None, **extra) -> dict:
@@ -147,8 +169,29 @@ class Session:
                     "alpha_file": str(self.cfg.alpha_file or paths.alpha_file()),
                     "greedy_dir": str(self.reference.dir), "heads": self.env.heads_meta,
                     "methods": dict(self.env.resolved)}
+        if not self.cfg.sampling.greedy:
+            resolved["sampling"] = sampling_meta(self.cfg)
         return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
                 **extra, "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
+
+
+def certify_command(cfg: RunConfig, method: str) -> str:
+    """The command whose result certifies `method` at these sampling settings (what a T > 0 run records)."""
+    p = cfg.sampling
+    opts = f" --top-p {p.top_p:g}" if p.top_p is not None and p.top_p < 1 else ""
+    opts += f" --top-k {p.top_k}" if p.top_k else ""
+    return (f"bpdbench certify --method {method} --temperature {p.temperature:g}{opts} --model {cfg.model} "
+            f"--dtype {cfg.dtype}")
+
+
+def sampling_meta(cfg: RunConfig) -> dict:
+    """What a sampled result records: p's warpers, the seed rule, the acceptance rule and which certificate applies
+    (the per-example greedy comparison does not: outputs are draws)."""
+    p = cfg.sampling
+    return {"temperature": p.temperature, "top_p": p.top_p, "top_k": p.top_k, "seed": p.seed or 0,
+            "warpers": [type(w).__name__ for w in p.warpers()], "seeds": "seed + offset + example index",
+            "acceptance": "speculative sampling (engine/sampling.py): Leviathan + recursive rejection over trees",
+            "certificate": f"statistical ({certify_command(cfg, cfg.method)})"}
 
 
 def eos_ids(model, tok) -> frozenset[int]:

@@ -6,6 +6,11 @@ a fixed order `repeats` times (timing.interleaved) and keep the median. Every me
 is a different amount of work. Speedup = sum of ar median seconds / sum of method median seconds over the prompts
 where the method is identical; step cost = (method seconds per serial call) / (ar seconds per serial call), the
 cost of one verify forward in decode steps.
+
+At T > 0 (`--temperature`) outputs are draws, so "identical to ar" does not apply: every method (ar included)
+samples prompt i with the generator seeded seed + offset + i, the same in every repeat (so repeats time the same
+work), and the speedup is per token: (ar seconds / ar tokens) / (method seconds / method tokens) over all prompts.
+transformers' own loops (hf-*) are timed greedy only and are skipped at T > 0.
 """
 from __future__ import annotations
 
@@ -26,12 +31,18 @@ UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfi
 
 
 def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
-    """One decoder (prompt -> Output) per method label; unavailable peers that were not named are skipped."""
+    """One decoder ((prompt, index) -> Output) per method label; unavailable peers that were not named are
+    skipped, and at T > 0 transformers' loops are."""
     out, skipped = {}, {}
     for m in methods:
         if m.spec.external:
+            if not s.cfg.sampling.greedy:
+                skipped[m.label] = "transformers' own loops are timed greedy only"
+                log(f"skipping {m.label}: {skipped[m.label]} (T > 0)")
+                continue
             try:
-                out[m.label] = m.spec.build(s.env, m)
+                external = m.spec.build(s.env, m)
+                out[m.label] = lambda prompt, index, fn=external: fn(prompt)
             except MethodUnavailable as e:
                 if m.params:
                     raise
@@ -40,28 +51,34 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
             continue
         drafter = s.drafter(m)
 
-        def run(prompt: list[int], drafter=drafter) -> Output:
+        def run(prompt: list[int], index: int, drafter=drafter) -> Output:
             s.with_reference(drafter, prompt)
-            g = s.decode(drafter, prompt)
-            return Output(g.tokens, g.counters.serial_calls)
+            g = s.decode(drafter, prompt, s.acceptance(index))
+            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"])
         out[m.label] = run
     return out, skipped
 
 
-def measure(fns: dict, ex, prompt: list[int], repeats: int, device) -> list[dict]:
+def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int = 0, sampled: bool = False
+            ) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat."""
-    runs = interleaved({m: (lambda fn=fn: fn(prompt)) for m, fn in fns.items()}, repeats, device)
+    runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device)
     ref = runs["ar"][0][1].tokens
     records = []
     for m, rs in runs.items():
         times = [t for t, _ in rs]
         wrong = next((o.tokens for _, o in rs if o.tokens != ref), None)
+        if sampled:        # draws: compared with the method's own first repeat (the seed makes them reproducible)
+            wrong = next((o.tokens for _, o in rs if o.tokens != rs[0][1].tokens), None)
         med = median(times)
         records.append({"id": ex.id, "category": ex.category, "method": m, "prompt_tokens": len(prompt),
                         "tokens": len(rs[0][1].tokens), "serial_calls": rs[0][1].serial_calls, "times": times,
                         "median_s": med, "spread": (max(times) - min(times)) / med if med else 0.0,
                         "identical": wrong is None,
-                        "first_divergence": None if wrong is None else first_divergence(wrong, ref)})
+                        "draft_s": (median([o.draft_seconds for _, o in rs]) if rs[0][1].draft_seconds is not None
+                                    else None),
+                        "first_divergence": None if wrong is None else first_divergence(wrong, ref),
+                        **({"sampled": True} if sampled else {})})
     return records
 
 
@@ -71,6 +88,8 @@ def summarize(records: list[dict], keys: tuple[str, ...] = ("method",)) -> pd.Da
     ar = df[df.method == "ar"].set_index("id")
     df["ar_s"] = df["id"].map(ar["median_s"])
     df["ar_calls"] = df["id"].map(ar["serial_calls"])
+    df["ar_tokens"] = df["id"].map(ar["tokens"])
+    sampled = "sampled" in df.columns and bool(df["sampled"].fillna(False).any())
     rows = []
     for key, g in df.groupby(list(keys), sort=False, dropna=False):
         ok = g[g.identical.astype(bool)]
@@ -80,11 +99,30 @@ def summarize(records: list[dict], keys: tuple[str, ...] = ("method",)) -> pd.Da
         rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n_prompts": len(g),
                      "n_identical": len(ok), "tokens": tokens, "seconds": seconds,
                      "tokens_per_s": tokens / seconds if seconds else float("nan"),
-                     "speedup_vs_ar": float(ok.ar_s.sum()) / seconds if seconds else float("nan"),
+                     "speedup_vs_ar": _speedup(ok, seconds, tokens, sampled),
                      "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
                      "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
+                     **_drafting(ok, ar_step),
                      "median_spread": float(g.spread.median())})
     return pd.DataFrame(rows)
+
+
+def _speedup(ok: pd.DataFrame, seconds: float, tokens: int, sampled: bool) -> float:
+    """Greedy: the same tokens, so a ratio of seconds. Sampled: outputs differ in length, so per token."""
+    if not seconds:
+        return float("nan")
+    if not sampled:
+        return float(ok.ar_s.sum()) / seconds
+    return (float(ok.ar_s.sum()) / float(ok.ar_tokens.sum())) / (seconds / tokens) if tokens else float("nan")
+
+
+def _drafting(ok: pd.DataFrame, ar_step: float) -> dict:
+    """Drafting cost per decode step (proposals only: prefill and verify excluded), in ms and in AR decode steps."""
+    if "draft_s" not in ok or not len(ok) or ok.draft_s.isna().any():
+        return {"draft_ms_per_step": float("nan"), "draft_vs_ar_step": float("nan")}
+    steps = float((ok.serial_calls - 1).sum())
+    ms = 1000 * float(ok.draft_s.sum()) / steps if steps else float("nan")
+    return {"draft_ms_per_step": ms, "draft_vs_ar_step": ms / (1000 * ar_step) if ar_step else float("nan")}
 
 
 def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> None:
@@ -92,7 +130,9 @@ def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> N
         if row.n_identical < row.n_prompts:
             firsts = [f"{r['id']}@{r['first_divergence']}" for r in records
                       if r["method"] == row.method and not r["identical"]]
-            log(f"NOT IDENTICAL: {row.method} diverges from ar on {row.n_prompts - row.n_identical}/{row.n_prompts} "
+            what = ("is not reproducible across repeats with one seed" if any(r.get("sampled") for r in records)
+                    else "diverges from ar")
+            log(f"NOT IDENTICAL: {row.method} {what} on {row.n_prompts - row.n_identical}/{row.n_prompts} "
                 f"prompts (prompt@token: {', '.join(firsts)}); excluded from its speedup, tokens and seconds")
 
 
@@ -144,12 +184,12 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     write_atomic(out / "config.json", json.dumps(config, indent=2))
     prompts = [s.prompt(ex) for ex in s.examples]
     for fn in fns.values():  # warm-up: allocator, oneDNN kernels, HF's first-call setup
-        fn(prompts[0])
+        fn(prompts[0], 0)
     done = {r["id"] for r in records}
     for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):
         if ex.id in done:
             continue
-        recs = measure(fns, ex, prompt, repeats, s.model.device)
+        recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy)
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
             f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))

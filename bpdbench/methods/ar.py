@@ -1,4 +1,5 @@
-"""Autoregressive greedy decoding: the empty drafter, the baseline every method is certified against."""
+"""Autoregressive decoding: the empty drafter, the baseline every method is certified against. At T > 0 it is plain
+sampling from p (nothing drafted, every token drawn by the sampling rule), the baseline of `bpdbench certify`."""
 from __future__ import annotations
 
 from ..engine import EmptyDrafter

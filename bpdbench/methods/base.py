@@ -60,6 +60,7 @@ class MethodSpec:
     external: bool = False
     fixed: dict = field(default_factory=dict)                   # values implied by the name (aliases)
     family: str = ""
+    check: Callable[["Method"], None] | None = None              # parameters checked together (MethodError)
 
     def param(self, name: str) -> Param:
         for p in self.params:

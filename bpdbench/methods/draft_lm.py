@@ -41,7 +41,8 @@ class WindowCache:
             self.kv.length = keep - self.start
 
     def feed(self, ids: list[int]) -> torch.Tensor:
-        """Final hidden state after the last of `ids`."""
+        """Final hidden states [len(ids), d] of `ids` (a vertical cascade reads them all; sps the last)."""
+        n = len(ids)
         self.tokens.extend(ids)
         window = self.lm.cfg.max_len
         if self.stale or len(self.tokens) - self.start > window:
@@ -49,12 +50,12 @@ class WindowCache:
             self.kv.length, self.stale = 0, False
             ids = self.tokens[self.start:]
         cols = self.lm.cols(torch.tensor([ids], device=self.kv.k[0].device))
-        return self.lm(cols, self.kv)[0, -1]
+        return self.lm(cols, self.kv)[0, -n:]
 
 
 class NeuralDraftLM:
-    """Callable like a transformers causal LM for what DraftModelDrafter uses: `model(input_ids=[[...]],
-    past_key_values=cache, ...) -> .logits [1, 1, V]` with its own cache type (`new_cache`)."""
+    """Callable like a transformers causal LM for what the draft-model drafters use: `model(input_ids=[[...]],
+    past_key_values=cache, logits_to_keep=k) -> .logits [1, k, V]` with its own cache type (`new_cache`)."""
 
     def __init__(self, lm: SmallLM, vocab_size: int):
         self.lm, self.vocab_size = lm, vocab_size
@@ -63,9 +64,12 @@ class NeuralDraftLM:
     def new_cache(self) -> WindowCache:
         return WindowCache(self.lm)
 
-    def __call__(self, input_ids: torch.Tensor, past_key_values: WindowCache, **_) -> SimpleNamespace:
+    def __call__(self, input_ids: torch.Tensor, past_key_values: WindowCache, logits_to_keep: int = 1,
+                 **_) -> SimpleNamespace:
+        """`.logits` [1, logits_to_keep, V] for the last fed positions (0: all, as in transformers)."""
         h = past_key_values.feed(input_ids[0].tolist())
-        full = torch.full((1, 1, self.vocab_size), float("-inf"), device=self.device)
+        h = h[-logits_to_keep:] if logits_to_keep else h
+        full = torch.full((1, len(h), self.vocab_size), float("-inf"), device=self.device)
         keep = self.lm.shortlist < self.vocab_size
-        full[0, 0, self.lm.shortlist[keep]] = self.lm.logits(h).float()[keep]
+        full[0][:, self.lm.shortlist[keep]] = self.lm.logits(h).float()[:, keep]
         return SimpleNamespace(logits=full)

@@ -25,6 +25,7 @@ class Env:
     log: Log = print
     resolved: dict = field(default_factory=dict)      # per method label: what was resolved (alpha, tree, ...)
     _heads: Any = None
+    cache: dict = field(default_factory=dict)         # loaded artefacts shared by the session's methods (drafters)
 
     def heads(self):
         """(Heads, metadata) for the run's heads option: loaded, or trained on first use (as `make demo` does)."""

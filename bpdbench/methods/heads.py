@@ -3,6 +3,11 @@
 `bpd` verifies the heads' top-1 path (Stern et al.). Every refinement of the paper is the same drafter with a
 refiner from `rescorers/` (n-gram and neural rescoring, p-best paths, Medusa trees), so they share the drafting
 code, the draft threshold and the heads, and differ only in the refine stage.
+
+Speculative sampling (T > 0): q is a point mass. The lattice is a deterministic function of the context (the base's
+hidden state and, for rescorers, the decided tokens), and every refiner picks paths deterministically from it, so a
+proposed token x has q = delta_x; the sampling rule accepts it with probability r(x) and otherwise removes it from
+the residual r (several paths or a Medusa tree: tried in proposal order, engine/sampling.py).
 """
 from __future__ import annotations
 

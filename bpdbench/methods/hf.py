@@ -23,6 +23,7 @@ FALLBACK_ASSISTANT = "smollm2-135m"
 class Output:
     tokens: list[int]
     serial_calls: int       # forwards of the target model, prefill included
+    draft_seconds: float | None = None   # time spent proposing (our loop only; transformers' loops do not say)
 
 
 Decoder = Callable[[list[int]], Output]

@@ -2,7 +2,8 @@
 
 At each position it drafts the reference token while it is among that head's top-k, then the heads' top-1 (which
 the base rejects). It needs the reference, so it is an upper bound rather than a decoder, but it runs through the
-same loop: in replay it reads G, in a real run the greedy reference the certificate uses.
+same loop: in replay it reads G, in a real run the greedy reference the certificate uses. Greedy only: at T > 0
+there is no single reference to draft from, so the commands refuse `--temperature` with it.
 """
 from __future__ import annotations
 

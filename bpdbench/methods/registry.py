@@ -9,15 +9,23 @@ from __future__ import annotations
 
 import re
 
+from .amphista import SPECS as AMPHISTA
 from .ar import SPECS as AR
 from .base import Method, MethodError, MethodSpec
+from .cascade import SPECS as CASCADE
+from .eagle import SPECS as EAGLE
 from .heads import SPECS as HEADS
+from .hierarchy import SPECS as HIERARCHY
 from .hf import SPECS as HF
+from .hydra import SPECS as HYDRA
+from .koala import SPECS as KOALA
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
 from .sps import SPECS as SPS
 
-REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, HF) for s in group}
+REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF)
+                                  for s in group}
+REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
 
 # old spelling -> (method, parameters); regex aliases carry a parameter in the name
 ALIASES: dict[str, str] = {"none": "bpd", "medusa-auto": "medusa:tree=auto"}
@@ -57,7 +65,10 @@ def parse(spelling: str) -> Method:
             raise MethodError(f"{spelling}: parameter '{key}' given twice")
         raw[key.strip()] = value.strip()
     params = {k: spec.param(k).parse(name, v) for k, v in raw.items()}
-    return Method(spec, params)
+    method = Method(spec, params)
+    if spec.check is not None:
+        spec.check(method)
+    return method
 
 
 def split_list(text: str) -> list[str]:

@@ -1,12 +1,16 @@
-"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), greedy, in our loop.
+"""Speculative decoding with a draft model (Leviathan et al. 2023; Chen et al. 2023), in our loop.
 
-A smaller same-tokenizer causal LM drafts γ tokens autoregressively (argmax) and the target verifies them in one
-forward. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
+A smaller same-tokenizer causal LM drafts γ tokens autoregressively and the target verifies them in one forward.
+What q is: greedy (the default), the draft model's argmax, a point mass. At T > 0 (`--temperature`), each token is
+*sampled* from the draft model's own warped distribution q (the target's temperature/top-k/top-p warpers, the
+example's generator) and q's full distribution is reported in `Proposal.dists`, so the speculative-sampling rule
+(engine/sampling.py) applies Leviathan's min(1, p/q) test with residual resampling and the output is distributed
+exactly as sampling the target alone. Unlike transformers' assisted generation (`hf-assisted`, which runs its own loop and can only be timed),
 this drafter runs inside our decode loop, so it is counted step by step, replayed, and compared with every other
 drafter on the same terms. The drafter keeps its own KV cache in step with what the target decided: after each
 step the rejected draft suffix is cropped, and the next proposal feeds only the tokens the cache has not seen (the
 bonus token, plus the last accepted draft token, which was drafted but never fed). Each proposed token carries its
-draft probability q(token) so a later speculative-sampling rule can use it; greedy acceptance ignores it.
+draft probability q(token); greedy acceptance ignores it.
 
 γ schedules: `fixed`, or transformers' `heuristic` (AssistedCandidateGenerator.update_candidate_strategy): after a
 step that accepted the whole draft γ += 2, otherwise γ = max(1, γ - 1); the drafter learns acceptance from
@@ -93,14 +97,20 @@ class DraftModelDrafter:
         logits = self._forward(ctx.tokens[len(self.fed):])
         draft: list[int] = []
         probs: list[float] = []
+        dists: list[torch.Tensor] = []
         for i in range(n):
-            p = torch.softmax(logits, dim=-1)
-            t = int(torch.argmax(p))
+            if ctx.sampler is None:
+                p = torch.softmax(logits, dim=-1)
+                t = int(torch.argmax(p))
+            else:                          # T > 0: sample from the warped q and report all of q
+                p = ctx.sampler.probs(logits)
+                t = ctx.sampler.draw(p)
+                dists.append(p)
             draft.append(t)
             probs.append(float(p[t]))
             if i + 1 < n:                  # the last drafted token is fed next step, only if it is accepted
                 logits = self._forward([t])
-        return Proposal([draft], probs=[probs])
+        return Proposal([draft], probs=[probs], dists=[torch.stack(dists)] if dists else None)
 
     def observe(self, tokens: list[int]) -> None:
         """Drop the rejected draft suffix from the cache now and adapt γ to the acceptance the step shows."""
@@ -116,30 +126,35 @@ def _draft_name(env: Env, method: Method) -> str:
     name = method.get("model") or DEFAULT_DRAFT.get(env.cfg.model)
     if not name:
         raise MethodError(f"{method.label}: no default draft model for target {env.cfg.model}; name one: "
-                          f"sps:model=<registered name or HF folder> (same tokenizer as the target)")
+                          f"{method.name}:model=<registered name or HF folder> (same tokenizer as the target)")
     return name
 
 
-def build(env: Env, method: Method) -> DraftModelDrafter:
-    """Load the draft model (or share the target's weights when it drafts for itself) and check the tokenizers."""
+def load_draft(env: Env, method: Method) -> tuple[str, Any]:
+    """(name, draft model): one of our neural LMs, the target itself (its weights shared, its cache separate), or
+    another same-tokenizer model. Shared by every method that drafts with a draft model (sps, cascade)."""
     from .. import models
     name = _draft_name(env, method)
-    gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
     if name in NEURAL:
-        env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
-        return DraftModelDrafter(method.label, _neural(env, name), gamma, schedule)
+        return name, _neural(env, name)
     if name == env.cfg.model:
-        draft_model, draft_tok = env.model, env.tok   # own cache, shared weights: no second copy in memory
-    else:
-        try:
-            draft_model, draft_tok = models.load(name, env.cfg.dtype, env.cfg.device)
-        except (models.ModelError, ModuleNotFoundError) as e:
-            first = str(e).splitlines()[0] if str(e) else type(e).__name__
-            raise MethodError(f"{method.label}: cannot load draft model {name} ({first}); "
-                              f"pass sps:model=<name or path>") from None
+        return name, env.model                        # own cache, shared weights: no second copy in memory
+    try:
+        draft_model, draft_tok = models.load(name, env.cfg.dtype, env.cfg.device)
+    except (models.ModelError, ModuleNotFoundError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise MethodError(f"{method.label}: cannot load draft model {name} ({first}); "
+                          f"pass {method.name}:model=<name or path>") from None
     if draft_tok.get_vocab() != env.tok.get_vocab():
         raise MethodError(f"{method.label}: draft model {name} has a different tokenizer from target "
-                          f"{env.cfg.model}; sps needs the same vocabulary (try hf-assisted for different ones)")
+                          f"{env.cfg.model}; a draft model needs the same vocabulary (try hf-assisted for "
+                          f"different ones)")
+    return name, draft_model
+
+
+def build(env: Env, method: Method) -> DraftModelDrafter:
+    name, draft_model = load_draft(env, method)
+    gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
     env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
     return DraftModelDrafter(method.label, draft_model, gamma, schedule)
 
@@ -169,8 +184,8 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     return [(f"draft model {name}", all(importlib.util.find_spec(m) for m in spec.modules))]
 
 
-SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens greedily "
-                    "(Leviathan et al.), verified in our loop", build,
+SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens (argmax; "
+                    "sampled from its own q at T > 0; Leviathan et al.), verified in our loop", build,
                     (Param("model", str, "the draft model: a registered model, an HF folder or id, or one of our neural LMs "
                            "neural-s|m|l (default: qwen2.5-coder-0.5b for the 1.5B, neural-s for the 0.5B)"),
                      Param("gamma", int, "draft length (start value under the heuristic schedule)", low=1),

@@ -119,3 +119,27 @@ def speed_caption(config: dict, n_prompts: int) -> str:
             f"({heads.get('profile', run.get('heads_profile'))}), {env.get('threads')} threads, "
             f"{res.get('max_new_tokens', run.get('max_new_tokens'))} new tokens, median of "
             f"{config.get('repeats')}, n = {n_prompts} prompts")
+
+
+def plot_alpha_law(df: pd.DataFrame, path: Path, subtitle: str) -> None:
+    """Measured tokens per target call against the law (1 - α^(γ+1)) / (1 - α), one colour per temperature."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for i, (t, g) in enumerate(df.groupby("temperature", sort=True)):
+        c = f"C{i}"
+        ax.plot(g.gamma, g.measured_tokens_per_call, "o-", color=c,
+                label=f"T={t:g} measured (α_trial={g.alpha_trial.iloc[0]:.2f})")
+        ax.plot(g.gamma, g.predicted_alpha_trial, "--", color=c, label=f"T={t:g} law, α_trial")
+        if g.predicted_alpha_beta.notna().any():
+            ax.plot(g.gamma, g.predicted_alpha_beta, ":", color=c,
+                    label=f"T={t:g} law, α=E[Σmin(p,q)]={g.alpha_beta.iloc[0]:.2f}")
+    ax.set(xlabel="draft length γ", ylabel="tokens per target call", title="speculative decoding: α law vs measured")
+    ax.set_xticks(sorted(df.gamma.unique()))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(subtitle, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -29,7 +29,9 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
            **certificate_counts(records),
            "seconds": round(seconds, 3), "tokens_per_s": total.new_tokens / seconds if seconds else float("nan")}
     ref = [r for r in records if r.get("ref_seconds") is not None]
-    if ref and method != "ar":  # same examples, same tokens, in the same run: a like-for-like speed ratio
+    if any(r.get("certificate") == "statistical" for r in records):
+        _sampled(row, records, config)
+    elif ref and method != "ar":  # same examples, same tokens, in the same run: a like-for-like speed ratio
         row["speedup_vs_ar"] = sum(r["ref_seconds"] for r in ref) / sum(r["seconds"] for r in ref)
     for m in quality_metrics:
         row[m] = _mean([r["quality"].get(m) for r in records])
@@ -38,6 +40,24 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
         row["target_ppl"] = math.exp(sum(x for x, _ in nll) / sum(n for _, n in nll))
     row["accepted_per_head"] = " ".join(str(x) for x in total.accepted_per_head)
     return row
+
+
+def _sampled(row: dict, records: list[dict], config: dict) -> None:
+    """A T > 0 run: no lossless_rate or greedy certificate counts (outputs are draws), the sampling settings, the
+    certificate that applies, the mean acceptance probability alpha where the drafter reported q, and a per-token
+    speed ratio against AR sampling of the same examples in the same process (outputs differ in length)."""
+    for k in ("lossless_rate", "n_exact", "n_near_tie", "n_lost", "n_uncertified"):
+        row.pop(k, None)
+    sampling = config["resolved"].get("sampling", {})
+    row.update({k: sampling.get(k) for k in ("temperature", "top_p", "top_k", "seed")})
+    row["certificate"] = sampling.get("certificate", "statistical")
+    n = sum(r.get("alpha_n", 0) for r in records)
+    row["alpha_mean"] = sum(r.get("alpha_sum", 0.0) for r in records) / n if n else float("nan")
+    ref = [r for r in records if r.get("ref_new_tokens")]
+    if ref:
+        ar_per_token = sum(r["ref_seconds"] for r in ref) / sum(r["ref_new_tokens"] for r in ref)
+        per_token = sum(r["seconds"] for r in ref) / sum(r["new_tokens"] for r in ref)
+        row["speedup_vs_ar"] = ar_per_token / per_token
 
 
 def certificate_counts(records: list[dict]) -> dict:

@@ -157,11 +157,41 @@ def build(results: Path | None = None) -> list[Path]:
          "Speedup per Spec-Bench / MT-Bench category (`bpdbench speed`)")
     for path in sorted((results / "speed").glob("*/speed_by_category.csv")):
         written.extend(_speed_figure(path, out))
+    sampled = sampling_table(results)
+    emit("sampling", sampled, "Block efficiency and speedup vs AR at T = 0 (greedy), 0.7 and 1.0 (speculative "
+         "sampling); speedup at T > 0 per token against AR sampling of the same examples in the same process "
+         "(`scripts/sampling_grid.py`, results/sampling/)")
     runs = _collect(results, "runs", "summary.csv")
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
              "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
+    from . import drafters
+    emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
+         "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
+    rep = _collect(results, "drafters/replay", "replay.csv")
+    runs = _collect(results, "drafters/runs", "summary.csv")
+    emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Trained drafters vs bpd (Medusa-1 heads), "
+         "block efficiency on the same greedy trajectories (replayed)")
+    emit("drafters_repetition", drafters.repetition_table(rep), "Adjacent repeated tokens in each method's drafts "
+         "(first path per step) vs in the greedy text itself (replayed)")
+    emit("drafters_certificates", drafters.certificate_table(runs), "Trained drafters, float32 certificates "
+         "(`bpdbench run --dtype float32`): lossless_rate must be 1.0")
     return written
+
+
+def sampling_table(results: Path) -> pd.DataFrame:
+    """results/sampling/<task>/<method>-T<t>/summary.csv -> one row per task and method, a block efficiency and a
+    speedup column per temperature (greedy runs: T = 0)."""
+    frames = [pd.read_csv(p) for p in sorted((results / "sampling").glob("*/*/summary.csv"))]
+    if not frames:
+        return pd.DataFrame()
+    df = pd.concat(frames, ignore_index=True)
+    df["method"] = df.method.map(canonical)
+    df["T"] = df["temperature"].fillna(0.0) if "temperature" in df else 0.0
+    wide = df.pivot_table(index=["task", "method"], columns="T", values=["block_efficiency", "speedup_vs_ar"])
+    wide.columns = [f"{'BE' if v == 'block_efficiency' else 'speedup'} T={t:g}" for v, t in wide.columns]
+    n = df.groupby(["task", "method"]).n_examples.max().rename("n_examples")
+    return wide.join(n).round(3).reset_index()
 
 
 def _speed_figure(path: Path, out: Path) -> list[Path]:

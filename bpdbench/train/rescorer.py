@@ -166,7 +166,7 @@ def _target_tokenizer(model_name: str):
     return tok, src
 
 
-def _tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> list[list[int]]:
+def tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> list[list[int]]:
     """Token ids per document; cached across sizes (keyed by the files' sizes and mtimes) when `cache` is given."""
     stamp = [[str(f), f.stat().st_size, f.stat().st_mtime] for f in files]
     key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()
@@ -181,6 +181,24 @@ def _tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> l
         cache.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"key": key, "docs": docs}, cache)
     return docs
+
+
+def corpus_cache(model_name: str) -> Path:
+    """Where the corpus tokenized for `model_name` is cached (shared by the neural LMs and the lookup tables)."""
+    return paths.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
+
+
+def default_corpus_files() -> list[Path]:
+    """The shared C4 + WikiText files, in the order the tokenized-corpus cache is keyed by."""
+    import tasks
+
+    data = tasks.default_data_dir()
+    if data is None:
+        raise FileNotFoundError("no shared data dir for the rescorer corpus: set BPDBENCH_DATA")
+    files = [data / "corpus" / f for f in CORPUS_FILES if (data / "corpus" / f).exists()]
+    if not files:
+        raise FileNotFoundError(f"no corpus files ({', '.join(CORPUS_FILES)}) under {data / 'corpus'}")
+    return files
 
 
 def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: torch.Tensor | None = None,
@@ -205,19 +223,12 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
         tok, src = _target_tokenizer(model_name)
         tokenize = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
         sep_id = tok.eos_token_id if sep_id is None else sep_id
-        cache = paths.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
+        cache = corpus_cache(model_name)
         if (Path(src) / "config.json").exists():
             t_macs = target_macs(json.loads((Path(src) / "config.json").read_text()))
     if corpus_files is None:
-        import tasks
-
-        data = tasks.default_data_dir()
-        if data is None:
-            raise FileNotFoundError("no shared data dir for the rescorer corpus: set BPDBENCH_DATA")
-        corpus_files = [data / "corpus" / f for f in CORPUS_FILES if (data / "corpus" / f).exists()]
-        if not corpus_files:
-            raise FileNotFoundError(f"no corpus files ({', '.join(CORPUS_FILES)}) under {data / 'corpus'}")
-    docs = _tokenized_corpus([Path(f) for f in corpus_files], tokenize, cache, log)
+        corpus_files = default_corpus_files()
+    docs = tokenized_corpus([Path(f) for f in corpus_files], tokenize, cache, log)
     train_docs, held_docs = split_documents(docs, 0.05, seed)
     train_ids, held_ids = to_stream(train_docs, sep_id), to_stream(held_docs, sep_id)
     torch.manual_seed(seed)

@@ -1,0 +1,121 @@
+"""The lookup drafters' tables for a target model, loaded from the cache or built on first use, as heads are.
+
+- static: the rescorers' corpus (C4 + WikiText, tokenized once and shared with the neural LMs) as a
+  `FrequencyTable` over 2- and 3-gram keys; built in seconds, so always built when missing.
+- bigram: each token's most frequent successor in that corpus (or in the model history), for MaG.
+- history: the model's own greedy continuations (train/history.py), a named profile; `ci` takes seconds and is
+  built when missing, `quick` takes minutes and is refused under --no-auto-train with the command that builds it.
+Each loader returns (table, metadata); the metadata (file, source, size) goes into the run's resolved config.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from .. import paths
+from ..train import history as history_lib
+from .env import Env
+from .lookup import FrequencyTable, bigram_table, stream
+
+STATIC = {"sizes": (2, 3), "top": 4, "min_count": 2}
+HISTORY = {"sizes": (1, 2, 3), "top": 4, "min_count": 1}
+BIGRAM_SOURCES = ("corpus", "history")
+
+
+def static_file(model: str) -> Path:
+    return paths.lookup_dir(model) / "static.npz"
+
+
+def bigram_file(model: str, source: str, profile: str = "quick") -> Path:
+    return paths.lookup_dir(model) / (f"bigram-{source}.npy" if source == "corpus" else
+                                      f"bigram-history-{profile}.npy")
+
+
+def _corpus(env: Env) -> tuple[np.ndarray, list[str]]:
+    """The corpus as one token stream; its tokenization is cached with the neural LMs' (same files, same key)."""
+    from tasks import corpus_files
+    from ..train.rescorer import corpus_cache, default_corpus_files, tokenized_corpus
+    if env.cfg.data_dir:
+        files, cache = corpus_files(Path(env.cfg.data_dir)), None
+    else:
+        files, cache = default_corpus_files(), corpus_cache(env.cfg.model)
+    docs = tokenized_corpus(files, lambda s: env.tok(s, add_special_tokens=False)["input_ids"], cache, env.log)
+    return stream(docs), [str(f) for f in files]
+
+
+@lru_cache(maxsize=4)
+def _load_table(path: str, mtime: float) -> FrequencyTable:
+    return FrequencyTable.load(Path(path))
+
+
+def static_table(env: Env) -> tuple[FrequencyTable, dict]:
+    """The corpus n-gram table, rebuilt when missing or built from other corpus files than the current ones."""
+    from tasks import corpus_files
+    from ..train.rescorer import default_corpus_files
+    path = static_file(env.cfg.model)
+    files = [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
+    table = _load_table(str(path), path.stat().st_mtime) if path.exists() else None
+    if table is None or table.meta.get("files") != files:
+        env.log(f"building the corpus n-gram table for {env.cfg.model} into {path} (seconds; once)")
+        tokens, files = _corpus(env)
+        FrequencyTable.build(tokens, **STATIC, meta={"source": "corpus", "files": files}).save(path)
+        table = _load_table(str(path), path.stat().st_mtime)
+    return table, _describe(path, table.meta)
+
+
+def history_table(env: Env, profile: str) -> tuple[FrequencyTable, dict]:
+    """The model-history table of a profile, built from the cached continuations (generated on first use)."""
+    path = history_lib.history_file(env.cfg.model, profile)
+    if not path.exists():
+        minutes = history_lib.MINUTES[profile]
+        if minutes > 1 and not env.cfg.auto_train:
+            raise FileNotFoundError(f"no '{profile}' model history for {env.cfg.model} and --no-auto-train: run "
+                                    f"`bpdbench build-history --profile {profile}` (about {minutes} min)")
+        env.log(f"no '{profile}' model history cached for {env.cfg.model}: generating it now, about {minutes} min "
+                f"(`bpdbench build-history --profile {profile}`; --no-auto-train refuses) into {path}")
+        history_lib.build(env.cfg.model, profile, env.model, env.tok, env.log)
+    return _history(str(path), path.stat().st_mtime)
+
+
+@lru_cache(maxsize=4)
+def _history(path: str, mtime: float) -> tuple[FrequencyTable, dict]:
+    seqs, meta = history_lib.load(Path(path))
+    table = FrequencyTable.build(stream(seqs), **HISTORY, meta={"source": meta["source"]})
+    info = {k: meta[k] for k in ("model", "profile", "sequences", "tokens", "source")}
+    return table, _describe(Path(path), {**info, "keys": table.meta["keys"]})
+
+
+def bigram(env: Env, source: str = "corpus", profile: str = "quick") -> tuple[np.ndarray, dict]:
+    """Each token's most frequent successor, from the corpus or from the model history."""
+    path = bigram_file(env.cfg.model, source, profile)
+    vocab = int(env.model.config.vocab_size)
+    if source == "history":
+        table, meta = history_table(env, profile)
+        return bigram_table(table.tokens, vocab), {**meta, "kind": "bigram of the model history"}
+    if not path.exists():
+        env.log(f"building the corpus bigram table for {env.cfg.model} into {path} (seconds; once)")
+        tokens, files = _corpus(env)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp.npy")
+        np.save(tmp, bigram_table(tokens, vocab))
+        tmp.replace(path)
+    table = np.load(path)
+    return table, {"path": str(path), "kind": "bigram of the corpus", "known": int((table >= 0).sum())}
+
+
+def _describe(path: Path, meta: dict) -> dict:
+    return {"path": str(path), **{k: v for k, v in meta.items() if k != "files"}}
+
+
+def needs(model: str, parts: tuple[str, ...], profile: str = "quick") -> list[tuple[str, bool]]:
+    """What `bpdbench methods` shows: which tables exist (missing ones are built on first use)."""
+    out = []
+    if "static" in parts:
+        out.append(("corpus n-gram table", static_file(model).exists()))
+    if "history" in parts:
+        out.append((f"model history ({profile})", history_lib.history_file(model, profile).exists()))
+    if "bigram" in parts:
+        out.append(("corpus bigram table", bigram_file(model, "corpus").exists()))
+    return out

@@ -1,0 +1,248 @@
+"""Trained draft models (bpdbench/drafters: EAGLE, Hydra, Hydra++, Amphista, Medusa/KOALA heads) as drafters.
+
+One adapter for every family, so they differ only in the model: a chain is drafted depth by depth along the top-1
+path (sequential models condition each depth on the tokens drafted before it; parallel models give all depths in
+one call) and kept as a lattice (top-k per depth), on which the paper's refiners apply (`refine=ngram4`,
+`16best-ngram4`, `medusa`); a tree (`tree=W`) keeps, at every depth, the W best nodes by cumulative draft
+log-probability among the children (top-W) of the previous depth's nodes, every node conditioned on its own path,
+all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed width). Verification is the base's, so
+any draft is lossless.
+
+Each family's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+import rescorers
+from .. import paths
+from ..config import RunConfig
+from ..drafters.base import DraftModel, DrafterFileError, load as load_drafter, read_config
+from ..engine import DraftContext, Lattice, Proposal
+from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
+from .env import Env
+
+PROFILES = ("quick", "full", "ci")
+DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree)", low=1)
+TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain)", low=0)
+REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
+               choices=tuple(n for n in rescorers.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
+SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the training data (default: as trained)",
+                  low=1)
+PROFILE = Param("profile", str, "training profile of the cached drafter (default: --heads-profile)",
+                choices=PROFILES)
+PATH = Param("path", str, "a drafter folder (bpdbench train-drafter --out), instead of the cached profile")
+COMMON = (DEPTH, TREE, K, REFINE, ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
+
+
+class TrainedDrafter:
+    """A draft model in the loop. Sequential models keep a per-example session in step with the decided context
+    (fed from DraftContext.accepted_hidden for feature models); `threshold` > 0 stops a chain before the first depth
+    whose top-1 probability is below it (fewer tokens to draft and to verify)."""
+
+    def __init__(self, name: str, model: DraftModel, depth: int, tree: int = 0, k: int = 1, threshold: float = 0.0,
+                 refiner=None):
+        self.name, self.model, self.depth, self.tree = name, model, depth, tree
+        self.k, self.threshold, self.refiner = k, threshold, refiner
+        self.session = None
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.session = self.model.session() if self.model.kind == "sequential" else None
+        if self.refiner is not None:
+            self.refiner.reset(list(prompt_ids))
+
+    @torch.no_grad()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if self.session is not None:
+            self.session.sync(ctx)                # every step, drafting or not: the cache follows the context
+        n = min(self.depth, ctx.budget)
+        if n <= 0:
+            return Proposal()
+        expand = self._expansion(ctx, n)
+        if self.tree:
+            return Proposal(self._tree(expand, n))
+        lat = self._chain(expand, n)
+        if lat is None:
+            return Proposal()
+        if self.refiner is None:
+            return Proposal([lat.ids[:, 0].tolist()], lattice=lat)
+        return Proposal(self.refiner.refine(lat, ctx.tokens), lattice=lat)
+
+    def observe(self, tokens: list[int]) -> None:
+        if hasattr(self.refiner, "observe"):
+            self.refiner.observe(tokens)
+
+    def _expansion(self, ctx: DraftContext, n: int):
+        if self.session is not None:
+            return self.session.expansion(ctx.tokens[-1])
+        return _Parallel(self.model.parallel_logits(ctx.hidden, ctx.tokens[-1], n))
+
+    def _chain(self, expand, n: int) -> Lattice | None:
+        path, ids, lps = [], [], []
+        for _ in range(n):
+            lp, ix = torch.log_softmax(expand.logits([path])[0].float(), -1).topk(self.k)
+            if self.threshold > 0 and float(lp[0].exp()) < self.threshold:
+                break
+            tok = self.model.to_token_ids(ix)
+            ids.append(tok)
+            lps.append(lp)
+            path.append(int(tok[0]))
+        if not path:
+            return None
+        return Lattice(torch.stack(ids).cpu(), torch.stack(lps).cpu())
+
+    def _tree(self, expand, n: int) -> list[list[int]]:
+        """Paths to every kept node that no other kept node extends, best first."""
+        frontier: list[tuple[list[int], float]] = [([], 0.0)]
+        kept: list[tuple[list[int], float]] = []
+        for _ in range(n):
+            lp, ix = torch.log_softmax(expand.logits([p for p, _ in frontier]).float(), -1).topk(self.tree)
+            tok = self.model.to_token_ids(ix).tolist()
+            children = [(p + [tok[m][j]], s + float(lp[m, j])) for m, (p, s) in enumerate(frontier)
+                        for j in range(self.tree)]
+            frontier = sorted(children, key=lambda c: -c[1])[: self.tree]
+            extended = {tuple(p[:-1]) for p, _ in frontier}
+            kept = [(p, s) for p, s in kept if tuple(p) not in extended] + frontier
+        return [p for p, _ in sorted(kept, key=lambda c: -c[1])]
+
+
+class _Parallel:
+    """Expansion of a parallel model: every node of depth d gets depth d's logits, whatever its path."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.all = logits                          # [n, S]
+
+    def logits(self, paths: list[list[int]]) -> torch.Tensor:
+        return self.all[len(paths[0])].expand(len(paths), -1)
+
+
+def profile_of(method: Method, cfg: RunConfig) -> str:
+    return method.get("profile") or (cfg.heads_profile if cfg.heads_profile in PROFILES else "quick")
+
+
+def folder(method: Method, cfg: RunConfig, trained_name: str) -> Path:
+    return Path(method.get("path")) if method.get("path") else paths.drafter_dir(cfg.model, trained_name,
+                                                                                 profile_of(method, cfg))
+
+
+def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[DraftModel, dict]:
+    """The drafter a method names: loaded (once per session and shortlist), or trained on first use."""
+    where = folder(method, env.cfg, trained_name)
+    profile = profile_of(method, env.cfg)
+    key = ("drafter", str(where), method.get("shortlist"))
+    cache = env.cache
+    if key in cache:
+        return cache[key]
+    if not (where / "config.json").exists():
+        if method.get("path"):
+            raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-drafter "
+                              f"{trained_name} --out {where}`")
+        minutes = {"quick": 10, "full": 60, "ci": 1}[profile]
+        if minutes > 1 and not env.cfg.auto_train:
+            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {env.cfg.model} and "
+                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
+        env.log(f"no '{profile}' {trained_name} drafter cached for {env.cfg.model}: training it now, up to about "
+                f"{minutes} min (bpdbench train-drafter {trained_name} --profile {profile}; --no-auto-train refuses)")
+        from ..train.drafter import train
+        train(trained_name, profile, env.cfg.model, env.model, env.tok, log=env.log)
+    try:
+        config = read_config(where)
+        if config["drafter"] != family:
+            raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {family}")
+        base = env.model
+        model, config = load_drafter(where, base.model.embed_tokens.weight, base.lm_head.weight, base.dtype,
+                                     method.get("shortlist"))
+    except DrafterFileError as e:
+        raise MethodError(f"{method.label}: {e}") from None
+    model = model.to(base.device)
+    cache[key] = (model, config)
+    return model, config
+
+
+def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width: int | None) -> None:
+    limit = 16 if family == "eagle" else depth              # EAGLE drafts autoregressively past its trained depth
+    if method.get("depth", depth) > limit:
+        raise MethodError(f"{method.label}: depth={method.get('depth')} but this {family} drafter drafts at most "
+                          f"{limit}")
+    tree, refine = method.get("tree", 0), method.get("refine")
+    if tree and refine:
+        raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
+    k = method.get("k", cfg.k) if refine else 1
+    if width and max(k, tree) > width:
+        raise MethodError(f"{method.label}: k/tree {max(k, tree)} exceeds the drafting shortlist ({width} ids); "
+                          f"pass a smaller one")
+
+
+def check(method: Method, cfg: RunConfig, trained_name: str, family: str) -> None:
+    """Everything about a drafter method that can be checked before the model loads (session preflight)."""
+    where = folder(method, cfg, trained_name)
+    if not (where / "config.json").exists():
+        _check_shape(method, cfg, family, 16, None)
+        if method.get("path"):
+            raise MethodError(f"{method.label}: no drafter at {where} (no config.json); train one with "
+                              f"`bpdbench train-drafter {trained_name} --out {where}`")
+        profile = profile_of(method, cfg)
+        if profile != "ci" and not cfg.auto_train:
+            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {cfg.model} and "
+                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
+        return
+    config = read_config(where)
+    if config["drafter"] != family:
+        raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {family}")
+    if method.get("shortlist") and not (where / "rank.pt").exists():
+        raise MethodError(f"{method.label}: {where} has no rank.pt, so shortlist= cannot resize its vocabulary")
+    width = method.get("shortlist") or config.get("shortlist_size")
+    _check_shape(method, cfg, family, int(config["depth"]), width)
+
+
+def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDrafter:
+    model, config = resolve(env, method, trained_name, family)
+    _check_shape(method, env.cfg, family, model.depth, len(model.proj))
+    depth = method.get("depth", model.depth)
+    tree, refine = method.get("tree", 0), method.get("refine")
+    k = method.get("k", env.cfg.k) if refine else 1
+    threshold = method.get("threshold", 0.0)
+    refiner, alpha, source = None, None, "n/a"
+    if refine:
+        from .artefacts import ensure
+        from .heads import alpha_for
+        spec = rescorers.get_rescorer(refine)
+        alpha, source = alpha_for(env, method, spec)
+        ensure(spec, env.cfg, env.tok, env.log)
+        refiner = rescorers.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, dtype=env.cfg.dtype)
+    training = config.get("training") or {}
+    env.resolved[method.label] = {"drafter": family, "name": config.get("name"), "path": str(folder(
+        method, env.cfg, trained_name)), "depth": depth, "tree": tree, "k": k, "threshold": threshold,
+        "refine": refine, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
+        "trainable_parameters": config.get("trainable_parameters"), "profile": training.get("profile"),
+        "heldout": training.get("heldout")}
+    return TrainedDrafter(method.label, model, depth, tree, k, threshold, refiner)
+
+
+class _Defaults:
+    """A method spelled without parameters (what `bpdbench methods` checks readiness for)."""
+
+    def get(self, name: str, default=None):
+        return default
+
+
+def spec(name: str, description: str, trained_name, family, extra: tuple[Param, ...] = ()) -> MethodSpec:
+    """A registry entry. `trained_name` (the trainer's name, i.e. the cache folder) and `family` (the drafter type
+    it must hold) are strings or functions of the method (koala:base=hydra -> koala-hydra, a hydra drafter)."""
+    name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
+    family_of = family if callable(family) else (lambda m: family)
+
+    def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
+        m = _Defaults()
+        where = folder(m, cfg.replace(model=model), name_of(m))
+        return [(f"{name_of(m)} drafter ({profile_of(m, cfg)})", (where / "config.json").exists())]
+
+    s = MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), family_of(m)), extra + COMMON,
+                   needs, family="drafter")
+    CHECKS[name] = lambda m, cfg: check(m, cfg, name_of(m), family_of(m))
+    return s
+
+
+CHECKS: dict = {}        # method name -> preflight check (experiments.artefacts.check_drafters)

@@ -1,0 +1,228 @@
+"""One distillation dataset per model and budget, built once and cached: what every drafter trainer learns from.
+
+Why one cached dataset: generating the base's greedy continuations is most of a drafter's training cost on a CPU
+(370 of the 518 s of the quick Medusa heads), and drafters compared on different data are not compared fairly. So
+`bpdbench distill-data --budget quick` runs the base once, batched and greedy, on held-out prompts (the prompt pool
+of train/heads.py: held-out task slices, C4 text, chat requests from C4; never an evaluated example) and stores, per
+position, what any drafter needs: the base's final hidden state (bf16, half the bytes), the token that position
+produced, its absolute position, and the base's top-8 log-probabilities there (the soft labels). Rows are grouped
+in sequences (the last `prompt_positions` positions of the prompt, then the greedy continuation), so sequential
+drafters (EAGLE, Hydra++'s prefix layer) can run over contiguous features. A budget names its size: generation
+stops at a number of greedy positions (and a wall-clock cap), so the same budget means the same data size on a
+quiet or a busy machine.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import models, paths
+from ..config import environment
+from .heads import _greedy_batch, _teacher_topk, prompt_pool
+
+Log = Callable[[str], None]
+FILE = "data.pt"
+
+
+@dataclass(frozen=True)
+class Budget:
+    n_prompts: int
+    gen_tokens: int                  # most greedy tokens per prompt (tasks cap it at their own length)
+    greedy_positions: int            # stop starting batches once this many greedy positions exist
+    seconds: float                   # ... or once this much time is spent (a busy machine)
+    batch: int = 32
+    max_prompt_tokens: int = 160
+    prompt_positions: int = 32       # prompt rows kept per sequence (teacher = the base on real text)
+    dtype: str = "bfloat16"          # the base's dtype while generating
+    eval_every: int = 10             # every 10th sequence is held out (per-depth agreement)
+    shortlist_rank: int = 65536      # how many token ids the frequency ranking keeps
+    seed: int = 0
+
+
+# Batches of 32 make 1.7x the greedy tokens per second of 16 on 2 cores (bf16 GEMMs; measured 143 vs 83 tokens/s),
+# so quick holds 28k greedy positions (the quick Medusa heads had 17k, made in 370 s) in about 250 s on idle cores;
+# full 3.2x that. The seconds cap only bites on a busy machine, and the data then says how much it holds.
+# ci: fp32 and tiny, identical on every machine (see train/heads.py on bf16 flips).
+BUDGETS = {"quick": Budget(1024, 128, 28000, 330),
+           "full": Budget(4096, 128, 90000, 1500, max_prompt_tokens=192),
+           "ci": Budget(16, 32, 10**9, 600, batch=8, dtype="float32")}
+
+
+@dataclass
+class DistillData:
+    """Flat rows grouped in sequences. Row r is position `positions[r]` of its sequence: `hidden[r]` is the base's
+    final state there, `next_ids[r]` the token it produced (real text in the prompt rows, the greedy choice after),
+    `top_ids/top_lp[r]` the base's top-8 next-token distribution there."""
+    hidden: torch.Tensor         # [N, d] bfloat16
+    next_ids: torch.Tensor       # [N] int64
+    top_ids: torch.Tensor        # [N, 8] int64
+    top_lp: torch.Tensor         # [N, 8] float32
+    positions: torch.Tensor      # [N] int64
+    offsets: torch.Tensor        # [S + 1] int64: sequence s is rows offsets[s]:offsets[s+1]
+    n_prompt: torch.Tensor       # [S] int64: prompt rows at the start of each sequence
+    rank: torch.Tensor           # token ids, most frequent first (shortlists are its prefixes)
+    meta: dict
+
+    @property
+    def d(self) -> int:
+        return int(self.hidden.shape[1])
+
+    def split(self, held_out: bool) -> list[int]:
+        every = int(self.meta["budget"]["eval_every"])
+        return [s for s in range(len(self.n_prompt)) if (s % every == 0) == held_out]
+
+    def greedy_mask(self) -> torch.Tensor:
+        """[N] bool: rows of the greedy continuation (what acceptance is measured on)."""
+        mask = torch.zeros(self.hidden.shape[0], dtype=torch.bool)
+        for s in range(len(self.n_prompt)):
+            mask[int(self.offsets[s] + self.n_prompt[s]): int(self.offsets[s + 1])] = True
+        return mask
+
+    def rows(self, seqs: list[int]) -> torch.Tensor:
+        return torch.cat([torch.arange(int(self.offsets[s]), int(self.offsets[s + 1])) for s in seqs])
+
+    def shortlist(self, size: int, extra: set[int] = frozenset()) -> torch.Tensor:
+        """The `size` most frequent ids (plus `extra`, e.g. EOS), sorted: the drafting vocabulary."""
+        ids = set(self.rank[:size].tolist()) | set(extra)
+        return torch.tensor(sorted(ids), dtype=torch.long)
+
+    def sequences(self, seqs: list[int]) -> list[tuple]:
+        """The (hidden, teacher ids, teacher logprobs, greedy ids, prompt rows) tuples train/heads.py fits on."""
+        out = []
+        for s in seqs:
+            a, b, k = int(self.offsets[s]), int(self.offsets[s + 1]), int(self.n_prompt[s])
+            out.append((self.hidden[a:b].float(), self.top_ids[a:b], self.top_lp[a:b], self.next_ids[a + k:b], k))
+        return out
+
+
+def path_for(model: str, budget: str) -> Path:
+    return paths.distill_dir(model, budget)
+
+
+def load(path: Path) -> DistillData:
+    if not (path / FILE).exists():
+        raise FileNotFoundError(f"no distillation data at {path}; build it with `bpdbench distill-data`")
+    try:
+        state = torch.load(path / FILE, map_location="cpu", weights_only=True)
+        meta = json.loads((path / "meta.json").read_text())
+    except Exception as e:  # truncated zip or json: name the file, not the parser's words
+        raise FileNotFoundError(f"{path} is truncated or corrupt ({type(e).__name__}); delete it and rerun "
+                                f"`bpdbench distill-data`") from None
+    return DistillData(**state, meta=meta)
+
+
+def ensure(model_name: str, budget: str, model=None, tok=None, log: Log = print) -> DistillData:
+    """The cached dataset, built first when missing (every trainer calls this, so the data is made once)."""
+    path = path_for(model_name, budget)
+    if not (path / FILE).exists():
+        build(model_name, budget, model, tok, log)
+    return load(path)
+
+
+def build(model_name: str, budget: str, model=None, tok=None, log: Log = print, out: Path | None = None) -> Path:
+    """Generate, rank the vocabulary, and write `data.pt` + `meta.json` atomically (a killed build leaves none)."""
+    import tasks
+
+    b = BUDGETS[budget]
+    out = out or path_for(model_name, budget)
+    t0 = time.time()
+    torch.manual_seed(b.seed)
+    if model is None or model.dtype != getattr(torch, b.dtype) or model.device.type != "cpu":
+        model, tok = models.load(model_name, b.dtype, "cpu")
+    prompts = prompt_pool(tok, b.n_prompts, b.max_prompt_tokens, b.seed, b.gen_tokens)
+    log(f"distillation data '{budget}' for {model_name}: up to {len(prompts)} prompts, {b.greedy_positions} "
+        f"greedy positions or {b.seconds:.0f}s, batches of {b.batch}, {b.dtype}")
+    seqs = generate(model, tok, prompts, b, log)
+    gen_seconds = time.time() - t0
+    state = _pack(seqs)
+    eos = model.generation_config.eos_token_id
+    train = [s for i, s in enumerate(seqs) if i % b.eval_every]
+    state["rank"] = _rank(tok, train, b.shortlist_rank, tasks.default_data_dir(),
+                          set(eos if isinstance(eos, list) else [eos]))
+    n_greedy = sum(len(s["next_ids"]) - s["n_prompt"] for s in seqs)
+    meta = {"model": model_name, "budget": asdict(b), "budget_name": budget, "sequences": len(seqs),
+            "rows": int(state["hidden"].shape[0]), "greedy_positions": n_greedy,
+            "generation_seconds": round(gen_seconds, 1), "seconds": round(time.time() - t0, 1),
+            "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), "cpu", b.dtype)}
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    torch.save(state, tmp / FILE)
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    log(f"distillation data saved to {out}: {len(seqs)} sequences, {meta['rows']} rows ({n_greedy} greedy) in "
+        f"{meta['seconds']}s")
+    return out
+
+
+@torch.inference_mode()
+def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: Log) -> list[dict]:
+    """Batched greedy continuations in pool order (windows of 4 batches sorted by length, so little padding)."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    eos = model.generation_config.eos_token_id
+    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos])))
+    batches = []
+    for w in range(0, len(prompts), 4 * b.batch):
+        window = sorted(prompts[w: w + 4 * b.batch], key=lambda pg: (pg[1], len(pg[0])))
+        batches += [window[s: s + b.batch] for s in range(0, len(window), b.batch)]
+    seqs: list[dict] = []
+    t0, last, n_greedy = time.time(), 0.0, 0
+    for i, chunk in enumerate(batches):
+        if n_greedy >= b.greedy_positions or time.time() - t0 + last > b.seconds:
+            log(f"  stopped after {i} batches: {n_greedy} greedy positions, {time.time() - t0:.0f}s")
+            break
+        tb = time.time()
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop)
+        keep = min(b.prompt_positions, width - 1)
+        p_lp, p_ids = _teacher_topk(model, prompt_hid[:, width - 1 - keep:])
+        for r, (p, cap) in enumerate(chunk):
+            seq = new[r, :cap].tolist()
+            n = next((j + 1 for j, t in enumerate(seq) if t in stop), len(seq))   # nothing after EOS
+            k = min(keep, len(p) - 1)                    # this prompt's own positions (no left padding)
+            seqs.append({"hidden": torch.cat([prompt_hid[r, width - 1 - k:], hid[r, :n].to(prompt_hid.dtype)]),
+                         "next_ids": torch.tensor(p[len(p) - k:] + seq[:n]),
+                         "top_ids": torch.cat([p_ids[r, keep - k:], top_ids[r, :n]]),
+                         "top_lp": torch.cat([p_lp[r, keep - k:], top_lp[r, :n]]),
+                         "positions": torch.arange(len(p) - 1 - k, len(p) - 1 + n), "n_prompt": k})
+            n_greedy += n
+        last = time.time() - tb
+        log(f"  {i + 1}/{len(batches)} batches, {n_greedy} greedy positions, {time.time() - t0:.0f}s")
+    return seqs
+
+
+def _pack(seqs: list[dict]) -> dict:
+    lengths = torch.tensor([len(s["next_ids"]) for s in seqs])
+    return {"hidden": torch.cat([s["hidden"] for s in seqs]).to(torch.bfloat16),
+            "next_ids": torch.cat([s["next_ids"] for s in seqs]).long(),
+            "top_ids": torch.cat([s["top_ids"] for s in seqs]).long(),
+            "top_lp": torch.cat([s["top_lp"] for s in seqs]).float(),
+            "positions": torch.cat([s["positions"] for s in seqs]).long(),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+            "n_prompt": torch.tensor([s["n_prompt"] for s in seqs], dtype=torch.long)}
+
+
+def _rank(tok, seqs: list[dict], size: int, data_dir: Path | None, extra: set[int]) -> torch.Tensor:
+    """Token ids by frequency: the base's own greedy outputs weighted far above the C4 corpus (what the drafts must
+    hit), EOS first. The heads' shortlist rule (train/heads.build_shortlist), kept as a ranking so any size is a
+    prefix."""
+    counts: Counter[int] = Counter()
+    for s in seqs:
+        counts.update({t: 1000 for t in s["next_ids"][s["n_prompt"]:].tolist()})
+    corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
+    if corpus and corpus.exists():
+        for line in corpus.read_text().splitlines():
+            counts.update(tok(json.loads(line)["text"], add_special_tokens=False)["input_ids"])
+    for t in extra:
+        counts[t] += 10**12
+    return torch.tensor([t for t, _ in counts.most_common(size)], dtype=torch.long)

@@ -1,0 +1,151 @@
+"""The one fit loop every drafter trainer uses: soft-label distillation on a sampled candidate set, a time or step
+budget with warm-up and a cosine schedule over the fraction spent, bf16 autocast, and KOALA's optional adversarial
+term.
+
+Why a CPU-time budget: on a machine shared with other jobs, wall-clock budgets buy a different number of steps
+every run (measured: 12% of a core for a 2-thread fit at load 8 on 2 cores), so drafters trained at different times
+would not be compared on the same budget. The fit's clock is the process's CPU time (core-seconds: 480 are four
+minutes of two idle cores); on a busy machine the fit takes longer and does the same work. The report has both.
+
+Why sampled candidates: the teacher's top-8 of every prediction in the batch plus random shortlist negatives is the
+recipe that gave the Medusa heads the most agreement per CPU second (train/heads.py); the other predictions' targets
+are the hard negatives. Why a time budget: on a CPU shared with others, steps per second vary; a budget in seconds
+keeps `quick` within its minutes on an idle machine, and the report says how many steps it got.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .objectives import Pred, Rows
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    seconds: float | None          # CPU budget of the fit in core-seconds (None: `steps`)
+    steps: int
+    lr: float
+    batch: int                     # base rows (positional families) or sequences (sequential families)
+    negatives: int = 512
+    greedy_weight: float = 3.0
+    bf16: bool = True
+    feature_weight: float = 1.0    # EAGLE's feature regression next to the cross-entropy
+    adversarial: float = 0.0       # KOALA: weight of the generator's adversarial loss (0: off)
+    seed: int = 0
+
+
+class Discriminator(nn.Module):
+    """KOALA's adversary: tells the base's real final states (whose projection is the teacher) from a draft's."""
+
+    def __init__(self, d: int, width: int = 256):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(d, width), nn.SiLU(), nn.Linear(width, 1))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        return self.net(z.float()).squeeze(-1)
+
+
+def soft_ce(pred: Pred, rows: Rows, lm_w: torch.Tensor, shortlist: torch.Tensor, negatives: int,
+            g: torch.Generator) -> torch.Tensor:
+    """Per prediction: cross-entropy of the teacher's renormalised top-8 against the draft's distribution over the
+    batch's candidates."""
+    ds = rows.ds
+    tid = ds.top_ids[pred.target]                                         # [N, 8]
+    neg = shortlist[torch.randint(0, len(shortlist), (negatives,), generator=g)]
+    cand, inv = torch.unique(torch.cat([tid.flatten(), neg]), return_inverse=True)
+    pos = inv[: tid.numel()].view_as(tid)
+    logits = pred.z @ lm_w[cand].to(pred.z.dtype).T
+    logp = torch.log_softmax(logits.float(), -1)
+    q = torch.softmax(ds.top_lp[pred.target], -1)
+    return -(q * logp.gather(-1, pos)).sum(-1)
+
+
+def work_clock() -> float:
+    """Core-seconds of work so far: the process's CPU time, all threads together."""
+    return time.process_time()
+
+
+def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
+        validate: Callable[[], float] | None = None, checkpoints: int = 8) -> dict:
+    """Train obj.model in place; returns what the report records (steps, seconds, last losses).
+
+    `validate` (higher is better, on sequences the fit never trains on) is called at `checkpoints` evenly spaced
+    points of the budget and at the end, and the best weights are kept. Why: on a few tens of thousands of greedy
+    tokens every drafter overfits (Medusa heads reach 0.96 top-1 on their training rows, 0.31 held out), so the
+    last step need not be the best one. Validation runs inside the budget."""
+    model = obj.model.train()
+    g = torch.Generator().manual_seed(c.seed)
+    torch.manual_seed(c.seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=c.lr, weight_decay=0.0)
+    disc = Discriminator(model.d if hasattr(model, "d") else lm_w.shape[1]) if c.adversarial else None
+    opt_d = torch.optim.AdamW(disc.parameters(), lr=c.lr) if disc is not None else None
+    lm_b = lm_w.bfloat16() if c.bf16 else lm_w.float()
+    t0, w0, step, stats = time.time(), work_clock(), 0, {}
+    curve: list[dict] = []
+    best: tuple[float, dict] | None = None
+
+    def check(done: float) -> None:
+        nonlocal best
+        model.eval()
+        score = validate()
+        model.train()
+        curve.append({"step": step, "budget_done": round(min(done, 1.0), 3), "score": round(score, 4)})
+        if best is None or score > best[0]:
+            best = (score, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        log(f"  validation at step {step}: {score:.4f}")
+
+    while True:
+        done = (work_clock() - w0) / c.seconds if c.seconds else step / max(c.steps, 1)
+        if validate is not None and checkpoints and step and done * checkpoints >= len(curve) + 1 and done < 1:
+            check(done)
+        if done >= 1:
+            break
+        lr = c.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * done))
+        for group in opt.param_groups + (opt_d.param_groups if opt_d else []):
+            group["lr"] = lr
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
+            pred = obj.batch(rows, pool, c.batch, c.greedy_weight, g)
+            ce = soft_ce(pred, rows, lm_b, shortlist, c.negatives, g)
+        w = 1.0 + (c.greedy_weight - 1.0) * rows.greedy[pred.target].float() if obj.sequential else None
+        loss = ce.mean() if w is None else (ce * w).sum() / w.sum()
+        stats = {"ce": float(loss.detach())}
+        if pred.extra is not None:
+            loss = loss + c.feature_weight * pred.extra
+            stats["feature"] = float(pred.extra.detach())
+        if disc is not None:
+            real = rows.ds.hidden[pred.target].float()
+            d_loss = (F.binary_cross_entropy_with_logits(disc(real), torch.ones(len(real)))
+                      + F.binary_cross_entropy_with_logits(disc(pred.fake.detach()), torch.zeros(len(real))))
+            opt_d.zero_grad()
+            d_loss.backward()
+            opt_d.step()
+            adv = F.binary_cross_entropy_with_logits(disc(pred.fake), torch.ones(len(real)))
+            loss = loss + c.adversarial * adv
+            stats.update(discriminator=float(d_loss.detach()), adversarial=float(adv.detach()))
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        if step % 25 == 0:
+            log(f"  step {step} " + " ".join(f"{k} {v:.3f}" for k, v in stats.items())
+                + f" ({work_clock() - w0:.0f}s of CPU, {time.time() - t0:.0f}s wall)")
+        step += 1
+    out = {"steps": step, "final": {k: round(v, 4) for k, v in stats.items()}}
+    if validate is not None:
+        check(1.0)
+        model.load_state_dict(best[1])
+        kept = max(curve, key=lambda r: r["score"])
+        out.update(validation=curve, kept_step=kept["step"], kept_score=kept["score"])
+        log(f"  kept the weights of step {kept['step']} (validation {kept['score']:.4f})")
+    model.eval()
+    log(f"  {step} steps in {work_clock() - w0:.0f} CPU-seconds, {time.time() - t0:.0f}s wall")
+    return {**out, "fit_seconds": round(time.time() - t0, 1), "fit_cpu_seconds": round(work_clock() - w0, 1)}

@@ -1,0 +1,110 @@
+"""The model's own greedy history: greedy continuations of the target on held-out prompts, for `hierarchy`'s
+model-history database (Hierarchy Drafting's "S" level) and `cascade`'s bigram table when asked.
+
+Why greedy continuations: lossless greedy decoding keeps exactly the tokens the model would write greedily, so
+n-grams of its own greedy output predict what it writes far better than text written by people. Hierarchy
+Drafting's `scripts/construct_model_DB.py` generates with the target (greedy, 1024 tokens) on OASST prompts and
+keeps the 100k most frequent 5-grams. Here the prompts are the pool the heads are trained on (`prompt_pool`:
+held-out slices of the tasks plus C4 text, disjoint from every evaluated example by the tasks' split rule), the
+generation is `_greedy_batch` (no vocabulary projection over the prompt), and the budget is a named profile.
+`greedy_continuations` is the one place continuations come from, so a cached distillation dataset can replace it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import models, paths
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class HistoryProfile:
+    n_prompts: int
+    gen_tokens: int
+    max_prompt_tokens: int
+    batch: int
+    dtype: str                        # the target's dtype while generating
+    seed: int = 0                     # the heads' seed: the same prompt pool, in the same order
+
+
+# A fixed number of prompts, not a time budget, so the history (and every number drafted from it) is the same on
+# every machine. ci: seconds, fp32 (deterministic across CPUs, as the ci heads); quick: 64 prompts x <= 128 greedy
+# tokens, about 4 minutes on 2 idle cores (bf16, batches of 16); full: 1024 prompts, about an hour.
+PROFILES = {"ci": HistoryProfile(n_prompts=8, gen_tokens=16, max_prompt_tokens=64, batch=8, dtype="float32"),
+            "quick": HistoryProfile(n_prompts=64, gen_tokens=128, max_prompt_tokens=160, batch=16, dtype="bfloat16"),
+            "full": HistoryProfile(n_prompts=1024, gen_tokens=128, max_prompt_tokens=160, batch=16,
+                                   dtype="bfloat16")}
+MINUTES = {"ci": 1, "quick": 4, "full": 60}
+
+
+def history_file(model_name: str, profile: str) -> Path:
+    return paths.lookup_dir(model_name) / f"history-{profile}.json"
+
+
+@torch.inference_mode()
+def greedy_continuations(model, tok, p: HistoryProfile, log: Log) -> tuple[list[list[int]], dict]:
+    """(continuations, where they came from): batched greedy decoding of `prompt_pool`, each cut after its EOS."""
+    from .heads import _greedy_batch, prompt_pool
+
+    prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    eos = model.generation_config.eos_token_id
+    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])))
+    batches = []
+    for w in range(0, len(prompts), 4 * p.batch):     # as self_distill: little padding, few finished rows
+        window = sorted(prompts[w: w + 4 * p.batch], key=lambda pg: (pg[1], len(pg[0])))
+        batches += [window[s: s + p.batch] for s in range(0, len(window), p.batch)]
+    out: list[list[int]] = []
+    t0, used = time.time(), 0
+    stops = set(stop.tolist())
+    for i, chunk in enumerate(batches):
+        width = max(len(ids) for ids, _ in chunk)
+        ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in chunk])
+        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in chunk])
+        new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop)[-1]
+        for b, (_, cap) in enumerate(chunk):
+            seq = new[b, :cap].tolist()
+            n = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
+            out.append(seq[:n])
+        used += len(chunk)
+        log(f"  history: {i + 1}/{len(batches)} batches, {sum(map(len, out))} tokens, {time.time() - t0:.0f}s")
+    source = {"kind": "greedy continuations", "prompts": "train.heads.prompt_pool (held-out task slices + C4)",
+              "prompts_used": used, "dtype": str(model.dtype).replace("torch.", ""),
+              "seconds": round(time.time() - t0, 1)}
+    return out, source
+
+
+def build(model_name: str, profile: str, model=None, tok=None, log: Log = print, out: Path | None = None) -> Path:
+    """Generate the history of a profile and cache it (one JSON: the continuations and how they were made)."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown history profile '{profile}'; valid: {', '.join(PROFILES)}")
+    p = PROFILES[profile]
+    if model is None or model.dtype != getattr(torch, p.dtype) or model.device.type != "cpu":
+        model, tok = models.load(model_name, p.dtype, "cpu")
+    log(f"model history '{profile}' for {model_name}: {p.n_prompts} prompts x up to {p.gen_tokens} greedy tokens "
+        f"(about {MINUTES[profile]} min on 2 idle cores)")
+    seqs, source = greedy_continuations(model, tok, p, log)
+    path = Path(out) if out else history_file(model_name, profile)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"model": model_name, "profile": profile, "settings": asdict(p), "source": source,
+              "sequences": len(seqs), "tokens": sum(map(len, seqs)), "continuations": seqs}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record))
+    tmp.replace(path)
+    log(f"model history saved to {path}: {record['sequences']} continuations, {record['tokens']} tokens, "
+        f"{source['seconds']}s")
+    return path
+
+
+def load(path: Path) -> tuple[list[list[int]], dict]:
+    """(continuations, metadata without them)."""
+    record = json.loads(Path(path).read_text())
+    seqs = record.pop("continuations")
+    return seqs, record

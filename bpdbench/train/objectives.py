@@ -1,0 +1,222 @@
+"""What each drafter family predicts from the cached distillation data, for training and for held-out agreement.
+
+Every family turns a sample of the data into predicted states z [N, d] (the projection input), the dataset rows
+whose teacher distribution each must match, and the depth (1 = the token after the base's next token). The fit loop
+(train/fit.py) is shared: soft-label cross-entropy against the teacher's top-8, on a sampled candidate set.
+
+Indexing: row r is position t of a sequence; its hidden state produced next_ids[r] = x_{t+1} (the base's next
+token, known when drafting); depth d drafts x_{t+1+d}, whose teacher is row r + d and whose greedy token is
+next_ids[r + d]. Sequential families are trained with teacher-forced draft tokens (acceptance only ever reaches a
+depth whose earlier tokens were right); EAGLE also feeds its own predicted features back, depth by depth
+(drafters.eagle.Eagle.unrolled), as drafting does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..drafters.amphista import Amphista
+from ..drafters.eagle import Eagle
+from ..drafters.hydra import Hydra
+from ..drafters.medusa import MedusaHeads
+from .distill import DistillData
+
+
+@dataclass
+class Rows:
+    """The data, flattened for sampling: per row its sequence's end and whether it is a greedy row."""
+    ds: DistillData
+    end: torch.Tensor       # [N] first row after this row's sequence
+    greedy: torch.Tensor    # [N] bool
+
+    @classmethod
+    def of(cls, ds: DistillData) -> "Rows":
+        lengths = ds.offsets[1:] - ds.offsets[:-1]
+        end = torch.repeat_interleave(ds.offsets[1:], lengths)
+        return cls(ds, end, ds.greedy_mask())
+
+
+@dataclass
+class Pred:
+    z: torch.Tensor          # [N, d] predicted states (projected by the base's head)
+    target: torch.Tensor     # [N] teacher rows
+    depth: torch.Tensor      # [N] 1-based
+    extra: torch.Tensor | None = None   # an additional loss term (EAGLE's feature regression)
+    fake: torch.Tensor | None = None    # states the adversarial discriminator judges (KOALA)
+
+
+def base_rows(rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> torch.Tensor:
+    """n rows from `pool` with at least one target after them, greedy rows `weight` times as likely."""
+    ok = pool[rows.end[pool] > pool + 1]
+    w = 1.0 + (weight - 1.0) * rows.greedy[ok].float()
+    return ok[torch.multinomial(w, n, replacement=True, generator=g)]
+
+
+def _valid(rows: Rows, r: torch.Tensor, depth: int) -> torch.Tensor:
+    """[n, depth] bool: depth d target row r + d lies inside r's sequence."""
+    return (r[:, None] + torch.arange(1, depth + 1)[None]) < rows.end[r][:, None]
+
+
+def _emb(model, ids: torch.Tensor) -> torch.Tensor:
+    """The base's frozen embeddings of `ids`, in float32 (the trainable weights' dtype; autocast casts per op), at
+    the hidden states' scale (DraftModel.emb_scale)."""
+    return model.emb[ids].float() * model.emb_scale
+
+
+class Positional:
+    """Families drafting from one position (Medusa/KOALA heads, Hydra, Amphista): a batch is a sample of rows."""
+    sequential = False
+
+    def __init__(self, model, depth: int):
+        self.model, self.depth = model, depth
+
+    def predict(self, rows: Rows, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """States [n, depth, d] for base rows r, and validity [n, depth]."""
+        ds, D = rows.ds, self.depth
+        valid = _valid(rows, r, D)
+        h = ds.hidden[r].float()
+        m = self.model
+        if isinstance(m, MedusaHeads):
+            z = m.states(h, D)
+        elif isinstance(m, Amphista):
+            z = m(h, _emb(m, ds.next_ids[r]))
+        else:                                            # Hydra: head i sees x_{t+1} and the true tokens before
+            idx = (r[:, None] + torch.arange(D)[None]).clamp(max=ds.hidden.shape[0] - 1)
+            embs = _emb(m, ds.next_ids[idx])              # [n, D, d]
+            z = torch.stack([m.head(i, h, embs[:, : i + 1]) for i in range(D)], 1)
+        return z, valid
+
+    def batch(self, rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
+        r = base_rows(rows, pool, n, weight, g)
+        z, valid = self.predict(rows, r)
+        target = r[:, None] + torch.arange(1, self.depth + 1)[None]
+        depth = torch.arange(1, self.depth + 1)[None].expand_as(target)
+        return Pred(z[valid], target[valid], depth[valid], fake=z[valid])
+
+    def evaluate(self, rows: Rows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """States [n, depth, d], gold token ids [n, depth], validity, at every greedy row of `seqs`."""
+        r = rows.ds.rows(seqs)
+        r = r[rows.greedy[r]]
+        out = [self.predict(rows, r[s:s + 256]) for s in range(0, len(r), 256)]
+        z, valid = torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
+        gold_rows = (r[:, None] + torch.arange(1, self.depth + 1)[None]).clamp(max=len(rows.end) - 1)
+        return z, rows.ds.next_ids[gold_rows], valid
+
+
+class Sequential:
+    """Families that run over contiguous features (EAGLE; Hydra++'s prefix layer): a batch is whole sequences."""
+    sequential = True
+
+    def __init__(self, model, depth: int, unroll: int = 1, noise: float = 0.0):
+        self.model, self.depth, self.unroll, self.noise = model, depth, unroll, noise
+
+    def window(self, rows: Rows, seqs: list[int]):
+        ds = rows.ds
+        lens = [int(ds.offsets[s + 1] - ds.offsets[s]) for s in seqs]
+        n = max(lens)
+        idx = torch.full((len(seqs), n), -1, dtype=torch.long)
+        for b, s in enumerate(seqs):
+            idx[b, : lens[b]] = torch.arange(int(ds.offsets[s]), int(ds.offsets[s + 1]))
+        valid = idx >= 0
+        safe = idx.clamp(min=0)
+        return safe, valid
+
+    def states(self, rows: Rows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
+        """Per depth p (1..D) the states [B, n, d] at every row (row j's depth-p state drafts x_{t+1+p} from the
+        context ending at row j - p + 1 for EAGLE; for Hydra++ all depths come from the same row)."""
+        ds, m = rows.ds, self.model
+        feat = ds.hidden[safe].float()
+        if train and self.noise:
+            feat = feat + self.noise * feat.pow(2).mean(-1, keepdim=True).sqrt() * torch.randn_like(feat)
+        pos = ds.positions[safe]
+        if isinstance(m, Eagle):
+            return m.unrolled(feat, _emb(m, ds.next_ids[safe]), pos, valid, self.unroll if train else self.depth)
+        from ..drafters.layers import causal_mask
+        base = m.prefix(feat, pos, causal_mask(valid))
+        D = self.depth
+        idx = (safe[..., None] + torch.arange(D)).clamp(max=ds.hidden.shape[0] - 1)
+        embs = _emb(m, ds.next_ids[idx])                  # [B, n, D, d]
+        return [m.head(i, base, embs[..., : i + 1, :]) for i in range(D)]
+
+    def _targets(self, rows: Rows, safe, valid, p: int, eagle: bool):
+        """Rows whose teacher the depth-p state at each row must match, and where that is defined."""
+        if eagle:   # the depth-p state at row j predicts row j + 1, from the context ending at row j - p + 1
+            target = safe + 1
+            ok = valid & (torch.arange(safe.shape[1])[None] >= p - 1) & (target < rows.end[safe])
+        else:
+            target = safe + p
+            ok = valid & (target < rows.end[safe])
+        return target.clamp(max=len(rows.end) - 1), ok
+
+    def batch(self, rows: Rows, pool_seqs: list[int], n: int, weight: float, g: torch.Generator) -> Pred:
+        """n sequences of about one length (a random run of the pool sorted by length: little padding)."""
+        ds = rows.ds
+        order = sorted(pool_seqs, key=lambda s: int(ds.offsets[s + 1] - ds.offsets[s]))
+        first = int(torch.randint(0, max(1, len(order) - n + 1), (1,), generator=g))
+        safe, valid = self.window(rows, order[first: first + n])
+        eagle = isinstance(self.model, Eagle)
+        zs = self.states(rows, safe, valid, train=True)
+        preds, extra = [], []
+        for p, z in enumerate(zs, 1):
+            target, ok = self._targets(rows, safe, valid, p, eagle)
+            preds.append((z[ok], target[ok], torch.full((int(ok.sum()),), p)))
+            if eagle:
+                real = rows.ds.hidden[target[ok]].float()
+                extra.append(torch.nn.functional.smooth_l1_loss(z[ok].float(), real))
+        z = torch.cat([a for a, _, _ in preds])
+        return Pred(z, torch.cat([b for _, b, _ in preds]), torch.cat([c for _, _, c in preds]),
+                    torch.stack(extra).mean() if extra else None, fake=z)
+
+    def evaluate(self, rows: Rows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Like Positional.evaluate: states [n, depth, d] from the greedy rows as the base row (depth 1's row)."""
+        eagle = isinstance(self.model, Eagle)
+        zs_all, gold_all, ok_all = [], [], []
+        for s in range(0, len(seqs), 16):
+            safe, valid = self.window(rows, seqs[s:s + 16])
+            zs = self.states(rows, safe, valid, train=False)
+            base = valid & rows.greedy[safe]
+            n = safe.shape[1]
+            z_rows, gold, ok = [], [], []
+            for p in range(1, self.depth + 1):
+                if eagle:     # depth p from base row j sits at row j + p - 1 of pass p
+                    shift = p - 1
+                    zp = torch.cat([zs[p - 1][:, shift:], zs[p - 1][:, :shift]], 1)
+                else:
+                    zp = zs[p - 1]
+                tgt = (safe + p).clamp(max=len(rows.end) - 1)
+                z_rows.append(zp)
+                gold.append(rows.ds.next_ids[tgt])
+                ok.append(base & (torch.arange(n)[None] + p < valid.sum(1, keepdim=True)))
+            keep = base
+            zs_all.append(torch.stack(z_rows, 2)[keep])
+            gold_all.append(torch.stack(gold, 2)[keep])
+            ok_all.append(torch.stack(ok, 2)[keep])
+        return torch.cat(zs_all), torch.cat(gold_all), torch.cat(ok_all)
+
+
+def objective(model, depth: int, unroll: int = 1, noise: float = 0.0):
+    if isinstance(model, Eagle) or (isinstance(model, Hydra) and model.prefix is not None):
+        return Sequential(model, depth, unroll, noise)
+    return Positional(model, depth)
+
+
+@torch.no_grad()
+def agreement(obj, rows: Rows, seqs: list[int], proj: torch.Tensor, shortlist: torch.Tensor | None,
+              topk: int = 16) -> dict:
+    """Held-out per-depth top-1 / top-k agreement with the base's greedy continuation, drafting over the shortlist,
+    each depth given the true tokens before it; `chain`: the share of positions whose first d drafts are all right
+    (so 1 + sum(chain) is the expected tokens per step of a chain drafter of that depth)."""
+    z, gold, ok = obj.evaluate(rows, seqs)
+    top = (z.to(proj.dtype) @ proj.T).topk(topk, -1).indices
+    top = shortlist[top] if shortlist is not None else top
+    hit1 = (top[..., 0] == gold) & ok
+    hitk = (top == gold[..., None]).any(-1) & ok
+    n = ok.sum(0).clamp(min=1)
+    run = torch.cumprod(hit1.float() * ok.float(), -1)
+    all_ok = ok[:, 0]
+    return {"top1": [round(float(v), 4) for v in hit1.sum(0) / n],
+            f"top{topk}": [round(float(v), 4) for v in hitk.sum(0) / n],
+            "chain": [round(float(v), 4) for v in run[all_ok].mean(0)],
+            "expected_tokens_per_step": round(1 + float(run[all_ok].sum(-1).mean()), 4),
+            "positions": int(all_ok.sum())}

@@ -1,0 +1,57 @@
+"""Tiny trained drafters for tests: distillation data from the tiny model (synthetic prompts, fp32), then every
+trainer name fitted for a few dozen steps, so the drafters accept some tokens (a random drafter would accept none
+and the replay/lossless checks would compare two empty walks)."""
+from __future__ import annotations
+
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+NAMES = ("medusa", "koala", "koala-hydra", "hydra", "hydra++", "amphista", "eagle")
+STEPS = 150
+LR = 1e-2       # tiny models learn their cycles in a few hundred steps at this rate; the real profiles keep theirs
+
+
+def synthetic_prompts(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> list[tuple[list[int], int]]:
+    rng = random.Random(seed)
+    return [([rng.randrange(2, 96) for _ in range(rng.randrange(4, 20))], gen_tokens) for _ in range(n)]
+
+
+def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES) -> dict[str, Path]:
+    """Train every drafter on the tiny model's distillation data under `cache` (BPDBENCH_CACHE); their folders, by
+    trainer name, in the `ci` profile. Quick-profile copies are made where the methods look by default."""
+    from bpdbench import paths
+    from bpdbench.train import distill, drafter
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BPDBENCH_CACHE", str(cache))
+        mp.setenv("BPDBENCH_RESULTS", str(cache / "results"))     # module fixtures run before _private_results
+        mp.setattr(distill, "prompt_pool", synthetic_prompts)
+        mp.setattr("tasks.default_data_dir", lambda: None)
+        mp.setitem(distill.BUDGETS, "ci", replace(distill.BUDGETS["ci"], n_prompts=24, gen_tokens=24))
+        mp.setitem(drafter.PROFILES, "ci", replace(drafter.PROFILES["ci"], steps=STEPS))
+        for name in names:
+            mp.setitem(drafter.FAMILIES, name, replace(drafter.FAMILIES[name], lr=LR))
+        torch.manual_seed(0)
+        distill.build(model_name, "ci", model, tok, log=lambda m: None)
+        out = {}
+        for name in names:
+            adversarial = 0.1 if name == "koala-hydra" else 0.0     # the adversarial term's path runs too
+            path = drafter.train(name, "ci", model_name, model, tok, log=lambda m: None, adversarial=adversarial)
+            out[name + ("-adv" if adversarial else "")] = path
+        for name, path in out.items():
+            quick = paths.drafter_dir(model_name, name, "quick")
+            shutil.rmtree(quick, ignore_errors=True)
+            shutil.copytree(path, quick)
+    return out
+
+
+def copy_cache(src: Path, dst: Path) -> None:
+    """The drafters (and data) of one cache into another (tests that set their own BPDBENCH_CACHE)."""
+    for sub in ("drafters", "distill"):
+        if (src / sub).exists():
+            shutil.copytree(src / sub, dst / sub, dirs_exist_ok=True)

@@ -1,0 +1,134 @@
+"""The features feature drafters see (DraftContext.accepted_hidden) and the cached distillation dataset, on the tiny
+float32 model: every decided position's hidden state arrives exactly once, in order, in real decoding (chains and
+trees) and in replay; the dataset's rows are the base's own hidden states, next tokens and teacher top-k."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bpdbench.engine import Limits, Proposal, generate, replay, teacher_forced
+from bpdbench.train import distill
+
+PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
+
+
+class Recorder:
+    """Proposes two paths per step (a wrong one first, then the greedy continuation with every third step wrong, so
+    acceptance varies and the accepted nodes are not the first path's) and records every accepted_hidden."""
+    name = "recorder"
+
+    def __init__(self, greedy: list[int]):
+        self.greedy = greedy
+
+    def reset(self, prompt_ids):
+        self.start, self.rows, self.steps = len(prompt_ids), [], 0
+
+    def propose(self, ctx):
+        assert ctx.accepted_hidden is not None
+        assert sum(r.shape[0] for r in self.rows) + ctx.accepted_hidden.shape[0] == len(ctx.tokens) - 1
+        assert torch.equal(ctx.accepted_hidden[-1], ctx.hidden)
+        self.rows.append(ctx.accepted_hidden.clone())
+        self.steps += 1
+        m = len(ctx.tokens) - self.start
+        right = self.greedy[m: m + 3]
+        if self.steps % 3 == 0 and right:
+            right = right[:1] + [(right[0] + 1) % 96]
+        wrong = [(t + 7) % 96 for t in right]
+        return Proposal([wrong, right])
+
+    def observe(self, tokens):
+        pass
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_accepted_hidden_is_every_position_once(tiny_model, prompt):
+    limits = Limits(30)
+    greedy = generate(tiny_model, None, list(prompt), limits).tokens
+    full = teacher_forced(tiny_model, list(prompt), greedy, with_prompt=True)
+    assert full.shape[0] == len(prompt) - 1 + len(greedy)
+    real = Recorder(greedy)
+    gen = generate(tiny_model, real, list(prompt), limits)
+    assert gen.tokens == greedy and 0 < gen.counters.accepted < gen.counters.drafted
+    seen = torch.cat(real.rows)
+    assert torch.allclose(seen, full[: seen.shape[0]], atol=1e-4)      # incremental vs one forward, fp32
+    replayed = Recorder(greedy)
+    counters = replay(replayed, list(prompt), greedy, full, limits)
+    assert counters.to_dict() == gen.counters.to_dict()
+    assert [r.shape[0] for r in replayed.rows] == [r.shape[0] for r in real.rows]
+    assert torch.equal(torch.cat(replayed.rows), full[: seen.shape[0]])
+
+
+def test_replay_without_prompt_rows_starts_at_the_prompts_last_position(tiny_model):
+    """teacher_forced's default (no prompt rows): the first proposal sees one row; a feature drafter can tell."""
+    prompt, limits = list(PROMPTS[0]), Limits(20)
+    greedy = generate(tiny_model, None, prompt, limits).tokens
+    rec = Recorder(greedy)
+    with pytest.raises(AssertionError):
+        replay(rec, prompt, greedy, teacher_forced(tiny_model, prompt, greedy), limits)
+    assert rec.rows == [] and rec.steps == 0
+
+
+@pytest.fixture
+def eos_model(tiny_model, monkeypatch):
+    monkeypatch.setattr(tiny_model.generation_config, "eos_token_id", 95)
+    return tiny_model
+
+
+def _prompts():
+    return [(list(p), cap) for p, cap in zip(PROMPTS * 3, (12, 20, 7, 16, 3, 20, 9, 11, 14))]
+
+
+def test_rows_are_the_bases_own_states_tokens_and_teacher(eos_model):
+    b = distill.Budget(9, 20, 10**6, 600, batch=4, prompt_positions=4, dtype="float32")
+    seqs = distill.generate(eos_model, SimpleNamespace(pad_token_id=0), _prompts(), b, log=lambda m: None)
+    assert len(seqs) == 9
+    for (prompt, cap), s in zip(sorted(_prompts(), key=lambda pg: (pg[1], len(pg[0]))), seqs):   # pool order
+        k = s["n_prompt"]
+        greedy = s["next_ids"][k:].tolist()
+        ref = generate(eos_model, None, prompt, Limits(cap, frozenset({95}))).tokens
+        assert greedy == ref and k == min(4, len(prompt) - 1)
+        assert s["next_ids"][:k].tolist() == prompt[len(prompt) - k:]
+        assert s["positions"].tolist() == list(range(len(prompt) - 1 - k, len(prompt) - 1 + len(greedy)))
+        full = teacher_forced(eos_model, prompt, greedy, with_prompt=True)
+        assert torch.allclose(s["hidden"].float(), full[s["positions"]], atol=1e-4)
+        assert s["top_ids"][k:, 0].tolist() == greedy               # the teacher's top-1 is the greedy choice
+        lp = s["top_lp"]
+        assert torch.all(lp[:, :-1] >= lp[:, 1:]) and torch.all(lp <= 0)
+
+
+def test_build_is_cached_atomic_and_loads(eos_model, tmp_path, monkeypatch):
+    import tasks
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: _prompts())
+    monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
+    tok = SimpleNamespace(pad_token_id=0)
+    monkeypatch.setitem(distill.BUDGETS, "ci", distill.Budget(9, 20, 10**6, 600, batch=4, prompt_positions=4,
+                                                               dtype="float32", eval_every=3))
+    out = distill.build("tiny", "ci", eos_model, tok, log=lambda m: None)
+    assert out == distill.path_for("tiny", "ci") and not out.with_name(out.name + ".tmp").exists()
+    ds = distill.load(out)
+    assert ds.meta["sequences"] == 9 and ds.meta["budget_name"] == "ci" and ds.hidden.dtype == torch.bfloat16
+    held, train = ds.split(True), ds.split(False)
+    assert held == [0, 3, 6] and sorted(held + train) == list(range(9))
+    mask = ds.greedy_mask()
+    assert int(mask.sum()) == ds.meta["greedy_positions"] == sum(
+        int(ds.offsets[s + 1] - ds.offsets[s] - ds.n_prompt[s]) for s in range(9))
+    short = ds.shortlist(3, {95})
+    assert 95 in short.tolist() and short.tolist() == sorted(short.tolist())
+    assert int(ds.rank[0]) == 95                                    # EOS ranks first
+    seq = ds.sequences([1])[0]
+    assert seq[0].shape[0] == seq[1].shape[0] == int(ds.offsets[2] - ds.offsets[1])
+    calls = []
+    monkeypatch.setattr(distill, "build", lambda *a, **k: calls.append(a))
+    assert distill.ensure("tiny", "ci", eos_model, tok).meta["rows"] == ds.meta["rows"] and not calls
+
+
+def test_missing_or_corrupt_data_is_one_line(tmp_path):
+    with pytest.raises(FileNotFoundError, match="bpdbench distill-data"):
+        distill.load(tmp_path / "none")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / distill.FILE).write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(FileNotFoundError, match="truncated or corrupt"):
+        distill.load(tmp_path / "bad")
