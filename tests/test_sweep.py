@@ -238,6 +238,16 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
     assert run.config.model == str(tiny_model_dir) and run.config.limit is None and run.threads == 1
     assert run.config.data_file == str(tmp_path / "sub" / "p.jsonl") and run.config.out is None
     assert speed.config.max_new_tokens == 128 and speed.options["repeats"] == 3   # speed's own CLI defaults
+    sampled = tmp_path / "s.toml"
+    sampled.write_text("\n".join([
+        "[defaults]", "top_p = 0.9", "", "[[run]]", 'tasks = ["xsum"]', "temperatures = [0, 0.7]", "seeds = [0, 1]",
+        "", "[[speed]]", 'tasks = ["mt_bench"]', "temperature = 0.7", "", "[[oracle]]", 'tasks = ["xsum"]']))
+    cells = {c.id: c.config for c in grid.load(sampled, data=str(data)).cells}
+    m = "qwen2.5-coder-0.5b"
+    assert set(cells) == {f"runs/xsum-{m}-bpd-bfloat16", f"runs/xsum-{m}-bpd-T0.7-p0.9-bfloat16",
+                          f"runs/xsum-{m}-bpd-T0.7-p0.9-s1-bfloat16", "speed/mt_bench-T0.7-p0.9", "oracle/xsum"}
+    assert (cells[f"runs/xsum-{m}-bpd-bfloat16"].top_p, cells["oracle/xsum"].top_p) == (None, None)  # greedy
+    assert cells["speed/mt_bench-T0.7-p0.9"].out.endswith("speed/mt_bench-T0.7-p0.9")
     capped = grid.load(path, data=str(data), limit=2, threads=3)
     assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
     assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
@@ -260,6 +270,7 @@ GRID_CASES = [
     ("same-folder", "[[replay]]\ntasks = [\"xsum\"]\nlimit = 2\n[[replay]]\ntasks = [\"xsum\"]\nlimit = 3",
      ["two cells write replay/xsum", "limit"]),
     ("sampling", "[[run]]\ntasks = [\"xsum\"]\ntemperatures = [-0.5]", ["temperature"]),
+    ("replay-sampling", "[[replay]]\ntasks = [\"xsum\"]\ntemperatures = [0.7]", ["replay decodes greedily"]),
     ("threads-zero", "[sweep]\nthreads = 0\n[[run]]\ntasks = [\"xsum\"]", ["threads >= 1"]),
     ("sweep-key", "[sweep]\nworkers = 2\n[[run]]\ntasks = [\"xsum\"]", ["[sweep]", "unknown key 'workers'"]),
     ("not-array", "[run]\ntasks = [\"xsum\"]", ["[[run]] blocks"]),
