@@ -158,12 +158,13 @@ def test_failing_cell_is_retried_reported_and_exits_nonzero(tiny_model_dir, data
 
 @needs_ray
 def test_artefacts_once_then_tune_then_the_replay_reading_its_alpha(tiny_model_dir, data, tmp_path, kenlm_required):
-    """The 2-gram is built once by its own task; the replay waits for the tune cell and reads the alpha it stored."""
+    """The 2-gram and cascade's bigram table are built once by their own tasks (the table through cascade's first
+    use); the replay waits for the tune cell and reads the alpha it stored."""
     from bpdbench.sweep import driver, grid
     corpus = tmp_path / "data"
     import shutil
     shutil.copytree(data, corpus)
-    write(corpus / "corpus" / "c4.jsonl", [{"text": f"the cat sat on the mat and {i} dogs ran past the mill"}
+    write(corpus / "corpus" / "c4_en_validation_2k.jsonl", [{"text": f"the cat sat on the mat and {i} dogs ran past the mill"}
                                            for i in range(200)])
     path = tmp_path / "grid.toml"
     path.write_text("\n".join([
@@ -171,14 +172,14 @@ def test_artefacts_once_then_tune_then_the_replay_reading_its_alpha(tiny_model_d
         "", "[defaults]", *[f'{k} = {json.dumps(str(tiny_model_dir) if k == "model" else v)}'
                               for k, v in COMMON.items()], "k = 4", "",
         "[[tune]]", 'tasks = ["xsum"]', 'methods = ["ngram2"]', "limit = 2", "",
-        "[[replay]]", 'tasks = ["xsum"]', 'methods = ["bpd", "ngram2"]', "",
+        "[[replay]]", 'tasks = ["xsum"]', 'methods = ["bpd", "ngram2", "cascade"]', "",
         "[[analyze]]", 'tasks = ["xsum"]']))
     plan = grid.load(path)
-    assert [a.id for a in plan.artefacts] == [f"ngram2:{tiny_model_dir}"]
+    assert [a.id for a in plan.artefacts] == [f"ngram2:{tiny_model_dir}", f"corpus bigram table:{tiny_model_dir}"]
     replay = next(c for c in plan.cells if c.kind == "replay")
     assert f"tune:{tiny_model_dir}/xsum/ngram2" in replay.needs
     report = driver.run(plan, "local", cpus=2, log=print)
-    assert driver.exit_code(report) == 0 and [a["status"] for a in report["artefacts"]] == ["built"], report
+    assert driver.exit_code(report) == 0 and [a["status"] for a in report["artefacts"]] == ["built"] * 2, report
     alpha = json.loads((plan.results / "alpha.json").read_text())[f"{tiny_model_dir}/xsum/ngram2"]
     resolved = json.loads((plan.results / "replay" / "xsum" / "config.json").read_text())["resolved"]["methods"]
     assert resolved["ngram2"]["alpha"] == alpha and resolved["ngram2"]["alpha_source"].endswith("alpha.json")
@@ -238,6 +239,16 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
     assert run.config.model == str(tiny_model_dir) and run.config.limit is None and run.threads == 1
     assert run.config.data_file == str(tmp_path / "sub" / "p.jsonl") and run.config.out is None
     assert speed.config.max_new_tokens == 128 and speed.options["repeats"] == 3   # speed's own CLI defaults
+    sampled = tmp_path / "s.toml"
+    sampled.write_text("\n".join([
+        "[defaults]", "top_p = 0.9", "", "[[run]]", 'tasks = ["xsum"]', "temperatures = [0, 0.7]", "seeds = [0, 1]",
+        "", "[[speed]]", 'tasks = ["mt_bench"]', "temperature = 0.7", "", "[[oracle]]", 'tasks = ["xsum"]']))
+    cells = {c.id: c.config for c in grid.load(sampled, data=str(data)).cells}
+    m = "qwen2.5-coder-0.5b"
+    assert set(cells) == {f"runs/xsum-{m}-bpd-bfloat16", f"runs/xsum-{m}-bpd-T0.7-p0.9-bfloat16",
+                          f"runs/xsum-{m}-bpd-T0.7-p0.9-s1-bfloat16", "speed/mt_bench-T0.7-p0.9", "oracle/xsum"}
+    assert (cells[f"runs/xsum-{m}-bpd-bfloat16"].top_p, cells["oracle/xsum"].top_p) == (None, None)  # greedy
+    assert cells["speed/mt_bench-T0.7-p0.9"].out.endswith("speed/mt_bench-T0.7-p0.9")
     capped = grid.load(path, data=str(data), limit=2, threads=3)
     assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
     assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
@@ -260,6 +271,7 @@ GRID_CASES = [
     ("same-folder", "[[replay]]\ntasks = [\"xsum\"]\nlimit = 2\n[[replay]]\ntasks = [\"xsum\"]\nlimit = 3",
      ["two cells write replay/xsum", "limit"]),
     ("sampling", "[[run]]\ntasks = [\"xsum\"]\ntemperatures = [-0.5]", ["temperature"]),
+    ("replay-sampling", "[[replay]]\ntasks = [\"xsum\"]\ntemperatures = [0.7]", ["replay decodes greedily"]),
     ("threads-zero", "[sweep]\nthreads = 0\n[[run]]\ntasks = [\"xsum\"]", ["threads >= 1"]),
     ("sweep-key", "[sweep]\nworkers = 2\n[[run]]\ntasks = [\"xsum\"]", ["[sweep]", "unknown key 'workers'"]),
     ("not-array", "[run]\ntasks = [\"xsum\"]", ["[[run]] blocks"]),

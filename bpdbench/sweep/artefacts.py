@@ -1,5 +1,6 @@
 """What cells need built before they start, once per (model, artefact): the model's dense cache per dtype, heads per
-profile, n-gram and neural LMs per target model (the artefacts `bpdbench methods` lists as needs).
+profile, n-gram and neural LMs per target model, and whatever else a method lists as needs (`bpdbench methods`:
+trained drafters, lookup tables), the last built by building that method once, as its first use would.
 
 Why tasks of their own: a cell builds a missing artefact on first use (methods/artefacts.py, resolve_heads), and two
 cells doing that at once would both train it and race on its files. As Ray tasks that run before the cells needing
@@ -7,26 +8,29 @@ them, each is built once, by one worker, with the same functions a first use cal
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import RunConfig
 from ..methods import Method
 
-RANK = {"model": 0, "heads": 1, "rescorer": 2}
+RANK = {"model": 0, "heads": 1, "rescorer": 2, "method": 3}
+FAMILIES = ("heads", "draft-model", "baseline", "peer")     # needs resolved here, one artefact kind each
 Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Artefact:
-    kind: str                   # model | heads | rescorer
+    kind: str                   # model | heads | rescorer | method
     model: str
-    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m)
+    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need
     needs: tuple[str, ...] = ()
+    build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, method label) to build
 
     @property
     def id(self) -> str:
-        return f"{'' if self.kind == 'rescorer' else self.kind + '-'}{self.detail}:{self.model}"
+        prefix = "" if self.kind in ("rescorer", "method") else self.kind + "-"
+        return f"{prefix}{self.detail}:{self.model}"
 
 
 def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
@@ -69,6 +73,14 @@ def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
                 rescorer(draft)
             elif draft:
                 model(draft, cfg.dtype)
+        if m.spec.family not in FAMILIES and m.spec.needs and not m.spec.external:
+            needs = m.spec.needs(cfg.model, cfg)
+            base = model(cfg.model, cfg.dtype) + [h for what, _ in needs if what.startswith("heads (")
+                                                  for h in heads(what[len("heads ("):-1])]
+            for what, _ in needs:
+                if not what.startswith("heads ("):
+                    a = Artefact("method", cfg.model, what, tuple(base), (cfg, m.label))
+                    out.setdefault(a.id, a)
     return sorted(out.values(), key=lambda a: RANK[a.kind])
 
 
@@ -83,11 +95,18 @@ def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
 
 
 def collect(cells: list, methods_of) -> list[Artefact]:
-    """Every artefact of the plan once, models first, then heads, then rescorers (their build order)."""
+    """Every artefact of the plan once, models first, then heads, rescorers, and the methods' own needs, these one
+    after another per model (one method's first use may build several of them, e.g. hierarchy's two tables)."""
     seen: dict[str, Artefact] = {}
     for c in cells:
         for a in artefacts_for(c, methods_of(c.kind, c.config, c.options)):
             seen.setdefault(a.id, a)
+    last: dict[str, str] = {}
+    for key, a in list(seen.items()):
+        if a.kind == "method":
+            if a.model in last:
+                seen[key] = replace(a, needs=a.needs + (last[a.model],))
+            last[a.model] = a.id
     return sorted(seen.values(), key=lambda a: RANK[a.kind])
 
 
@@ -110,10 +129,26 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
         log(f"training '{a.detail}' heads for {a.model} (bpdbench train-heads --profile {a.detail})")
         train_heads.train(a.model, a.detail, log=log)
         return "built"
+    if a.kind == "method":
+        return _build_method(a, log)
     import rescorers
     from ..methods.artefacts import ensure, ready
     spec = rescorers.RESCORERS[a.detail]
     if all(ok for _, ok in ready(spec, a.model)):
         return "present"
     ensure(spec, RunConfig(model=a.model, auto_train=auto_train), models.load_tokenizer(a.model), log)
+    return "built"
+
+
+def _build_method(a: Artefact, log: Log) -> str:
+    """Build the method once on one example's session: its first use trains or builds what it needs."""
+    from ..experiments.session import open_session
+    from ..methods import parse
+    cfg, label = a.build_with
+    method = parse(label)
+    if all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == a.detail):
+        return "present"
+    log(f"{a.detail} for {a.model}: building it through {label}'s first use")
+    s = open_session(cfg.replace(limit=1, resume=False), log, methods=[method])
+    s.drafter(method)
     return "built"

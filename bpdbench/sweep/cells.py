@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import time
 import traceback
@@ -24,7 +25,7 @@ OK = ("ok", "finished", "present", "built")
 
 
 def slug(ident: str) -> str:
-    return ident.replace("/", "__").replace(":", "_").replace(",", "-").replace("=", "")
+    return re.sub(r"[^\w.+-]", "_", ident.replace("/", "__").replace(",", "-").replace("=", ""))
 
 
 def _user_errors() -> tuple:

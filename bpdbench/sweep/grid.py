@@ -39,6 +39,7 @@ SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads":
 # RunConfig fields the sweep sets itself (axes, roots, resume): not grid keys
 MANAGED = {"task", "model", "method", "rescorer", "out", "resume", "threads", "data_dir", "alpha_file", "greedy_dir"}
 AXES = {"tasks": "task", "models": "model", "methods": "method", "temperatures": "temperature", "seeds": "seed"}
+SAMPLING = {"temperature", "temperatures", "seed", "seeds", "top_p", "top_k"}
 FIELDS = {f.name: f for f in dataclasses.fields(RunConfig)}
 SETTINGS = sorted(set(FIELDS) - MANAGED)
 _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
@@ -204,7 +205,7 @@ def _axis(merged: dict, plural: str, where: str, default: list) -> list:
 
 def _setting(name: str, value: Any, where: str) -> Any:
     """A RunConfig field's value, type-checked against its annotation (`limit = "all"` means every example)."""
-    if name == "limit" and value == "all":
+    if value is None or (name == "limit" and value == "all"):
         return None
     allowed = [t for t in str(FIELDS[name].type).replace(" ", "").split("|") if t in _TYPES]
     if isinstance(value, bool) and "bool" not in allowed or not any(isinstance(value, _TYPES[t]) for t in allowed):
@@ -222,7 +223,13 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
     valid = set(SETTINGS) | {"tasks", "task", "models", "model", "temperatures", "temperature", "seeds", "seed",
                              "threads", "gpus"} | KIND_KEYS[kind] | ({"method"} if kind in ("run", "tune") else set())
     _check_keys(block, valid, where)
+    sampled = [k for k in block if k in SAMPLING]
+    if sampled and kind not in ("run", "speed"):
+        raise GridError(f"{where}: {sampled[0]}: {kind} decodes greedily; sampling options go in [[run]] and "
+                        f"[[speed]] blocks")
     merged = _merge(CLI_DEFAULTS[kind], defaults, block, where)
+    if kind not in ("run", "speed"):           # [defaults]' sampling options are for the cells that sample
+        merged = {k: v for k, v in merged.items() if k not in SAMPLING}
     if "tasks" not in block and "task" not in block:
         raise GridError(f"{where}: name its tasks, e.g. tasks = [\"xsum\"]")
     if kind == "tune" and "methods" not in block and "method" not in block:
@@ -231,14 +238,8 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
     models = _axis(merged, "models", where, [RunConfig.model])
     temps = _axis(merged, "temperatures", where, [None])
     seeds = _axis(merged, "seeds", where, [None])
-    for name, values in (("temperature", temps), ("seed", seeds)):
-        if values != [None] and name not in FIELDS:
-            if name == "temperature" and all(v == 0 for v in values):
-                temps = [None]
-                continue
-            raise GridError(f"{where}: {name}s given, but this bpdbench decodes greedily only (RunConfig has no "
-                            f"{name}); remove them or use temperatures = [0]")
-    settings = {k: _setting(k, v, where) for k, v in merged.items() if k in FIELDS and k not in MANAGED}
+    settings = {k: _setting(k, v, where) for k, v in merged.items()
+                if k in FIELDS and k not in MANAGED and k not in AXES.values()}
     threads = ctx["threads_cli"] or block.get("threads", defaults.get("threads", ctx["threads"]))
     gpus = block.get("gpus", defaults.get("gpus", ctx["gpus"]))
     if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
@@ -250,9 +251,11 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
     for model in models:
         for task in tasks:
             for t in temps:
-                for s in seeds:
-                    extra = {**({"temperature": float(t)} if t is not None else {}),
-                             **({"seed": s} if s is not None else {})}
+                greedy = t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and t == 0)
+                for s in [None] if greedy else seeds:
+                    # greedy cells record what a command line without sampling options records
+                    extra = dict.fromkeys(("temperature", "top_p", "top_k", "seed")) if greedy else \
+                        {"temperature": _setting("temperature", t, where), "seed": _setting("seed", s, where)}
                     for cfg, options in options_for(kind, merged, where):
                         cfg = RunConfig(task=_str(task, "task", where), model=_str(model, "model", where),
                                         threads=threads, **{**settings, **extra, **cfg})
@@ -303,7 +306,9 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
         rel = out_dir(cfg).relative_to(paths.results_root()).as_posix()
     elif kind != "tune":
         rel = f"{folder or FOLDER[kind]}/{cfg.task}"
-        if folder and folder != FOLDER[kind]:      # as `--out <results>/<folder>/<task>` would
+        if not cfg.sampling.greedy:                # one folder per temperature and seed, named as run's are
+            rel += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
+        if rel != f"{FOLDER[kind]}/{cfg.task}":    # as `--out <results>/<rel>` would
             cfg = cfg.replace(out=str(Path(ctx["results"]) / rel))
     cell = Cell(kind, cfg, options, rel, threads, gpus)
     return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, methods)))
