@@ -108,8 +108,6 @@ class CascadeDrafter:
         self.index.sync(ctx.tokens)
         length = min(self.length, ctx.budget)
         if length <= 0:
-            if isinstance(self.top, AssistedDraftModel):
-                self.top.drafted = 0
             return Proposal()
         head = self._top(ctx, min(self.split, length))
         draft = cut_after_eos(head, self.eos)
@@ -128,7 +126,6 @@ class CascadeDrafter:
         if isinstance(self.top, HeadsDrafter):
             lat = self.top.lattice(ctx)
             return [] if lat is None else lat.ids[:n, 0].tolist()
-        self.top.drafted = n
         return self.top.draft(ctx, n)
 
     def observe(self, tokens: list[int]) -> None:
