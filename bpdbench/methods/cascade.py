@@ -185,7 +185,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
         mag = MaG(ngram, table, env.limits.eos_ids)
         resolved["ngram"] = ngram
     tree = bool(method.get("tree", int(top != "none" and bottom != "none")))
-    resolved["tree"] = int(tree)
+    resolved.update(tree=int(tree), width=length * (1 + tree))   # most draft tokens verified in a step
     drafter = CascadeDrafter(label, None, split, length, mag, env.limits.eos_ids, tree)
     if top == "bpd":
         heads, _ = env.heads()
@@ -193,7 +193,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
             raise MethodError(f"{label}: split={split} but the heads have only {heads.num_heads}")
         threshold = method.get("threshold", env.cfg.draft_threshold)
         drafter.top = HeadsDrafter(label, heads, split, env.model.lm_head, 1, threshold)
-        resolved["threshold"] = threshold
+        resolved.update(n_heads=split, threshold=threshold)
     elif top == "sps":
         from .sps import load_draft
         name, model = load_draft(env, method)
