@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 B=${BPDBENCH:-.venv/bin/bpdbench}
 LIMIT=${LIMIT:-5}
 TASKS=${TASKS:-"xsum squad"}
-METHODS=${METHODS:-"bpd bpd:threshold=0.4 ngram2 ngram4 16best-0gram 16best-ngram4 medusa medusa:tree=auto oracle:k=16 pld neural-s neural-m neural-l medusa-neural-m"}
+METHODS=${METHODS:-"bpd bpd:threshold=0.4 ngram2 ngram4 16best-0gram 16best-ngram4 medusa medusa:tree=auto oracle:k=16 pld cascade hierarchy neural-s neural-m neural-l medusa-neural-m"}
 OUT=${OUT:-results/certificates}
 for t in $TASKS; do
   for m in $METHODS; do

@@ -63,7 +63,8 @@ def _decode_all(s: Session, method: Method, drafter, writer: ResultWriter, progr
     if done:
         log(f"resuming {writer.out}: {len(done)} done, {len(todo)} to go")
     is_ar = method.label == "ar"
-    width = s.env.resolved.get(method.label, {}).get("n_heads") or cfg.heads
+    resolved = s.env.resolved.get(method.label, {})
+    width = resolved.get("width") or resolved.get("n_heads") or cfg.heads   # draft tokens verified per step
     index = {ex.id: i for i, ex in enumerate(s.examples)}
     for ex in todo:
         prompt_ids, full = s.prompt_info(ex)

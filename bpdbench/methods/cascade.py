@@ -108,8 +108,6 @@ class CascadeDrafter:
         self.index.sync(ctx.tokens)
         length = min(self.length, ctx.budget)
         if length <= 0:
-            if isinstance(self.top, AssistedDraftModel):
-                self.top.drafted = 0
             return Proposal()
         head = self._top(ctx, min(self.split, length))
         draft = cut_after_eos(head, self.eos)
@@ -128,7 +126,6 @@ class CascadeDrafter:
         if isinstance(self.top, HeadsDrafter):
             lat = self.top.lattice(ctx)
             return [] if lat is None else lat.ids[:n, 0].tolist()
-        self.top.drafted = n
         return self.top.draft(ctx, n)
 
     def observe(self, tokens: list[int]) -> None:
@@ -188,7 +185,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
         mag = MaG(ngram, table, env.limits.eos_ids)
         resolved["ngram"] = ngram
     tree = bool(method.get("tree", int(top != "none" and bottom != "none")))
-    resolved["tree"] = int(tree)
+    resolved.update(tree=int(tree), width=length * (1 + tree))   # most draft tokens verified in a step
     drafter = CascadeDrafter(label, None, split, length, mag, env.limits.eos_ids, tree)
     if top == "bpd":
         heads, _ = env.heads()
@@ -196,7 +193,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
             raise MethodError(f"{label}: split={split} but the heads have only {heads.num_heads}")
         threshold = method.get("threshold", env.cfg.draft_threshold)
         drafter.top = HeadsDrafter(label, heads, split, env.model.lm_head, 1, threshold)
-        resolved["threshold"] = threshold
+        resolved.update(n_heads=split, threshold=threshold)
     elif top == "sps":
         from .sps import load_draft
         name, model = load_draft(env, method)

@@ -111,7 +111,8 @@ def build(env: Env, method: Method) -> HierarchyDrafter:
     candidates, length = method.get("candidates", 3), method.get("length", 5)
     ngram, profile = method.get("ngram", 3), method.get("history", "quick")
     history = static = None
-    resolved: dict = {"order": order, "candidates": candidates, "length": length, "ngram": ngram}
+    resolved: dict = {"order": order, "candidates": candidates, "length": length, "ngram": ngram,
+                      "width": candidates * length}                   # most draft tokens verified in a step
     try:
         if "s" in order:
             history, resolved["history"] = lookup_store.history_table(env, profile)
