@@ -256,11 +256,12 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
            max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K, threads: Optional[int] = _TH,
            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
-           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
+           heads_path: Optional[str] = _HPATH):
     """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code)."""
     from .experiments import commands
     commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                         data_dir, data_file, out, alpha_file, no_auto_train), methods, resume, _log)
+                         data_dir, data_file, out, alpha_file, no_auto_train, heads_path), methods, resume, _log)
 
 
 @app.command()
@@ -318,13 +319,13 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
           out: Optional[str] = typer.Option(None, help="default: <results>/speed/<task>"),
           resume: bool = typer.Option(False, help="keep the prompts an interrupted run already measured"),
-          alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+          alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT, heads_path: Optional[str] = _HPATH):
     """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
     speed_by_category.csv, config.json."""
     from .experiments import commands
-    cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
-                    max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, k=k,
-                    data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
+    cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
+                    limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device,
+                    threads=threads, k=k, data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
                     auto_train=not no_auto_train)
     commands.speed(cfg, methods, repeats, assistant, per_category, resume, _log)
 
