@@ -283,14 +283,14 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
            resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
            temperature: Optional[float] = _TEMP, top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK,
-           seed: Optional[int] = _SEED,
+           seed: Optional[int] = _SEED, heads_path: Optional[str] = _HPATH,
            per_category: Optional[int] = typer.Option(None, help="first N examples of each category instead of "
                                                                  "--limit (Spec-Bench), as `speed` selects")):
     """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code).
     Greedy only: at T > 0 the trajectory depends on the draws (use `run --temperature`)."""
     from .experiments import commands
     commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                         data_dir, data_file, out, alpha_file, no_auto_train, temperature=temperature,
+                         data_dir, data_file, out, alpha_file, no_auto_train, heads_path, temperature=temperature,
                          top_p=top_p, top_k=top_k, seed=seed), methods, resume, _log, per_category)
 
 
@@ -350,13 +350,14 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
           out: Optional[str] = typer.Option(None, help="default: <results>/speed/<task>"),
           resume: bool = typer.Option(False, help="keep the prompts an interrupted run already measured"),
           alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT, temperature: Optional[float] = _TEMP,
-          top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED):
+          top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED,
+          heads_path: Optional[str] = _HPATH):
     """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
     speed_by_category.csv, config.json."""
     from .experiments import commands
-    cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
-                    max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, k=k,
-                    data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
+    cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
+                    limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device,
+                    threads=threads, k=k, data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
                     auto_train=not no_auto_train, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     commands.speed(cfg, methods, repeats, assistant, per_category, resume, _log)
 

@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--methods", required=True, help="comma-separated method spellings (ar is always timed)")
     ap.add_argument("--heads-profile", default="quick")
+    ap.add_argument("--heads-path", default=None, help="heads folder for the heads methods (bpd, ...)")
+    ap.add_argument("--heads", type=int, default=8, help="heads the heads methods use")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -38,7 +40,8 @@ def main() -> None:
     ap.add_argument("--out", default="results/bench_drafting.json")
     args = ap.parse_args()
     methods = [m for m in resolve_methods(args.methods) if m.label != "ar"]
-    cfg = RunConfig(task=args.task, model=args.model, heads_profile=args.heads_profile, limit=args.limit,
+    cfg = RunConfig(task=args.task, model=args.model, heads_profile=args.heads_profile, heads_path=args.heads_path, heads=args.heads,
+                    limit=args.limit,
                     max_new_tokens=args.max_new_tokens, dtype=args.dtype, threads=args.threads)
     load0 = os.getloadavg()
     s = open_session(cfg, methods=resolve_methods(["ar"] + [m.label for m in methods]))

@@ -35,6 +35,9 @@ class Hydra(DraftModel):
                 blk[0].res.weight.zero_()
                 blk[0].res.weight[:, :d].copy_(torch.eye(d))
         self.prefix = DecoderLayer(d, heads, kv_heads, ffn, dropout) if prefix else None
+        if self.prefix is not None:                 # the prefix layer starts as the identity: heads see h_t at first
+            nn.init.zeros_(self.prefix.o.weight)
+            nn.init.zeros_(self.prefix.down.weight)
 
     def dims(self) -> dict:
         heads, kv_heads, ffn = self.heads_cfg

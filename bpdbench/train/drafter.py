@@ -93,7 +93,7 @@ FAMILIES = {"medusa": Family(_medusa(1)), "koala": Family(_medusa(2)),
             "hydra": Family(_hydra(1), lr=1e-3), "koala-hydra": Family(_hydra(2), lr=1e-3),
             "hydra++": Family(_hydra(1, prefix=True, dropout=0.1), lr=1e-3, batch=8),
             "amphista": Family(_amphista, lr=1e-3),
-            "eagle": Family(_eagle, lr=2e-3, batch=8, unroll=3, noise=0.02, feature_weight=0.1)}
+            "eagle": Family(_eagle, lr=2e-3, batch=8, unroll=5, noise=0.02, feature_weight=0.1)}
 ADVERSARIAL = ("koala", "koala-hydra")
 VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)
 
