@@ -45,7 +45,8 @@ regress-update: install kenlm
 	$(BIN)/bpdbench regress --baseline results/baseline.json --update
 
 # The CPU-scale grid behind results/ (grids/reference.toml through `bpdbench sweep` on a local Ray instance;
-# resumable; about 2 hours on 2 cores). `make reproduce SWEEP="--dry-run"` lists its cells, SWEEP="--limit 5" is quick.
+# resumable; about 2 hours on 2 cores). `make reproduce SWEEP="--dry-run"` lists its cells;
+# SWEEP="--limit 5 --results /tmp/quick" is a quick pass written elsewhere.
 reproduce: install kenlm
 	$(BIN)/bpdbench sweep grids/reference.toml $(SWEEP)
 

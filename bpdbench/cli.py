@@ -3,82 +3,16 @@
 Errors a user can fix are one line, exit code 2, printed before any model loads (the session validates first).
 """
 from __future__ import annotations
-
-import os
 import sys
-from functools import wraps
 from pathlib import Path
 from typing import Optional
 
-# Every default works offline (models and data come from packages and ../shared); unset HF_HUB_OFFLINE=0 to use
-# the Hub. Only defaults: a value the user set is kept.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", os.environ["HF_HUB_OFFLINE"])
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
 import typer
-from rich.console import Console
 
+from .cli_common import (_A, _AF, _D, _DD, _DEV, _DF, _H, _HP, _HPATH, _K, _L, _M, _N, _NAT, _O, _OUT, _RES, _SEED,
+                         _T, _TEMP, _TH, _TOPK, _TOPP, _cfg, _log, app, console, one_line_errors)
 from .config import RunConfig
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Benchmark blockwise parallel decoding and the "
-                  "drafting methods around it.")
-console = Console(stderr=True)
-
-
-def _log(message: str) -> None:
-    console.print(message, highlight=False, soft_wrap=True)
-
-
-def one_line_errors(fn):
-    """Known user errors become one line naming what is wrong and how to fix it."""
-    @wraps(fn)
-    def wrapper(*args, **kwargs):
-        from tasks import DataError
-        from .config import ConfigError
-        from .experiments.certificate import LostExamples
-        from .models import ModelError
-        from rich.markup import escape      # a message may quote [brackets] (TOML tables, lists): print them as is
-        try:
-            return fn(*args, **kwargs)
-        except LostExamples as e:      # a real loss: records and summary are written, the exit status says it
-            console.print(f"[red]error:[/red] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True)
-            raise typer.Exit(1)
-        except (ConfigError, DataError, ModelError, FileExistsError, FileNotFoundError, ValueError) as e:
-            console.print(f"[red]error:[/red] {escape(str(e).splitlines()[0])}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2)
-        except KeyboardInterrupt:
-            console.print("interrupted: finished examples are saved; rerun with --resume to continue")
-            raise typer.Exit(130)
-    return wrapper
-
-
-_T = typer.Option("xsum", help="task (see `bpdbench tasks`)")
-_M = typer.Option("qwen2.5-coder-0.5b", help="registered name, local HF dir or Hub id")
-_H = typer.Option(8, help="use the first N heads (a method's heads= overrides it)")
-_HP = typer.Option("quick", help="heads profile: quick | full | ci | init (untrained)")
-_HPATH = typer.Option(None, help="heads directory (ours or a Medusa-1 checkpoint)")
-_L = typer.Option(30, help="examples")
-_O = typer.Option(0, help="first example (deterministic order)")
-_N = typer.Option(None, help="max new tokens (default: the task's)")
-_D = typer.Option("bfloat16", help="bfloat16 (fast on CPU) | float32 (exact)")
-_DEV = typer.Option("cpu", help="cpu | cuda | auto")
-_TH = typer.Option(None, help="torch threads")
-_K = typer.Option(16, help="lattice width (top-k per head) for refined methods (a method's k= overrides it)")
-_A = typer.Option(None, help="rescorer weight (a method's alpha= overrides it); default: the tuned table")
-_AF = typer.Option(None, help="tuned-alpha table (default: <results>/alpha.json)")
-_RES = typer.Option(False, help="keep what an earlier run with the same settings wrote to --out; do only the rest "
-                                "(also extends a run to a larger --limit)")
-_DD = typer.Option(None, help="data dir (default: $BPDBENCH_DATA or ../shared/data)")
-_DF = typer.Option(None, help="data file (task `prompts`: JSONL with id, prompt)")
-_OUT = typer.Option(None, help="result directory (default: under the checkout's results/)")
-_NAT = typer.Option(False, "--no-auto-train", help="refuse to train missing heads or neural rescorers (> 1 min)")
-_TEMP = typer.Option(None, "--temperature", help="sample at this temperature (transformers' warpers define p; "
-                     "speculative sampling keeps it exact); unset or 0: greedy")
-_TOPP = typer.Option(None, "--top-p", help="nucleus sampling (needs --temperature > 0); unset: off")
-_TOPK = typer.Option(None, "--top-k", help="top-k sampling (needs --temperature > 0); unset or 0: off")
-_SEED = typer.Option(None, "--seed", help="example i samples from a generator seeded seed + offset + i (default 0)")
-
+from . import cli_train  # noqa: F401  (registers the training commands on the app)
 
 @app.command()
 @one_line_errors
@@ -146,107 +80,6 @@ def rescorers():
     from rescorers import RESCORERS
     for r in RESCORERS.values():
         print(f"{r.name:15s} {r.description}")
-
-
-@app.command("train-heads")
-@one_line_errors
-def train_heads_cmd(model: str = _M, profile: str = typer.Option("quick", help="quick (<=10 min) | full (<=60 min) | ci"),
-                    out: Optional[str] = typer.Option(None, help="default: the heads cache"),
-                    threads: Optional[int] = _TH):
-    """Train blockwise heads on the frozen base (self-distillation on held-out prompts)."""
-    import torch
-    from .train import heads as train_heads
-    if profile not in train_heads.PROFILES:
-        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(train_heads.PROFILES)}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
-    train_heads.train(model, profile, out=Path(out) if out else None, log=_log)
-
-
-@app.command("build-history")
-@one_line_errors
-def build_history_cmd(model: str = _M, profile: str = typer.Option("quick", help="quick (about 4 min) | full (about 1 h) | ci"),
-                      threads: Optional[int] = _TH):
-    """The model's greedy continuations on held-out prompts, for `hierarchy`'s model-history database."""
-    import torch
-    from .train import history
-    if profile not in history.PROFILES:
-        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(history.PROFILES)}")
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    if threads:
-        torch.set_num_threads(threads)
-    history.build(model, profile, log=_log)
-
-
-@app.command("distill-data")
-@one_line_errors
-def distill_data_cmd(model: str = _M, profile: str = typer.Option("quick", help="data budget: quick | full | ci"),
-                     threads: Optional[int] = _TH):
-    """Build (once) the cached distillation dataset every drafter trainer reads: greedy continuations of held-out
-    prompts with the base's hidden states and top-8 log-probs."""
-    from .train import distill
-    if profile not in distill.BUDGETS:
-        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(distill.BUDGETS)}")
-    _threads(threads)
-    path = distill.path_for(model, profile)
-    if (path / distill.FILE).exists():
-        _log(f"distillation data '{profile}' for {model} is cached at {path}; delete it to rebuild")
-        return
-    distill.build(model, profile, log=_log)
-
-
-@app.command("train-drafter")
-@one_line_errors
-def train_drafter_cmd(name: str = typer.Argument(..., help="medusa | koala | koala-hydra | hydra | hydra++ | "
-                                                       "amphista | eagle"),
-                      model: str = _M, profile: str = typer.Option("quick", help="quick (<=10 min) | full (<=60 "
-                                                                   "min) | ci"),
-                      adversarial: float = typer.Option(0.0, help="KOALA's adversarial weight (koala, koala-hydra; "
-                                                                  "saved as NAME-adv)"),
-                      out: Optional[str] = typer.Option(None, help="default: the drafter cache"),
-                      threads: Optional[int] = _TH):
-    """Train a draft model on the cached distillation data (built first when missing) and write its held-out
-    per-depth agreement next to the weights."""
-    from .train import drafter
-    drafter.check(name, profile, adversarial)
-    _threads(threads)
-    drafter.train(name, profile, model, log=_log, out=Path(out) if out else None, adversarial=adversarial)
-
-
-def _threads(threads: Optional[int]) -> None:
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {threads}")
-    if threads:
-        import torch
-        torch.set_num_threads(threads)
-
-
-@app.command("train-rescorer")
-@one_line_errors
-def train_rescorer_cmd(kind: str = typer.Argument(..., help="ngram | neural"), model: str = _M,
-                       order: int = typer.Option(4, help="n-gram order"),
-                       size: str = typer.Option("m", help="neural size: s | m | l"),
-                       minutes: float = typer.Option(15.0, help="neural training budget"),
-                       corpus: Optional[list[str]] = typer.Option(None, help="corpus files (default: shared C4 + "
-                                                                  "WikiText; never task data)"),
-                       memory: str = typer.Option("500M", help="lmplz -S memory cap"),
-                       discount_fallback: bool = typer.Option(False, help="for tiny corpora")):
-    """Train a draft rescorer for a target model: KenLM n-gram over its token ids, or a small neural LM."""
-    from .train.rescorer import train_cli
-    path = train_cli(kind, model, order, size, minutes, corpus, memory, discount_fallback, _log)
-    console.print(f"{kind} rescorer for {model} written to {path}")
-
-
-def _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir=None,
-         data_file=None, out=None, alpha_file=None, no_auto_train=False, heads_path=None,
-         **sampling) -> RunConfig:
-    return RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
-                     limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads,
-                     data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
-                     auto_train=not no_auto_train, **sampling).validate()
 
 
 @app.command()

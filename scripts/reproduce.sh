@@ -2,7 +2,8 @@
 # The CPU-scale reproduction grid (make reproduce) is grids/reference.toml, run by `bpdbench sweep` on a local Ray
 # instance: artefacts first, then tune, replay, oracle, analyze and speed cells, two at a time on 2 cores, then every
 # table. Resumable: finished cells and finished examples are kept, a failed cell is retried and reported (exit 1).
-# Arguments go to sweep: --dry-run, --limit 5 (a quick pass), --threads 2, --results DIR, --address auto.
+# Arguments go to sweep: --dry-run, --limit 5 --results DIR (a quick pass, written elsewhere), --threads 2,
+# --address auto.
 # LIMIT=n and THREADS=n are read as --limit and --threads.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -296,7 +296,8 @@ def test_sweep_refuses_bad_grids(case, text, expect, tmp_path, data):
 
 
 @pytest.mark.parametrize("args,expect", [(["--address", "localhost"], "--address"), (["--limit", "0"], "--limit"),
-                                          (["--cpus", "0"], "--cpus")])
+                                          (["--cpus", "0"], "--cpus"),
+                                          (["--limit", "5"], "--results")])
 def test_sweep_refuses_bad_options(args, expect, tmp_path):
     path = tmp_path / "grid.toml"
     path.write_text("[[run]]\ntasks = [\"xsum\"]\n")

@@ -143,6 +143,9 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
         raise GridError(f"--limit must be >= 1, got {limit}")
     here = Path.cwd()
     res = _root(results, here) or _root(sweep.get("results"), grid.parent) or str(paths.results_root().resolve())
+    if limit is not None and results is None:   # a reduced pass would overwrite the full grid's cells and alpha table
+        raise GridError(f"--limit makes a reduced pass of the grid: give --results DIR too, so it does not overwrite "
+                        f"the grid's full results in {res}")
     retries = sweep.get("retries", 2)
     if retries < 0 or sweep.get("gpus", 0) < 0 or sweep.get("threads", 1) < 1:
         raise GridError(f"{grid}: [sweep]: retries and gpus must be >= 0 and threads >= 1")
