@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
-B="python -m bpdbench.cli"
+B="${BPDBENCH:-.venv/bin/bpdbench}"
 PROFILE=${PROFILE:-quick}
 LIMIT=${LIMIT:-20}
 MEDUSA=${MEDUSA:-$HOME/.cache/bpdbench/drafters/qwen2.5-coder-0.5b-medusa-$PROFILE}

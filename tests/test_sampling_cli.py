@@ -141,3 +141,19 @@ def test_sampling_table_pivots_temperatures(tmp_path):
     df = sampling_table(tmp_path).iloc[0]
     assert (df["BE T=0"], df["BE T=0.7"], df["BE T=1"]) == (1.5, 1.3, 1.2)
     assert (df["speedup T=0"], df["speedup T=1"], df.n_examples) == (1.1, 0.8, 3)
+
+
+def test_sampling_table_sets_quality_beside_ar_sampling(tmp_path):
+    from bpdbench.report.tables import sampling_table
+    rows = {"bpd-T0": (None, 0.30, None), "bpd-T0.7": (0.7, 0.25, 0.27)}
+    for name, (t, q, ar_q) in rows.items():
+        d = tmp_path / "sampling" / "xsum" / name
+        d.mkdir(parents=True)
+        row = {"task": "xsum", "method": "bpd", "temperature": t, "block_efficiency": 1.2, "speedup_vs_ar": 1.0,
+               "n_examples": 3, "rougeL": q}
+        if ar_q is not None:
+            row["ar_rougeL"] = ar_q
+        pd.DataFrame([row]).to_csv(d / "summary.csv", index=False)
+    df = sampling_table(tmp_path).iloc[0]
+    assert (df["rougeL T=0"], df["AR rougeL T=0"]) == (0.30, 0.30)      # greedy: the outputs are AR's own
+    assert (df["rougeL T=0.7"], df["AR rougeL T=0.7"]) == (0.25, 0.27)

@@ -192,7 +192,7 @@ def test_a_cell_waits_for_what_it_needs_and_says_which_failed(tiny_model_dir, da
     path = tmp_path / "g.toml"
     path.write_text(f'[[run]]\ntasks = ["xsum"]\nmodel = "{tiny_model_dir}"\ndata_file = "{data}/xsum/test.jsonl"\n')
     cell = grid.load(path, data=str(data)).cells[0]
-    res = cells.run_cell(cell, 0, "sweep/g", {"id": "heads-quick:m", "status": "failed"})
+    res = cells.run_cell(cell, 0, "sweep/g", None, {"id": "heads-quick:m", "status": "failed"})
     assert res["status"] == "blocked" and "heads-quick:m" in res["error"]
 
 
@@ -319,3 +319,15 @@ def test_alpha_table_writers_side_by_side_keep_every_entry(tmp_path):
     with multiprocessing.get_context("fork").Pool(4) as pool:
         pool.map(_tune_like_writer, [(str(table), f"w{j}") for j in range(4)])
     assert len(json.loads(table.read_text())) == 100
+
+
+def test_a_node_with_another_checkout_refuses_its_cells(tiny_model_dir, data, tmp_path):
+    from bpdbench.config import git_commit
+    from bpdbench.sweep import cells, grid
+    path = tmp_path / "g.toml"
+    path.write_text(f'[[run]]\ntasks = ["xsum"]\nmodel = "{tiny_model_dir}"\ndata_file = "{data}/xsum/test.jsonl"\n')
+    cell = grid.load(path, data=str(data)).cells[0]
+    if git_commit() == "unknown":
+        pytest.skip("not a git checkout: the commit check has nothing to compare")
+    res = cells.run_cell(cell, 0, "sweep/g", "0" * 40)
+    assert res["status"] == "failed" and "0" * 40 in res["error"] and "every node" in res["error"]

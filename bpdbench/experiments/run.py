@@ -75,7 +75,7 @@ def _decode_all(s: Session, method: Method, drafter, writer: ResultWriter, progr
         record = {"id": ex.id, "category": ex.category, "prompt_tokens": len(prompt_ids),
                   "prompt_truncated_from": full, "seconds": seconds, **gen.counters.to_dict()}
         if not cfg.sampling.greedy:
-            record.update(_sampled(s, method, index[ex.id], prompt_ids, acceptance, seconds, is_ar))
+            record.update(_sampled(s, method, ex, index[ex.id], prompt_ids, acceptance, seconds, is_ar))
         elif is_ar:
             s.reference.put(prompt_ids, s.limits, gen.tokens, seconds)
             record.update(lossless=True, first_divergence=None, ref_seconds=seconds, **EXACT.to_record())
@@ -92,10 +92,11 @@ def _decode_all(s: Session, method: Method, drafter, writer: ResultWriter, progr
     return summarize(writer.records, meta, s.task.metrics)
 
 
-def _sampled(s: Session, method: Method, index: int, prompt_ids: list[int], acceptance, seconds: float,
+def _sampled(s: Session, method: Method, ex, index: int, prompt_ids: list[int], acceptance, seconds: float,
              is_ar: bool) -> dict:
     """A sampled example: its seed, the mean per-position acceptance probability where the drafter reported q,
-    and (methods other than ar) AR sampling of the same example timed here, for a like-for-like speed ratio."""
+    and (methods other than ar) AR sampling of the same example timed here, for a like-for-like speed ratio, with
+    its quality: an exact sampler's quality differs from AR sampling's only by sampling noise."""
     rec = {"seed": s.seed(index), "lossless": None, "first_divergence": None, "certificate": "statistical",
            "certificate_reason": certify_command(s.cfg, method.label),
            "alpha_sum": sum(acceptance.alphas), "alpha_n": len(acceptance.alphas)}
@@ -104,7 +105,8 @@ def _sampled(s: Session, method: Method, index: int, prompt_ids: list[int], acce
     else:
         ar = s.acceptance(index)
         ref_seconds, ref = timed(lambda: s.decode(None, prompt_ids, ar), s.model.device)
-        rec.update(ref_seconds=ref_seconds, ref_new_tokens=len(ref.tokens))
+        rec.update(ref_seconds=ref_seconds, ref_new_tokens=len(ref.tokens),
+                   ref_quality=s.task.score(ex, s.tok.decode(ref.tokens, skip_special_tokens=True)))
     return rec
 
 

@@ -35,6 +35,8 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
         row["speedup_vs_ar"] = sum(r["ref_seconds"] for r in ref) / sum(r["seconds"] for r in ref)
     for m in quality_metrics:
         row[m] = _mean([r["quality"].get(m) for r in records])
+        if any("ref_quality" in r for r in records):   # T > 0: AR sampling's quality on the same examples
+            row[f"ar_{m}"] = _mean([r["ref_quality"].get(m) for r in records if "ref_quality" in r])
     nll = [r["target_nll"] for r in records if r.get("target_nll") is not None]
     if nll:
         row["target_ppl"] = math.exp(sum(x for x, _ in nll) / sum(n for _, n in nll))

@@ -190,6 +190,12 @@ def sampling_table(results: Path) -> pd.DataFrame:
     df["T"] = df["temperature"].fillna(0.0) if "temperature" in df else 0.0
     wide = df.pivot_table(index=["task", "method"], columns="T", values=["block_efficiency", "speedup_vs_ar"])
     wide.columns = [f"{'BE' if v == 'block_efficiency' else 'speedup'} T={t:g}" for v, t in wide.columns]
+    # quality beside AR sampling's on the same examples (greedy: identical outputs, so AR's is the method's own)
+    for m in [c[3:] for c in df.columns if c.startswith("ar_") and c[3:] in df.columns]:
+        df[f"ar_{m}"] = df[f"ar_{m}"].fillna(df[m].where(df["T"] == 0))
+        q = df.pivot_table(index=["task", "method"], columns="T", values=[m, f"ar_{m}"])
+        q.columns = [f"{v.replace('ar_', 'AR ')} T={t:g}" for v, t in q.columns]
+        wide = wide.join(q)
     n = df.groupby(["task", "method"]).n_examples.max().rename("n_examples")
     return wide.join(n).round(3).reset_index()
 

@@ -92,12 +92,23 @@ def _attempts(ident: str, state: Path, retries: int, log: Callable[[str], None],
     return result
 
 
-def run_cell(cell, retries: int, state_dir: str, *deps: dict) -> dict:
-    """One cell on this worker. `deps`: the results of the artefacts and tune cells it needs (Ray passes them in
-    once they are done, which is how the cell waits for them)."""
+def _other_code(ident: str, commit: str | None) -> dict | None:
+    """A node running another checkout than the driver's would mix two versions' numbers in one results tree."""
+    from ..config import git_commit
+    mine = git_commit()
+    if commit and "unknown" not in (commit, mine) and mine != commit:
+        return {"id": ident, "status": "failed", "host": socket.gethostname(),
+                "error": f"this node runs bpdbench at {mine}, the driver at {commit}: install the driver's checkout "
+                         f"on every node"}
+    return None
+
+
+def run_cell(cell, retries: int, state_dir: str, commit: str | None, *deps: dict) -> dict:
+    """One cell on this worker. `commit`: the driver's git commit (None: unchecked). `deps`: the results of the
+    artefacts and tune cells it needs (Ray passes them in once they are done, which is how the cell waits)."""
     import torch
     from . import kinds
-    blocked = _blocked(cell.id, deps)
+    blocked = _other_code(cell.id, commit) or _blocked(cell.id, deps)
     if blocked:
         return blocked
     torch.set_num_threads(cell.threads)        # the commands set it again from the cell's RunConfig (the same)
@@ -108,11 +119,12 @@ def run_cell(cell, retries: int, state_dir: str, *deps: dict) -> dict:
         return _attempts(cell.id, state, retries, log, lambda: kinds.execute(cell, log))
 
 
-def run_artefact(artefact, auto_train: bool, threads: int, retries: int, state_dir: str, *deps: dict) -> dict:
+def run_artefact(artefact, auto_train: bool, threads: int, retries: int, state_dir: str, commit: str | None,
+                 *deps: dict) -> dict:
     """Build one artefact (model cache, heads, n-gram, neural LM) unless it is there."""
     import torch
     from .artefacts import build
-    blocked = _blocked(artefact.id, deps)
+    blocked = _other_code(artefact.id, commit) or _blocked(artefact.id, deps)
     if blocked:
         return blocked
     torch.set_num_threads(threads)

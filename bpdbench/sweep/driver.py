@@ -138,6 +138,8 @@ def _submit(ray, plan: Plan, todo: list) -> dict:
     """Every task at once: artefacts in build order, tune cells, then the rest; a task's needs are its arguments."""
     env = {"env_vars": plan.env()}
     state = f"sweep/{plan.name}"
+    from ..config import git_commit
+    commit = git_commit()
     threads = max(c.threads for c in todo)
     auto_train = all(c.config.auto_train for c in plan.cells)
     art = ray.remote(run_artefact)
@@ -146,12 +148,12 @@ def _submit(ray, plan: Plan, todo: list) -> dict:
     by_id: dict = {}
     for a in _needed(plan, todo):
         ref = art.options(num_cpus=threads, max_retries=plan.retries, retry_exceptions=False, runtime_env=env,
-                          name=a.id).remote(a, auto_train, threads, plan.retries, state,
+                          name=a.id).remote(a, auto_train, threads, plan.retries, state, commit,
                                             *[by_id[n] for n in a.needs if n in by_id])
         refs[ref], by_id[a.id] = ("artefact", a), ref
     for c in sorted(todo, key=lambda c: c.kind != "tune"):
         ref = cell.options(num_cpus=c.threads, num_gpus=c.gpus, max_retries=plan.retries, retry_exceptions=False,
-                           runtime_env=env, name=c.id).remote(c, plan.retries, state,
+                           runtime_env=env, name=c.id).remote(c, plan.retries, state, commit,
                                                               *[by_id[n] for n in c.needs if n in by_id])
         refs[ref], by_id[c.id] = ("cell", c), ref
     return refs
