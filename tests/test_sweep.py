@@ -249,7 +249,9 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
                           f"runs/xsum-{m}-bpd-T0.7-p0.9-s1-bfloat16", "speed/mt_bench-T0.7-p0.9", "oracle/xsum"}
     assert (cells[f"runs/xsum-{m}-bpd-bfloat16"].top_p, cells["oracle/xsum"].top_p) == (None, None)  # greedy
     assert cells["speed/mt_bench-T0.7-p0.9"].out.endswith("speed/mt_bench-T0.7-p0.9")
-    capped = grid.load(path, data=str(data), limit=2, threads=3)
+    with pytest.raises(grid.GridError, match="--results"):   # a reduced pass never overwrites the full grid's
+        grid.load(path, data=str(data), limit=2)
+    capped = grid.load(path, data=str(data), limit=2, threads=3, results=str(tmp_path / "quick"))
     assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
     assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
     assert {c.threads for c in capped.cells} == {3}
