@@ -10,9 +10,10 @@ B="${BPDBENCH:-.venv/bin/bpdbench}"
 PROFILE=${PROFILE:-quick}
 LIMIT=${LIMIT:-20}
 MEDUSA=${MEDUSA:-$HOME/.cache/bpdbench/drafters/qwen2.5-coder-0.5b-medusa-$PROFILE}
-CHAIN="eagle,hydra,hydra++,amphista,koala,koala:adv=1"
+CHAIN=${CHAIN:-"eagle,hydra,hydra++,amphista,koala"}   # add koala:adv=1 after `train-drafter koala --adversarial 0.1`
 TREES="eagle:tree=4,hydra:tree=4,hydra++:tree=4,amphista:tree=4,koala:tree=4"
-REFINED="ngram4,16best-ngram4,medusa,eagle:refine=ngram4,eagle:refine=16best-ngram4,eagle:refine=medusa,k=10"
+BEST=${BEST:-hydra++}      # the drafter the paper's refiners are stacked on
+REFINED="ngram4,16best-ngram4,medusa,$BEST:refine=ngram4,$BEST:refine=16best-ngram4,$BEST:refine=medusa,k=10"
 
 case "${1:-}" in
   data) $B distill-data --profile "$PROFILE" --threads 1 ;;
@@ -24,7 +25,7 @@ case "${1:-}" in
   replay)
     for task in mt_bench xsum; do
       $B replay --task "$task" --limit "$LIMIT" --heads-path "$MEDUSA" --heads 5 --heads-profile "$PROFILE" \
-        --threads 1 --methods "bpd,$CHAIN,$TREES,$REFINED" --out "results/drafters/replay/$task" --resume
+        --threads 1 --no-auto-train --methods "bpd,$CHAIN,$TREES,$REFINED" --out "results/drafters/replay/$task" --resume
     done ;;
   certify)
     for task in mt_bench xsum squad; do
