@@ -272,8 +272,29 @@ def test_replay_cli_and_tables_from_result_files(tiny, tmp_path, monkeypatch):
     assert code == 0, text
     import pandas as pd
     eff = pd.read_csv(results / "tables" / "drafters_block_efficiency.csv")
-    assert set(eff.columns) >= {"task", "eagle", "hydra:tree=2", "amphista"} and (eff[["eagle"]] >= 1).all().all()
+    assert set(eff.columns) >= {"task", "profile", "eagle", "hydra:tree=2", "amphista"}
+    assert (eff[["eagle"]] >= 1).all().all()
     rep = pd.read_csv(results / "tables" / "drafters_repetition.csv")
     assert "greedy_text" in rep and 0 <= float(rep["eagle"].iloc[0]) <= 1
     train = pd.read_csv(results / "tables" / "drafters_training.csv")
     assert train.drafter.tolist() == ["eagle"] and train.top1_d1.between(0, 1).all()
+
+
+def test_replays_of_two_profiles_stay_apart(tmp_path):
+    """Quick and full drafters replayed on one task are two rows of the block-efficiency table, never averaged or
+    overwritten: the profile comes from each replay's config.json."""
+    import json
+    import pandas as pd
+    from bpdbench.report import drafters
+    for folder, profile, be in (("xsum", "quick", 1.3), ("xsum-full", "full", 1.6)):
+        d = tmp_path / "drafters" / "replay" / folder
+        d.mkdir(parents=True)
+        pd.DataFrame([{"task": "xsum", "method": "hydra", "n_examples": 20, "block_efficiency": be,
+                       "draft_repeat_share": 0.01, "text_repeat_share": 0.0},
+                      {"task": "xsum", "method": "bpd", "n_examples": 20, "block_efficiency": be - 0.2,
+                       "draft_repeat_share": 0.1, "text_repeat_share": 0.0}]).to_csv(d / "replay.csv", index=False)
+        (d / "config.json").write_text(json.dumps({"config": {"heads_profile": profile}}))
+    eff = drafters.efficiency_table(drafters.collect_replays(tmp_path)).set_index("profile")
+    assert eff.loc["quick", "hydra"] == 1.3 and eff.loc["full", "hydra"] == 1.6 and eff.loc["full", "bpd"] == 1.4
+    rep = drafters.repetition_table(drafters.collect_replays(tmp_path))
+    assert sorted(rep.profile) == ["full", "quick"]

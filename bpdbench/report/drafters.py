@@ -37,16 +37,37 @@ def training_table(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def collect_replays(results: Path) -> pd.DataFrame:
+    """Every `replay/<dir>/replay.csv` under results/drafters, with the training profile its drafters were read at
+    (the run's --heads-profile, from its config.json): quick and full drafters replayed on the same task are
+    different rows, never averaged together."""
+    frames = []
+    for path in sorted((results / "drafters" / "replay").glob("*/replay.csv")):
+        df = pd.read_csv(path)
+        config = path.parent / "config.json"
+        profile = json.loads(config.read_text())["config"].get("heads_profile") if config.exists() else None
+        frames.append(df.assign(profile=profile or "quick"))
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if "method" in df:
+        df["method"] = df.method.map(canonical)
+    return df
+
+
 def efficiency_table(replay: pd.DataFrame) -> pd.DataFrame:
-    """Block efficiency per task (rows) and drafter spelling (columns), with bpd (Medusa-1 heads) beside them."""
+    """Block efficiency per task and profile (rows) and drafter spelling (columns), with bpd (Medusa-1 heads of the
+    same profile) beside them."""
     if replay.empty:
         return replay
-    keep = replay[replay.method.map(is_drafter) | (replay.method == "bpd")]
+    keep = _profiled(replay[replay.method.map(is_drafter) | (replay.method == "bpd")])
     if keep.empty:
         return keep
-    wide = keep.pivot_table(index="task", columns="method", values="block_efficiency", aggfunc="last")
-    n = keep.groupby("task").n_examples.max()
+    wide = keep.pivot_table(index=["task", "profile"], columns="method", values="block_efficiency", aggfunc="last")
+    n = keep.groupby(["task", "profile"]).n_examples.max()
     return wide.round(3).assign(n_examples=n).reset_index()
+
+
+def _profiled(df: pd.DataFrame) -> pd.DataFrame:
+    return df if "profile" in df else df.assign(profile="quick")
 
 
 def certificate_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -65,8 +86,10 @@ def repetition_table(replay: pd.DataFrame) -> pd.DataFrame:
     if replay.empty or "draft_repeat_share" not in replay:
         return pd.DataFrame()
     keep = replay[replay.method.map(is_drafter) | (replay.method == "bpd")].dropna(subset=["draft_repeat_share"])
+    keep = _profiled(keep)
     if keep.empty:
         return keep
-    wide = keep.pivot_table(index="task", columns="method", values="draft_repeat_share", aggfunc="last")
-    text = keep.groupby("task").text_repeat_share.last()
+    wide = keep.pivot_table(index=["task", "profile"], columns="method", values="draft_repeat_share",
+                            aggfunc="last")
+    text = keep.groupby(["task", "profile"]).text_repeat_share.last()
     return wide.round(4).assign(greedy_text=text.round(4)).reset_index()

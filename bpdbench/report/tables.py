@@ -168,7 +168,7 @@ def build(results: Path | None = None) -> list[Path]:
     from . import drafters
     emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
          "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
-    rep = _collect(results, "drafters/replay", "replay.csv")
+    rep = drafters.collect_replays(results)
     runs = _collect(results, "drafters/runs", "summary.csv")
     emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Trained drafters vs bpd (Medusa-1 heads), "
          "block efficiency on the same greedy trajectories (replayed)")
