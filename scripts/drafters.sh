@@ -71,5 +71,5 @@ case "${1:-}" in
       --methods "ar,hydra,hydra:depth=4,hydra:depth=3,hydra:shortlist=8192,hydra:profile=full,hydra:profile=full,tree=4" \
       --out results/speed/mt_bench-hydra --resume ;;
   tables) $B tables ;;
-  *) echo "usage: $0 data|train|train-full|replay|replay-koala|replay-full|certify|speed|speed-hydra|tables" >&2; exit 2 ;;
+  *) echo "usage: $0 data|train|train-full|replay|replay-koala|replay-full|replay-cost|certify|speed|speed-hydra|tables" >&2; exit 2 ;;
 esac
