@@ -52,7 +52,8 @@ _HPATH = typer.Option(None, help="heads directory (ours or a Medusa-1 checkpoint
 _L = typer.Option(30, help="examples")
 _O = typer.Option(0, help="first example (deterministic order)")
 _N = typer.Option(None, help="max new tokens (default: the task's)")
-_D = typer.Option("bfloat16", help="bfloat16 (fast on CPU) | float32 (exact)")
+_D = typer.Option("auto", help="auto (bfloat16 where this machine runs it natively, else float32; said with "
+                               "its reason) | bfloat16 | float32 (exact)")
 _DEV = typer.Option("cpu", help="cpu | cuda | auto")
 _TH = typer.Option(None, help="torch threads")
 _K = typer.Option(16, help="lattice width (top-k per head) for refined methods (a method's k= overrides it)")

@@ -31,7 +31,7 @@ class RunConfig:
     offset: int = 0
     max_new_tokens: int | None = None     # None -> the task's default
     max_prompt_tokens: int = 1024         # prompts are left-truncated beyond this (long articles)
-    dtype: str = "bfloat16"
+    dtype: str = "auto"                   # auto: bfloat16 where native, float32 where emulated (hardware/dtype.py)
     device: str = "cpu"
     threads: int | None = None
     data_dir: str | None = None
@@ -60,8 +60,8 @@ class RunConfig:
 
         if self.task not in TASKS:
             raise ConfigError(f"unknown task '{self.task}'; valid: {', '.join(TASKS)}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"unknown dtype '{self.dtype}'; valid: {', '.join(DTYPES)}")
+        if self.dtype not in DTYPES and self.dtype != "auto":
+            raise ConfigError(f"unknown dtype '{self.dtype}'; valid: auto, {', '.join(DTYPES)}")
         if self.heads_profile not in HEAD_PROFILES:
             raise ConfigError(f"unknown heads profile '{self.heads_profile}'; valid: {', '.join(HEAD_PROFILES)}")
         import math
@@ -89,6 +89,10 @@ class RunConfig:
         except ValueError as e:
             raise ConfigError(str(e)) from None
         self._validate_device()
+        if self.dtype == "auto":   # resolved once, here: every layer below sees the concrete dtype it runs in
+            from .hardware.dtype import resolve
+            from .models import resolve_device
+            return replace(self, dtype=resolve("auto", resolve_device(self.device), self.threads))
         return self
 
     def _validate_device(self) -> None:
@@ -120,9 +124,20 @@ def environment(threads: int, device: str, dtype: str) -> dict:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             pass
+    from .hardware.fingerprint import current
+    fp = current(threads, device)
     return {"versions": versions, "python": platform.python_version(), "platform": platform.platform(),
-            "processor": _cpu_name(), "cpu_count": os.cpu_count(), "threads": threads, "device": device,
-            "dtype": dtype, "git_commit": git_commit()}
+            "processor": _cpu_name(), "cpu_flags": list(fp.flags), "bf16_native": fp.bf16_native,
+            "fingerprint": fp.key(), "cpu_count": os.cpu_count(), "threads": threads, "device": device,
+            "dtype": dtype, "load_average": _load_average(), "git_commit": git_commit()}
+
+
+def _load_average() -> list[float] | None:
+    """1/5/15-minute load averages when the result was written: a number taken on a busy machine says so."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
 
 
 def git_commit() -> str:

@@ -62,7 +62,10 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def resolve_dtype(dtype: str) -> torch.dtype:
+def resolve_dtype(dtype: str, device: str = "cpu") -> torch.dtype:
+    if dtype == "auto":
+        from .hardware.dtype import resolve
+        dtype = resolve(dtype, resolve_device(device))
     if dtype not in DTYPES:
         raise ModelError(f"unknown dtype '{dtype}'; valid: {', '.join(DTYPES)}")
     return DTYPES[dtype]
@@ -122,8 +125,11 @@ def load(name_or_path: str, dtype: str = "bfloat16", device: str = "cpu"):
     """Return (model, tokenizer) in eval mode; registered names load offline through the safetensors cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch_dtype = resolve_dtype(dtype)
     device = resolve_device(device)
+    if dtype == "auto":
+        from .hardware.dtype import resolve
+        dtype = resolve(dtype, device)
+    torch_dtype = resolve_dtype(dtype)
     if name_or_path in MODELS:
         cached = dense_cache_dir(name_or_path, dtype)
         if not (cached / "config.json").exists():
