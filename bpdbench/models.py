@@ -146,6 +146,8 @@ def load(name_or_path: str, dtype: str = "bfloat16", device: str = "cpu"):
     except OSError as e:
         raise ModelError(f"cannot load model '{name_or_path}': {str(e).splitlines()[0]}") from None
     model = model.to(device).eval().requires_grad_(False)
+    from .hardware.dtype import persist
+    persist()
     return model, tok
 
 

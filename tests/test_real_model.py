@@ -34,7 +34,7 @@ def test_ar_matches_transformers_generate(fp32_model):
 def test_bpd_smoke_run_is_lossless(fp32_model, tmp_path):
     """Two XSum examples, 16 new tokens, float32, with small trained heads (the `ci` profile)."""
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=16, dtype="float32", heads_profile="ci",
-                    out=str(tmp_path / "smoke"))
+                    max_prompt_tokens=192, out=str(tmp_path / "smoke"))
     row = runner.run(cfg, log=print)
     records = [json.loads(line) for line in (tmp_path / "smoke" / "examples.jsonl").read_text().splitlines()]
     assert len(records) == 2 and row["n_examples"] == 2
@@ -60,7 +60,7 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     monkeypatch.setattr(paths, "rescorer_dir", lambda tag, model: tmp_path / tag if tag.startswith("neural")
                         else real_dir(tag, model))
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=12, dtype="float32", heads_profile="ci", heads=4, k=8,
-                    alpha_file=str(tmp_path / "alpha.json"))
+                    alpha_file=str(tmp_path / "alpha.json"), max_prompt_tokens=192)   # prefill is most of the cost
     s = open_session(cfg, log=print)
     heads, _ = s.env.heads()
     for size in "sml":
@@ -72,16 +72,16 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
         "medusa:tree=auto", "bpd:threshold=0.2", f"cascade:top=sps,model={models.DEFAULT_MODEL},split=3,vertical=1",
         "hierarchy:order=lc,candidates=4,length=4"]
     prompts = [s.prompt(ex) for ex in s.examples]
+    greedy = [s.reference.get(prompt, s.limits)[0] for prompt in prompts]
+    hidden = [teacher_forced(s.model, p, g, with_prompt=True) for p, g in zip(prompts, greedy)]  # the prompt too
     for spelling in spellings:
         drafter = s.drafter(parse(spelling))
-        for prompt in prompts:
-            greedy, _ = s.reference.get(prompt, s.limits)
+        for prompt, ref, h in zip(prompts, greedy, hidden):
             if getattr(drafter, "needs_reference", False):
-                drafter.use_reference(greedy)
+                drafter.use_reference(ref)
             real = generate(s.model, drafter, prompt, s.limits)
-            assert real.tokens == greedy, spelling
-            hidden = teacher_forced(s.model, prompt, greedy, with_prompt=True)   # feature drafters see the prompt
-            sim = replay(drafter, prompt, greedy, hidden, s.limits)
+            assert real.tokens == ref, spelling
+            sim = replay(drafter, prompt, ref, h, s.limits)
             assert sim.to_dict() == real.counters.to_dict(), spelling
 
 
@@ -104,7 +104,7 @@ def test_sampling_p_is_what_generate_samples_from(fp32_model):
 def test_sampled_run_smoke(tmp_path):
     """T = 1 with the ci heads: the run records the statistical certificate and AR sampling's timing."""
     cfg = RunConfig(task="xsum", limit=1, max_new_tokens=8, dtype="float32", heads_profile="ci", temperature=1.0,
-                    out=str(tmp_path / "sampled"))
+                    max_prompt_tokens=192, out=str(tmp_path / "sampled"))
     row = runner.run(cfg, log=print)
     assert row["certificate"].startswith("statistical (bpdbench certify --method bpd --temperature 1")
     assert "lossless_rate" not in row and row["new_tokens"] <= 8 and row["speedup_vs_ar"] > 0

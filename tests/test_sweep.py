@@ -219,6 +219,7 @@ def test_reference_grid_plans_the_reproduction(tmp_path):
 
 def test_grid_expansion(tiny_model_dir, data, tmp_path):
     """Keys resolve as documented: block over [defaults] over the command's CLI defaults; CLI options over the grid."""
+    from bpdbench.hardware.dtype import choose
     from bpdbench.sweep import grid
     (tmp_path / "sub").mkdir()
     write(tmp_path / "sub" / "p.jsonl", [{"id": "a", "prompt": "hello"}, {"id": "b", "prompt": "there"}])
@@ -244,10 +245,11 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
         "[defaults]", "top_p = 0.9", "", "[[run]]", 'tasks = ["xsum"]', "temperatures = [0, 0.7]", "seeds = [0, 1]",
         "", "[[speed]]", 'tasks = ["mt_bench"]', "temperature = 0.7", "", "[[oracle]]", 'tasks = ["xsum"]']))
     cells = {c.id: c.config for c in grid.load(sampled, data=str(data)).cells}
-    m = "qwen2.5-coder-0.5b"
-    assert set(cells) == {f"runs/xsum-{m}-bpd-bfloat16", f"runs/xsum-{m}-bpd-T0.7-p0.9-bfloat16",
-                          f"runs/xsum-{m}-bpd-T0.7-p0.9-s1-bfloat16", "speed/mt_bench-T0.7-p0.9", "oracle/xsum"}
-    assert (cells[f"runs/xsum-{m}-bpd-bfloat16"].top_p, cells["oracle/xsum"].top_p) == (None, None)  # greedy
+    m, d = "qwen2.5-coder-0.5b", choose().dtype         # dtype auto: the cell names the dtype it runs in
+    assert set(cells) == {f"runs/xsum-{m}-bpd-{d}", f"runs/xsum-{m}-bpd-T0.7-p0.9-{d}",
+                          f"runs/xsum-{m}-bpd-T0.7-p0.9-s1-{d}", "speed/mt_bench-T0.7-p0.9", "oracle/xsum"}
+    assert {c.dtype for c in cells.values()} == {d}
+    assert (cells[f"runs/xsum-{m}-bpd-{d}"].top_p, cells["oracle/xsum"].top_p) == (None, None)  # greedy
     assert cells["speed/mt_bench-T0.7-p0.9"].out.endswith("speed/mt_bench-T0.7-p0.9")
     with pytest.raises(grid.GridError, match="--results"):   # a reduced pass never overwrites the full grid's
         grid.load(path, data=str(data), limit=2)

@@ -9,6 +9,7 @@ probe cannot run (a CUDA device: capability >= 8.0 means bfloat16).
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 
@@ -73,23 +74,36 @@ def _cache_file(fp: Fingerprint):
     return paths.cache_root() / "calibration" / fp.key() / "dtype.json"
 
 
+_PENDING: dict = {}
+
+
 def choose(device: str = "cpu", threads: int | None = None, fp: Fingerprint | None = None) -> DtypeChoice:
-    """The auto dtype for this machine, probed once per fingerprint and cached."""
+    """The auto dtype for this machine, probed once per fingerprint. The decision is written to the cache only
+    when a model loads (`persist`), so a command refused for bad input leaves nothing behind."""
     fp = fp or current(threads, device)
     if fp.gpu:
         return decide(fp, None)
     path = _cache_file(fp)
+    if path in _PENDING:
+        return _PENDING[path]
     if path.exists():
         try:
             return DtypeChoice(**json.loads(path.read_text()))
         except (ValueError, TypeError):
             pass
-    choice = decide(fp, probe())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(choice.to_dict(), indent=2))
-    tmp.replace(path)
-    return choice
+    _PENDING[path] = decide(fp, probe())
+    return _PENDING[path]
+
+
+def persist() -> None:
+    """Write the decisions probed in this process (called once a model loads): every later process on this machine
+    then reads the same choice instead of re-probing a noisy ratio."""
+    while _PENDING:
+        path, choice = _PENDING.popitem()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(choice.to_dict(), indent=2))
+        tmp.replace(path)
 
 
 _SAID: set[tuple[str, str]] = set()

@@ -27,6 +27,12 @@ class Env:
     _heads: Any = None
     cache: dict = field(default_factory=dict)         # loaded artefacts shared by the session's methods (drafters)
 
+    def __post_init__(self) -> None:
+        """Methods build in the dtype the model runs in: an unresolved `auto` (a config that skipped validate) is
+        read off the loaded model, never guessed again."""
+        if self.cfg.dtype == "auto":
+            self.cfg = self.cfg.replace(dtype=str(getattr(self.model, "dtype", "float32")).replace("torch.", ""))
+
     def heads(self):
         """(Heads, metadata) for the run's heads option: loaded, or trained on first use (as `make demo` does)."""
         if self._heads is None:

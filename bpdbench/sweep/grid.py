@@ -296,6 +296,9 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
     if not gpus and cfg.device.startswith("cuda"):     # Ray hides every GPU from a task that asks for none
         raise GridError(f"{where}: device = \"{cfg.device}\" needs gpus = 1 (Ray shows a task only the GPUs it asks "
                         f"for)")
+    if cfg.dtype == "auto":     # resolved on the driver, so a cell's folder and key name the dtype it runs in
+        from ..hardware.dtype import resolve
+        cfg = cfg.replace(dtype=resolve("auto", "cpu" if cfg.device == "cpu" else cfg.device, cfg.threads))
     folder = merged.get("folder")
     if folder is not None and (not isinstance(folder, str) or not folder or "/" in folder or folder.startswith(".")):
         raise GridError(f"{where}: folder must be one folder name under the results root, got {folder!r}")
