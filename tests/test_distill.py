@@ -3,6 +3,7 @@ float32 model: every decided position's hidden state arrives exactly once, in or
 trees) and in replay; the dataset's rows are the base's own hidden states, next tokens and teacher top-k."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -167,3 +168,42 @@ def test_safety_cap_stops_loudly_and_the_data_records_it(eos_model, tmp_path, mo
     assert "safety time cap" in ds.meta["quality_warning"] and ds.meta["sequences"] < 9
     assert any(m.startswith("WARNING:") and "safety cap" in m for m in lines)
     assert any(m.startswith("WARNING:") and "meta.json" in m for m in lines)
+
+
+def test_drafter_below_the_floor_warns_and_a_run_with_it_says_and_records_it(tiny_model_dir, tmp_path, monkeypatch):
+    """A drafter whose held-out depth-1 top-1 is below the floor carries a quality_warning in its report; a run that
+    uses it logs `WARNING:` once and records the warning in config.json and in its summary row."""
+    from dataclasses import replace
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    import tasks
+    from bpdbench import models
+    from bpdbench.cli import app
+    from bpdbench.train import drafter, pacing
+    from tests.conftest import write_prompts
+    from tests.drafter_fixtures import synthetic_prompts
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(distill, "prompt_pool", synthetic_prompts)
+    monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
+    monkeypatch.setattr(pacing, "QUALITY_FLOOR", 1.0)
+    monkeypatch.setitem(distill.BUDGETS, "ci", replace(distill.BUDGETS["ci"], n_prompts=12, gen_tokens=12))
+    monkeypatch.setitem(drafter.PROFILES, "ci", replace(drafter.PROFILES["ci"], steps=5))
+    name = str(tiny_model_dir)
+    model, tok = models.load(name, "float32")
+    lines = []
+    path = drafter.train("hydra", "ci", name, model, tok, log=lines.append)
+    report = json.loads((path / "report.json").read_text())
+    warning = report["quality_warning"]
+    assert "below the quality floor" in warning and report["data"]["dtype"] == "float32"
+    assert any(m.startswith("WARNING:") and warning in m for m in lines)
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "run", "--task", "prompts", "--data-file", write_prompts(tmp_path, 3), "--model", name, "--method",
+        "hydra:profile=ci", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32", "--out", tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert len([m for m in result.output.splitlines() if m.startswith("WARNING:") and warning in m]) == 1
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["resolved"]["quality_warning"] == warning
+    assert pd.read_csv(tmp_path / "r" / "summary.csv").iloc[0].quality_warning == warning

@@ -127,7 +127,8 @@ def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, l
     (the pacer's safety cap may stop it earlier, loudly: `pacer.truncated_by_time`)."""
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
-    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos])))
+    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])),
+                        dtype=torch.long)
     pacer = pacer or Pacer("self-distillation", positions, log)
     data = []
     t0 = time.time()
