@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from bpdbench import heads as H
@@ -156,3 +157,24 @@ def test_heads_below_the_floor_warn_and_a_run_with_them_says_and_records_it(tiny
     assert config["resolved"]["heads"]["quality_warning"] == warning
     row = pd.read_csv(tmp_path / "run" / "summary.csv").iloc[0]
     assert row.quality_warning == warning and row.lossless_rate == 1.0
+
+
+def test_expected_time_from_a_cached_calibration(monkeypatch):
+    """With a calibration cached, the time is predicted before generation and said in one line."""
+    import sys
+    import types
+
+    from bpdbench.train import pacing
+    cal = types.SimpleNamespace(step_ms=50.0, cost=lambda n: 1.0 + n / 16, prefill_tok_per_s=1000.0)
+    fake = types.ModuleType("bpdbench.hardware.calibration")
+    fake.cached = lambda model, dtype, device, threads: cal if dtype == "float32" else None
+    monkeypatch.setitem(sys.modules, "bpdbench.hardware.calibration", fake)
+    prompts = [([1] * 100, 100)] * 64
+    # 16,000 positions / (16 rows x 100 x FILL) batches, each 100 steps of 2 decode steps + 1,600 prompt tokens
+    batches = -(-16000 // (16 * 100 * pacing.FILL))
+    assert pacing.predict_seconds("m", "float32", 16000, 16, prompts) == pytest.approx(batches * (10.0 + 1.6))
+    assert pacing.predict_seconds("m", "bfloat16", 16000, 16, prompts) is None
+    p = pacing.Pacer("quick heads", 16000, print, pacing.predict_seconds("m", "float32", 16000, 16, prompts))
+    assert p.header(16, "float32", "auto: emulated") == (
+        "quick heads: 16,000 greedy positions in batches of 16, float32 (auto: emulated), expected ~3 min "
+        "(calibration)")
