@@ -3,6 +3,7 @@ float32 model: every decided position's hidden state arrives exactly once, in or
 trees) and in replay; the dataset's rows are the base's own hidden states, next tokens and teacher top-k."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -81,7 +82,7 @@ def _prompts():
 
 
 def test_rows_are_the_bases_own_states_tokens_and_teacher(eos_model):
-    b = distill.Budget(9, 20, 10**6, 600, batch=4, prompt_positions=4, dtype="float32")
+    b = distill.Budget(9, 20, None, batch=4, prompt_positions=4, dtype="float32")
     seqs = distill.generate(eos_model, SimpleNamespace(pad_token_id=0), _prompts(), b, log=lambda m: None)
     assert len(seqs) == 9
     for (prompt, cap), s in zip(sorted(_prompts(), key=lambda pg: (pg[1], len(pg[0]))), seqs):   # pool order
@@ -104,12 +105,14 @@ def test_build_is_cached_atomic_and_loads(eos_model, tmp_path, monkeypatch):
     monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: _prompts())
     monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
     tok = SimpleNamespace(pad_token_id=0)
-    monkeypatch.setitem(distill.BUDGETS, "ci", distill.Budget(9, 20, 10**6, 600, batch=4, prompt_positions=4,
+    monkeypatch.setitem(distill.BUDGETS, "ci", distill.Budget(9, 20, None, batch=4, prompt_positions=4,
                                                                dtype="float32", eval_every=3))
     out = distill.build("tiny", "ci", eos_model, tok, log=lambda m: None)
     assert out == distill.path_for("tiny", "ci") and not out.with_name(out.name + ".tmp").exists()
     ds = distill.load(out)
     assert ds.meta["sequences"] == 9 and ds.meta["budget_name"] == "ci" and ds.hidden.dtype == torch.bfloat16
+    assert ds.meta["dtype"] == "float32" and ds.meta["truncated_by_time"] is False
+    assert "quality_warning" not in ds.meta                         # every prompt, as the budget says
     held, train = ds.split(True), ds.split(False)
     assert held == [0, 3, 6] and sorted(held + train) == list(range(9))
     mask = ds.greedy_mask()
@@ -132,3 +135,75 @@ def test_missing_or_corrupt_data_is_one_line(tmp_path):
     (tmp_path / "bad" / distill.FILE).write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(FileNotFoundError, match="truncated or corrupt"):
         distill.load(tmp_path / "bad")
+
+
+def test_generation_stops_at_the_positions_target_not_at_a_time(eos_model, monkeypatch):
+    """A budget is a size: generation stops once its greedy positions exist, however slow the clock says it is."""
+    from bpdbench.train import pacing
+    clock = iter(range(0, 10**9, 10**5))                            # every call: 100,000 s later
+    monkeypatch.setattr(pacing.time, "time", lambda: next(clock))
+    b = distill.Budget(9, 20, 25, batch=2, prompt_positions=4, dtype="float32")
+    lines = []
+    pacer = pacing.Pacer("t", b.greedy_positions, lines.append)
+    seqs = distill.generate(eos_model, SimpleNamespace(pad_token_id=0), _prompts(), b, lines.append, pacer)
+    n = [len(s["next_ids"]) - s["n_prompt"] for s in seqs]
+    assert sum(n) >= 25 and sum(n[:-2]) < 25 and len(seqs) < 9       # the batch that crossed it was the last
+    assert not pacer.truncated_by_time and pacer.source == "first batch"
+    assert any("expected" in m and "(first batch)" in m for m in lines)
+
+
+def test_safety_cap_stops_loudly_and_the_data_records_it(eos_model, tmp_path, monkeypatch):
+    """Past 3x the expected time generation stops with a WARNING, and meta.json says truncated_by_time and warns."""
+    import tasks
+    from bpdbench.train import pacing
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: _prompts())
+    monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
+    monkeypatch.setattr(distill, "predict_seconds", lambda *a: 1e-6)  # a calibration that promises far too much
+    monkeypatch.setitem(distill.BUDGETS, "ci", distill.Budget(9, 20, 10**6, batch=2, prompt_positions=4,
+                                                               dtype="float32"))
+    lines = []
+    ds = distill.load(distill.build("tiny", "ci", eos_model, SimpleNamespace(pad_token_id=0), log=lines.append))
+    assert ds.meta["truncated_by_time"] is True and ds.meta["expected_from"] == "calibration"
+    assert "safety time cap" in ds.meta["quality_warning"] and ds.meta["sequences"] < 9
+    assert any(m.startswith("WARNING:") and "safety cap" in m for m in lines)
+    assert any(m.startswith("WARNING:") and "meta.json" in m for m in lines)
+
+
+def test_drafter_below_the_floor_warns_and_a_run_with_it_says_and_records_it(tiny_model_dir, tmp_path, monkeypatch):
+    """A drafter whose held-out depth-1 top-1 is below the floor carries a quality_warning in its report; a run that
+    uses it logs `WARNING:` once and records the warning in config.json and in its summary row."""
+    from dataclasses import replace
+
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    import tasks
+    from bpdbench import models
+    from bpdbench.cli import app
+    from bpdbench.train import drafter, pacing
+    from tests.conftest import write_prompts
+    from tests.drafter_fixtures import synthetic_prompts
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setattr(distill, "prompt_pool", synthetic_prompts)
+    monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
+    monkeypatch.setattr(pacing, "QUALITY_FLOOR", 1.0)
+    monkeypatch.setitem(distill.BUDGETS, "ci", replace(distill.BUDGETS["ci"], n_prompts=12, gen_tokens=12))
+    monkeypatch.setitem(drafter.PROFILES, "ci", replace(drafter.PROFILES["ci"], steps=5))
+    name = str(tiny_model_dir)
+    model, tok = models.load(name, "float32")
+    lines = []
+    path = drafter.train("hydra", "ci", name, model, tok, log=lines.append)
+    report = json.loads((path / "report.json").read_text())
+    warning = report["quality_warning"]
+    assert "below the quality floor" in warning and report["data"]["dtype"] == "float32"
+    assert any(m.startswith("WARNING:") and warning in m for m in lines)
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "run", "--task", "prompts", "--data-file", write_prompts(tmp_path, 3), "--model", name, "--method",
+        "hydra:profile=ci", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32", "--out", tmp_path / "r")])
+    assert result.exit_code == 0, result.output
+    assert len([m for m in result.output.splitlines() if m.startswith("WARNING:") and warning in m]) == 1
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["resolved"]["quality_warning"] == warning
+    assert pd.read_csv(tmp_path / "r" / "summary.csv").iloc[0].quality_warning == warning

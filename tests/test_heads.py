@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from bpdbench import heads as H
@@ -85,3 +86,95 @@ def test_batched_greedy_for_head_training_equals_greedy_decoding(tiny_model):
     for b, p in enumerate(prompts):
         assert new[b].tolist() == decode(tiny_model, p, 12).tokens
     assert torch.all(lp[..., 0] >= lp[..., 1])
+
+
+def test_quick_and_full_are_sizes_in_greedy_positions_in_the_fast_dtype():
+    """Profiles are defined by data: a seconds budget gave one batch and useless heads where bf16 is emulated."""
+    from dataclasses import fields
+    quick, full, ci = (train_heads.PROFILES[k] for k in ("quick", "full", "ci"))
+    assert quick.greedy_positions >= 12000 and full.greedy_positions >= 2.5 * quick.greedy_positions
+    assert quick.gen_dtype == full.gen_dtype == "auto" and ci.gen_dtype == "float32"
+    assert "gen_seconds" not in {f.name for f in fields(train_heads.Profile)}
+
+
+def test_self_distill_stops_at_the_positions_target(tiny_model):
+    prompts = [([5, 17, 3, 42, 8, 11], 12), ([7, 1], 12), ([30, 31, 32, 33], 12)] * 4
+    tok = type("Tok", (), {"pad_token_id": 0})()
+    data = train_heads.self_distill(tiny_model, tok, prompts, 2, lambda m: None, positions=30)
+    n = [len(d[3]) for d in data]
+    assert sum(n) >= 30 and sum(n[:-2]) < 30 and len(data) < len(prompts)
+    everything = train_heads.self_distill(tiny_model, tok, prompts, 2, lambda m: None)
+    assert len(everything) == len(prompts)
+
+
+def _flagged_heads(tiny_model_dir, tmp_path, monkeypatch, lines):
+    """Heads trained on the tiny model with a profile the data cannot fill and a floor they cannot reach."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import tasks
+    from bpdbench.hardware import dtype as dtype_lib
+    from bpdbench.train import pacing
+    monkeypatch.setattr(dtype_lib, "choose", lambda device="cpu", threads=None, fp=None: dtype_lib.DtypeChoice(
+        "float32", "test machine: bfloat16 emulated"))
+    monkeypatch.setattr(pacing, "QUALITY_FLOOR", 1.0)
+    monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
+    prompts = [([5 + i, 17, 3, 42, 8, 11 + i], 10) for i in range(12)]
+    monkeypatch.setattr(train_heads, "prompt_pool", lambda tok, n, max_tokens, seed, gen: prompts[:n])
+    monkeypatch.setitem(train_heads.PROFILES, "ci", train_heads.Profile(
+        n_prompts=12, gen_tokens=10, steps=10, batch_gen=4, num_heads=4, shortlist=64, greedy_positions=10**5,
+        gen_dtype="auto"))
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    return train_heads.train(str(tiny_model_dir), "ci", model, tok, log=lines.append, out=tmp_path / "heads")
+
+
+def test_heads_below_the_floor_warn_and_a_run_with_them_says_and_records_it(tiny_model_dir, tmp_path, monkeypatch):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from bpdbench.cli import app
+    from tests.conftest import write_prompts
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    lines = []
+    out = _flagged_heads(tiny_model_dir, tmp_path, monkeypatch, lines)
+    report = json.loads((out / "report.json").read_text())
+    assert report["gen_dtype"] == "float32" and report["gen_dtype_reason"].startswith("auto: test machine")
+    assert not report["bf16_fit"] and report["truncated_by_time"] is False
+    warning = report["quality_warning"]
+    assert "below the quality floor" in warning and "the prompt pool ran out" in warning
+    assert json.loads((out / "config.json").read_text())["bpdbench"]["training"]["quality_warning"] == warning
+    assert any("greedy positions in batches of 4, float32 (auto: test machine" in m for m in lines)
+    assert any(m.startswith("WARNING:") and "report.json" in m for m in lines)
+
+    prompts = write_prompts(tmp_path, 3)
+    result = CliRunner().invoke(app, [str(a) for a in (
+        "run", "--task", "prompts", "--data-file", prompts, "--model", tiny_model_dir, "--heads-path", out,
+        "--heads", "4", "--limit", "2", "--max-new-tokens", "8", "--dtype", "float32", "--out", tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    said = [m for m in result.output.splitlines() if m.startswith("WARNING:") and warning in m]
+    assert len(said) == 1
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["resolved"]["heads"]["quality_warning"] == warning
+    row = pd.read_csv(tmp_path / "run" / "summary.csv").iloc[0]
+    assert row.quality_warning == warning and row.lossless_rate == 1.0
+
+
+def test_expected_time_from_a_cached_calibration(monkeypatch):
+    """With a calibration cached, the time is predicted before generation and said in one line."""
+    import sys
+    import types
+
+    from bpdbench.train import pacing
+    cal = types.SimpleNamespace(step_ms=50.0, cost=lambda n: 1.0 + n / 16, prefill_tok_per_s=1000.0)
+    fake = types.ModuleType("bpdbench.hardware.calibration")
+    fake.cached = lambda model, dtype, device, threads: cal if dtype == "float32" else None
+    monkeypatch.setitem(sys.modules, "bpdbench.hardware.calibration", fake)
+    prompts = [([1] * 100, 100)] * 64
+    # 16,000 positions / (16 rows x 100 x FILL) batches, each 100 steps of 2 decode steps + 1,600 prompt tokens
+    batches = -(-16000 // (16 * 100 * pacing.FILL))
+    assert pacing.predict_seconds("m", "float32", 16000, 16, prompts) == pytest.approx(batches * (10.0 + 1.6))
+    assert pacing.predict_seconds("m", "bfloat16", 16000, 16, prompts) is None
+    p = pacing.Pacer("quick heads", 16000, print, pacing.predict_seconds("m", "float32", 16000, 16, prompts))
+    assert p.header(16, "float32", "auto: emulated") == (
+        "quick heads: 16,000 greedy positions in batches of 16, float32 (auto: emulated), expected ~3 min "
+        "(calibration)")

@@ -6,6 +6,7 @@ from pathlib import Path
 from .. import paths
 from ..config import RunConfig
 from ..heads import Heads, load as load_heads
+from ..train.pacing import warn_use
 
 
 def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
@@ -34,7 +35,9 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
     heads.pack(model.lm_head)
     training = hcfg.get("bpdbench", {}).get("training", {})
     meta = {"path": str(path), "shortlist": hcfg.get("shortlist"),
-            **{k: training[k] for k in ("profile", "seconds", "greedy_positions", "heldout") if k in training}}
+            **{k: training[k] for k in ("profile", "seconds", "greedy_positions", "gen_dtype", "heldout",
+                                        "quality_warning") if k in training}}
+    warn_use(meta.get("quality_warning"), f"heads {path}", log)   # never used silently
     if str(hcfg.get("shortlist", "")).startswith("MISSING"):
         log(f"warning: {hcfg['shortlist']}")
     return heads, meta

@@ -21,6 +21,7 @@ from .. import paths
 from ..config import RunConfig
 from ..drafters.base import DraftModel, DrafterFileError, load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
+from ..train.pacing import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .env import Env
 
@@ -157,6 +158,7 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
     except DrafterFileError as e:
         raise MethodError(f"{method.label}: {e}") from None
     model = model.to(base.device)
+    warn_use((config.get("training") or {}).get("quality_warning"), f"drafter {where}", env.log)  # never silently
     cache[key] = (model, config)
     return model, config
 
@@ -218,6 +220,8 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDr
         "refine": refine, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
         "trainable_parameters": config.get("trainable_parameters"), "profile": training.get("profile"),
         "heldout": training.get("heldout")}
+    if training.get("quality_warning"):
+        env.resolved[method.label]["quality_warning"] = training["quality_warning"]
     return TrainedDrafter(method.label, model, depth, tree, k, threshold, refiner)
 
 

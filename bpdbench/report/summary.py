@@ -41,7 +41,16 @@ def summarize(records: list[dict], config: dict, quality_metrics: tuple[str, ...
     if nll:
         row["target_ppl"] = math.exp(sum(x for x, _ in nll) / sum(n for _, n in nll))
     row["accepted_per_head"] = " ".join(str(x) for x in total.accepted_per_head)
+    row["quality_warning"] = quality_warning(res)
     return row
+
+
+def quality_warning(resolved: dict) -> str:
+    """The warnings of the heads or drafter a run used (train/pacing.py: below the quality floor, or short data),
+    joined; empty when none: a number made with a flagged artefact never reads as a clean one."""
+    found = [(resolved.get(k) or {}).get("quality_warning") for k in ("heads", "heads_files")]
+    found.append(resolved.get("quality_warning"))
+    return " | ".join(dict.fromkeys(w for w in found if w))
 
 
 def _sampled(row: dict, records: list[dict], config: dict) -> None:

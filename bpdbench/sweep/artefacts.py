@@ -38,6 +38,7 @@ def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
     from .. import models
     from ..methods.sps import DEFAULT_DRAFT, NEURAL
     from ..train.heads import PROFILES
+    from ..train.pacing import resolve_dtype
     cfg: RunConfig = cell.config
     out: dict[str, Artefact] = {}
 
@@ -51,7 +52,8 @@ def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
     def heads(profile: str) -> list[str]:
         if profile == "init" or cfg.heads_path:
             return []
-        a = Artefact("heads", cfg.model, profile, tuple(model(cfg.model, PROFILES[profile].gen_dtype)))
+        gen_dtype = resolve_dtype(PROFILES[profile].gen_dtype, log=lambda m: None)[0]   # auto: this machine's
+        a = Artefact("heads", cfg.model, profile, tuple(model(cfg.model, gen_dtype)))
         out.setdefault(a.id, a)
         return [a.id]
 

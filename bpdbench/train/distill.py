@@ -8,8 +8,9 @@ position, what any drafter needs: the base's final hidden state (bf16, half the 
 produced, its absolute position, and the base's top-8 log-probabilities there (the soft labels). Rows are grouped
 in sequences (the last `prompt_positions` positions of the prompt, then the greedy continuation), so sequential
 drafters (EAGLE, Hydra++'s prefix layer) can run over contiguous features. A budget names its size: generation
-stops at a number of greedy positions (and a wall-clock cap), so the same budget means the same data size on a
-quiet or a busy machine.
+stops at a number of greedy positions, in the machine's fast dtype (auto), so the same budget means the same data
+size on a quiet, a busy or a slow machine. Time only stops it as a failure: past 3x the expected time (said before
+it starts) it stops with a `WARNING:`, and meta.json records `truncated_by_time: true` and a `quality_warning`.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 from .. import models, paths
 from ..config import environment
 from .heads import _greedy_batch, _teacher_topk, prompt_pool
+from .pacing import Pacer, data_warning, predict_seconds, resolve_dtype
 
 Log = Callable[[str], None]
 FILE = "data.pt"
@@ -35,24 +37,24 @@ FILE = "data.pt"
 class Budget:
     n_prompts: int
     gen_tokens: int                  # most greedy tokens per prompt (tasks cap it at their own length)
-    greedy_positions: int            # stop starting batches once this many greedy positions exist
-    seconds: float                   # ... or once this much time is spent (a busy machine)
+    greedy_positions: int | None     # stop starting batches once this many greedy positions exist (None: all)
     batch: int = 32
     max_prompt_tokens: int = 160
     prompt_positions: int = 32       # prompt rows kept per sequence (teacher = the base on real text)
-    dtype: str = "bfloat16"          # the base's dtype while generating
+    dtype: str = "auto"              # the base's dtype while generating (auto: this machine's fast dtype)
     eval_every: int = 10             # every 10th sequence is held out (per-depth agreement)
     shortlist_rank: int = 65536      # how many token ids the frequency ranking keeps
     seed: int = 0
 
 
 # Batches of 32 make 1.7x the greedy tokens per second of 16 on 2 cores (bf16 GEMMs; measured 143 vs 83 tokens/s),
-# so quick holds 28k greedy positions (the quick Medusa heads had 17k, made in 370 s) in about 250 s on idle cores;
-# full 3.2x that. The seconds cap only bites on a busy machine, and the data then says how much it holds.
-# ci: fp32 and tiny, identical on every machine (see train/heads.py on bf16 flips).
-BUDGETS = {"quick": Budget(1024, 128, 28000, 330),
-           "full": Budget(4096, 128, 90000, 1500, max_prompt_tokens=192),
-           "ci": Budget(16, 32, 10**9, 600, batch=8, dtype="float32")}
+# so quick holds 28k greedy positions (the quick Medusa heads had 17k, made in 370 s) in about 250 s on idle cores
+# with native bfloat16; full 3.2x that. The size is the definition; the expected time is said first
+# (train/pacing.py), and only past 3x of it does generation stop, with a warning the data records.
+# ci: fp32 and tiny, every prompt, identical on every machine (see train/heads.py on bf16 flips).
+BUDGETS = {"quick": Budget(1024, 128, 28000),
+           "full": Budget(4096, 128, 90000, max_prompt_tokens=192),
+           "ci": Budget(16, 32, None, batch=8, dtype="float32")}
 
 
 @dataclass
@@ -134,12 +136,16 @@ def build(model_name: str, budget: str, model=None, tok=None, log: Log = print, 
     out = out or path_for(model_name, budget)
     t0 = time.time()
     torch.manual_seed(b.seed)
-    if model is None or model.dtype != getattr(torch, b.dtype) or model.device.type != "cpu":
-        model, tok = models.load(model_name, b.dtype, "cpu")
+    dtype, why = resolve_dtype(b.dtype, log)
+    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
+        model, tok = models.load(model_name, dtype, "cpu")
     prompts = prompt_pool(tok, b.n_prompts, b.max_prompt_tokens, b.seed, b.gen_tokens)
-    log(f"distillation data '{budget}' for {model_name}: up to {len(prompts)} prompts, {b.greedy_positions} "
-        f"greedy positions or {b.seconds:.0f}s, batches of {b.batch}, {b.dtype}")
-    seqs = generate(model, tok, prompts, b, log)
+    pacer = Pacer(f"'{budget}' distillation data", b.greedy_positions, log,
+                  predict_seconds(model_name, dtype, b.greedy_positions, b.batch, prompts)
+                  if b.greedy_positions else None)
+    log(f"distillation data '{budget}' for {model_name}: up to {len(prompts)} prompts")
+    log(pacer.header(b.batch, dtype, why))
+    seqs = generate(model, tok, prompts, b, log, pacer)
     gen_seconds = time.time() - t0
     state = _pack(seqs)
     eos = model.generation_config.eos_token_id
@@ -150,7 +156,14 @@ def build(model_name: str, budget: str, model=None, tok=None, log: Log = print, 
     meta = {"model": model_name, "budget": asdict(b), "budget_name": budget, "sequences": len(seqs),
             "rows": int(state["hidden"].shape[0]), "greedy_positions": n_greedy,
             "generation_seconds": round(gen_seconds, 1), "seconds": round(time.time() - t0, 1),
-            "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), "cpu", b.dtype)}
+            "dtype": dtype, "dtype_reason": why, "truncated_by_time": pacer.truncated_by_time,
+            "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
+            "expected_from": pacer.source,
+            "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), "cpu", dtype)}
+    warning = data_warning(f"the '{budget}' distillation data", n_greedy, b.greedy_positions,
+                           pacer.truncated_by_time)
+    if warning:
+        meta["quality_warning"] = warning
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -160,12 +173,17 @@ def build(model_name: str, budget: str, model=None, tok=None, log: Log = print, 
     tmp.rename(out)
     log(f"distillation data saved to {out}: {len(seqs)} sequences, {meta['rows']} rows ({n_greedy} greedy) in "
         f"{meta['seconds']}s")
+    if warning:
+        log(f"WARNING: {warning}; recorded in {out / 'meta.json'} and the report of every drafter trained on it")
     return out
 
 
 @torch.inference_mode()
-def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: Log) -> list[dict]:
-    """Batched greedy continuations in pool order (windows of 4 batches sorted by length, so little padding)."""
+def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: Log, pacer: Pacer | None = None
+             ) -> list[dict]:
+    """Batched greedy continuations in pool order (windows of 4 batches sorted by length, so little padding), until
+    the budget's greedy positions exist (or the pacer's safety cap stops it, loudly)."""
+    pacer = pacer or Pacer("distillation data", b.greedy_positions, log)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
     stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos])))
@@ -174,12 +192,11 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
         window = sorted(prompts[w: w + 4 * b.batch], key=lambda pg: (pg[1], len(pg[0])))
         batches += [window[s: s + b.batch] for s in range(0, len(window), b.batch)]
     seqs: list[dict] = []
-    t0, last, n_greedy = time.time(), 0.0, 0
+    t0, n_greedy = time.time(), 0
     for i, chunk in enumerate(batches):
-        if n_greedy >= b.greedy_positions or time.time() - t0 + last > b.seconds:
+        if pacer.done(n_greedy, len(batches) - i):
             log(f"  stopped after {i} batches: {n_greedy} greedy positions, {time.time() - t0:.0f}s")
             break
-        tb = time.time()
         width = max(len(p) for p, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
@@ -196,7 +213,8 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
                          "top_lp": torch.cat([p_lp[r, keep - k:], top_lp[r, :n]]),
                          "positions": torch.arange(len(p) - 1 - k, len(p) - 1 + n), "n_prompt": k})
             n_greedy += n
-        last = time.time() - tb
+        if i == 0:
+            pacer.batch_done(n_greedy, len(batches))
         log(f"  {i + 1}/{len(batches)} batches, {n_greedy} greedy positions, {time.time() - t0:.0f}s")
     return seqs
 

@@ -25,6 +25,7 @@ from ..drafters.base import DraftModel, save
 from . import distill
 from .fit import FitConfig, fit
 from .objectives import Rows, agreement, objective
+from .pacing import quality_warning
 
 Log = Callable[[str], None]
 
@@ -163,6 +164,10 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
                  "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
               "environment": environment(torch.get_num_threads(), "cpu", "float32")}
+    report["data"].update({k: ds.meta[k] for k in ("dtype", "truncated_by_time", "quality_warning") if k in ds.meta})
+    warning = quality_warning(saved, (heldout.get("top1") or [None])[0], ds.meta.get("quality_warning"))
+    if warning:
+        report["quality_warning"] = warning
     drafter.shortlist = shortlist
     drafter.emb = None
     default = out is None
@@ -175,6 +180,8 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "
         f"held-out top-1 per depth {heldout['top1']}, expected tokens per chain step "
         f"{heldout['expected_tokens_per_step']}")
+    if warning:
+        log(f"WARNING: {warning}; recorded in {out / 'report.json'} and every run that uses this drafter")
     return out
 
 
@@ -190,7 +197,7 @@ def _base_weights(model_name: str, model) -> tuple[torch.Tensor, torch.Tensor]:
     """The base's frozen token embeddings and projection (bf16 copies are enough: inputs and candidate rows are cast
     per batch), without keeping a second model around."""
     if model is None:
-        model, _ = models.load(model_name, "bfloat16", "cpu")
+        model, _ = models.load(model_name, "auto", "cpu")     # cast to bf16 below whatever it loads in
     embed = model.model.embed_tokens.weight.detach().to("cpu", torch.bfloat16)
     lm_w = model.lm_head.weight.detach().to("cpu", torch.bfloat16)
     return embed, lm_w

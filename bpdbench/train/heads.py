@@ -14,7 +14,7 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .. import models, paths
 from ..heads import Heads, HeadsInfo, save
+from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
 
 TOPK_TEACHER = 8
 
@@ -42,20 +43,26 @@ class Profile:
     eval_fraction: float = 0.125
     greedy_weight: float = 3.0     # sampling weight of greedy positions relative to prompt positions
     seed: int = 0
-    gen_seconds: float | None = None   # stop starting generation batches after this (None: every prompt)
+    greedy_positions: int | None = None  # generate until this many greedy positions exist (None: every prompt)
     fit_seconds: float | None = None   # train for this long, cosine schedule over elapsed time (None: `steps`)
-    bf16_fit: bool = False             # bf16 autocast in the head fit (~1.8x faster on AVX512-BF16, same agreement)
-    gen_dtype: str = "bfloat16"        # the base's dtype while generating the training continuations
+    bf16_fit: bool = False             # bf16 autocast in the head fit (~1.8x faster on AVX512-BF16, same agreement;
+                                       # with gen_dtype auto, only where auto resolves to bfloat16)
+    gen_dtype: str = "auto"            # the base's dtype while generating: auto = this machine's fast dtype
 
 
-# Why budgets for quick/full: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
-# greedy tokens, measured), so the best recipe for a wall-clock limit is "generate until the budget, then fit".
+# Why sizes in greedy positions: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
+# greedy tokens, measured), and a profile defined by seconds gave useless heads on a CPU that emulates bfloat16 (one
+# batch, 401 positions, in 370 s). So quick and full name the data the shipped heads were trained on
+# (results/heads/*_report.json): the 370 s quick budget made ~16.1k greedy positions (240 prompts; 14,495 in the
+# training split), the 2700 s full budget ~41.4k (672 prompts; 37,266 training), 2.6x quick. Generation runs in the
+# machine's fast dtype (auto) and stops at that size; time only stops it past 3x its prediction, loudly
+# (train/pacing.py). The fit stays timed (fit_seconds), so a busier machine fits fewer steps on the same data.
 # `ci` stays step-counted and fp32 end to end, generation included: bf16 kernels round differently on different CPUs,
 # which flipped near-tied greedy tokens in the training continuations, gave other heads on the CI machine and moved
 # the regression baseline by up to 0.1 block efficiency. fp32 makes such flips rare, not impossible.
-PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=160, gen_seconds=370,
+PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=160, greedy_positions=16000,
                              fit_seconds=150, bf16_fit=True, eval_fraction=0.1),
-            "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, gen_seconds=2700,
+            "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
                             fit_seconds=660, bf16_fit=True, eval_fraction=0.1),
             "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")}
 
@@ -111,27 +118,29 @@ def _chat_prompt(tok, doc: str, i: int) -> list[int]:
 
 @torch.inference_mode()
 def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, log: Callable[[str], None],
-                 seconds: float | None = None, prompt_positions: int = 32):
+                 positions: int | None = None, prompt_positions: int = 32, pacer: Pacer | None = None):
     """Batched greedy generation. Per sequence: (hidden [P+G, d], teacher top-k ids [P+G, k] / logprobs, generated
     ids [G], P): the last P positions of the prompt (teacher = the base's distribution over the real text) followed
     by the G greedy positions (teacher = the base's distribution at the greedy choice).
     Prompts are taken in pool order, in windows of 4 batches sorted by (length cap, prompt length) so a batch wastes
-    little on padding or on finished rows; with `seconds`, no batch starts that would likely end past it."""
+    little on padding or on finished rows; with `positions`, no batch starts once that many greedy positions exist
+    (the pacer's safety cap may stop it earlier, loudly: `pacer.truncated_by_time`)."""
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
-    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos])))
+    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])),
+                        dtype=torch.long)
+    pacer = pacer or Pacer("self-distillation", positions, log)
     data = []
     t0 = time.time()
     batches = []
     for w in range(0, len(prompts), 4 * batch):
         window = sorted(prompts[w: w + 4 * batch], key=lambda pg: (pg[1], len(pg[0])))
         batches += [window[s: s + batch] for s in range(0, len(window), batch)]
-    last = 0.0
+    n_greedy = 0
     for i, chunk in enumerate(batches):
-        if seconds is not None and time.time() - t0 + last > seconds:
-            log(f"  self-distillation: budget of {seconds:.0f}s reached after {i} batches")
+        if pacer.done(n_greedy, len(batches) - i):
+            log(f"  self-distillation: stopped after {i} batches, {n_greedy} greedy positions")
             break
-        tb = time.time()
         width = max(len(p) for p, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
@@ -142,12 +151,13 @@ def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, l
             seq = new[b, :cap].tolist()
             n = next((j + 1 for j, t in enumerate(seq) if t in stop), len(seq))  # garbage after EOS
             k = min(keep, len(p) - 1)                     # this prompt's own positions only (no left padding)
-            data.append((torch.cat([prompt_hid[b, width - 1 - k:].float(), hid[b, :n]]),
+            data.append((torch.cat([prompt_hid[b, width - 1 - k:].float(), hid[b, :n].float()]),
                          torch.cat([p_ids[b, keep - k:], top_ids[b, :n]]),
                          torch.cat([p_lp[b, keep - k:], top_lp[b, :n]]), new[b, :n], k))
-        last = time.time() - tb
-        log(f"  self-distillation: {i + 1}/{len(batches)} batches, "
-            f"{sum(len(d[3]) for d in data)} greedy tokens, {time.time() - t0:.0f}s")
+            n_greedy += n
+        if i == 0:
+            pacer.batch_done(n_greedy, len(batches))
+        log(f"  self-distillation: {i + 1}/{len(batches)} batches, {n_greedy} greedy tokens, {time.time() - t0:.0f}s")
     return data
 
 
@@ -302,13 +312,19 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     out = out or heads_dir(model_name, profile)
     t0 = time.time()
     torch.manual_seed(p.seed)
-    if model is None or model.dtype != getattr(torch, p.gen_dtype) or model.device.type != "cpu":
-        model, tok = models.load(model_name, p.gen_dtype, "cpu")  # bf16 is 2-4x faster on CPU; heads fit in fp32
+    dtype, why = resolve_dtype(p.gen_dtype, log)
+    if p.gen_dtype == "auto" and dtype != "bfloat16":
+        p = replace(p, bf16_fit=False)          # bf16 autocast is only faster where bfloat16 is native
+    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
+        model, tok = models.load(model_name, dtype, "cpu")   # the fast dtype generates; heads fit in fp32
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
-    budget = f", generation budget {p.gen_seconds:.0f}s" if p.gen_seconds else ""
-    log(f"training '{profile}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy "
-        f"tokens{budget}")
-    data = self_distill(model, tok, prompts, p.batch_gen, log, p.gen_seconds)
+    pacer = Pacer(f"{profile} heads", p.greedy_positions, log,
+                  predict_seconds(model_name, dtype, p.greedy_positions, p.batch_gen, prompts)
+                  if p.greedy_positions else None)
+    log(f"training '{profile}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
+    log(pacer.header(p.batch_gen, dtype, why))
+    data = self_distill(model, tok, prompts, p.batch_gen, log, p.greedy_positions, pacer=pacer)
+    generated = sum(len(d[3]) for d in data)
     every = max(2, round(1 / p.eval_fraction))  # held-out sequences spread over all prompt lengths and sources
     train_data = [d for i, d in enumerate(data) if i % every]
     eval_data = data[::every]
@@ -323,7 +339,16 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     report = {"profile": profile, "prompts_used": len(data), "train_positions": int(x.shape[0]),
               "greedy_positions": int(gen.sum()),
               "seconds": round(time.time() - t0, 1),
-              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **asdict(p)}
+              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **asdict(p),
+              "gen_dtype": dtype, "gen_dtype_reason": why, "generated_greedy_positions": generated,
+              "truncated_by_time": pacer.truncated_by_time,
+              "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
+              "expected_from": pacer.source}
+    warning = quality_warning(f"'{profile}' heads", (report["heldout"]["top1"] or [None])[0],
+                              data_warning(f"the '{profile}' heads' data", generated, p.greedy_positions,
+                                           pacer.truncated_by_time))
+    if warning:
+        report["quality_warning"] = warning
     heads = Heads(x.shape[1], p.num_heads)
     for i, blk in enumerate(heads.blocks):
         blk[0].linear.weight.data.copy_(w[i])
@@ -332,4 +357,6 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     save(heads, HeadsInfo(model_name, p.num_heads, shortlist_size=len(shortlist), extra={"training": report}), out)
     (out / "report.json").write_text(json.dumps(report, indent=2))
     log(f"heads saved to {out} in {report['seconds']}s; held-out top-1 per head {report['heldout']['top1']}")
+    if warning:
+        log(f"WARNING: {warning}; recorded in {out / 'report.json'} and every run that uses these heads")
     return out

@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .. import models, paths
+from .pacing import FILL, Pacer, predict_seconds, resolve_dtype
 
 Log = Callable[[str], None]
 
@@ -36,11 +37,12 @@ class HistoryProfile:
 
 # A fixed number of prompts, not a time budget, so the history (and every number drafted from it) is the same on
 # every machine. ci: seconds, fp32 (deterministic across CPUs, as the ci heads); quick: 64 prompts x <= 128 greedy
-# tokens, about 4 minutes on 2 idle cores (bf16, batches of 16); full: 1024 prompts, about an hour.
+# tokens, about 4 minutes on 2 idle cores (native bf16, batches of 16); full: 1024 prompts, about an hour. quick and
+# full generate in the machine's fast dtype (auto: float32 where bfloat16 is emulated), and say the expected time
+# first (train/pacing.py).
 PROFILES = {"ci": HistoryProfile(n_prompts=8, gen_tokens=16, max_prompt_tokens=64, batch=8, dtype="float32"),
-            "quick": HistoryProfile(n_prompts=64, gen_tokens=128, max_prompt_tokens=160, batch=16, dtype="bfloat16"),
-            "full": HistoryProfile(n_prompts=1024, gen_tokens=128, max_prompt_tokens=160, batch=16,
-                                   dtype="bfloat16")}
+            "quick": HistoryProfile(n_prompts=64, gen_tokens=128, max_prompt_tokens=160, batch=16, dtype="auto"),
+            "full": HistoryProfile(n_prompts=1024, gen_tokens=128, max_prompt_tokens=160, batch=16, dtype="auto")}
 MINUTES = {"ci": 1, "quick": 4, "full": 60}
 
 
@@ -49,11 +51,13 @@ def history_file(model_name: str, profile: str) -> Path:
 
 
 @torch.inference_mode()
-def greedy_continuations(model, tok, p: HistoryProfile, log: Log) -> tuple[list[list[int]], dict]:
+def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer | None = None,
+                         prompts: list[tuple[list[int], int]] | None = None) -> tuple[list[list[int]], dict]:
     """(continuations, where they came from): batched greedy decoding of `prompt_pool`, each cut after its EOS."""
     from .heads import _greedy_batch, prompt_pool
 
-    prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
+    if prompts is None:
+        prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
     stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])))
@@ -74,10 +78,15 @@ def greedy_continuations(model, tok, p: HistoryProfile, log: Log) -> tuple[list[
             n = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
             out.append(seq[:n])
         used += len(chunk)
+        if i == 0 and pacer is not None:
+            pacer.batch_done(sum(map(len, out)), len(batches))
         log(f"  history: {i + 1}/{len(batches)} batches, {sum(map(len, out))} tokens, {time.time() - t0:.0f}s")
     source = {"kind": "greedy continuations", "prompts": "train.heads.prompt_pool (held-out task slices + C4)",
               "prompts_used": used, "dtype": str(model.dtype).replace("torch.", ""),
               "seconds": round(time.time() - t0, 1)}
+    if pacer is not None:
+        source.update(expected_seconds=None if pacer.predicted is None else round(pacer.predicted, 1),
+                      expected_from=pacer.source)
     return out, source
 
 
@@ -86,11 +95,19 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     if profile not in PROFILES:
         raise ValueError(f"unknown history profile '{profile}'; valid: {', '.join(PROFILES)}")
     p = PROFILES[profile]
-    if model is None or model.dtype != getattr(torch, p.dtype) or model.device.type != "cpu":
-        model, tok = models.load(model_name, p.dtype, "cpu")
-    log(f"model history '{profile}' for {model_name}: {p.n_prompts} prompts x up to {p.gen_tokens} greedy tokens "
-        f"(about {MINUTES[profile]} min on 2 idle cores)")
-    seqs, source = greedy_continuations(model, tok, p, log)
+    dtype, why = resolve_dtype(p.dtype, log)
+    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
+        model, tok = models.load(model_name, dtype, "cpu")
+    from .heads import prompt_pool
+    prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
+    expected = sum(g for _, g in prompts) * FILL          # greedy positions, roughly (EOS ends many rows early)
+    pacer = Pacer(f"'{profile}' model history", None, log,
+                  predict_seconds(model_name, dtype, int(expected), p.batch, prompts))
+    log(f"model history '{profile}' for {model_name} (about {MINUTES[profile]} min on 2 idle cores with native "
+        f"bfloat16)")
+    log(pacer.header(p.batch, dtype, why, size=f"{len(prompts)} prompts x up to {p.gen_tokens} greedy tokens"))
+    seqs, source = greedy_continuations(model, tok, p, log, pacer, prompts)
+    source["dtype_reason"] = why
     path = Path(out) if out else history_file(model_name, profile)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": model_name, "profile": profile, "settings": asdict(p), "source": source,
