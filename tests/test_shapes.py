@@ -93,3 +93,124 @@ def test_tree_paths_drive_medusa():
     lat = Lattice(torch.arange(16).view(4, 4), torch.zeros(4, 4))
     drafts = MedusaTree("t", s.tree).refine(lat, [])
     assert len(drafts) == len(s.tree) and drafts[0] == [0]
+
+
+def test_per_step_sizes_cost_the_mean_of_c():
+    """Half the steps find nothing (1 token verified): the cost is the mean of c, which is below c at the mean."""
+    steps = [[1] * 8, [0] * 8] * 10
+    s = best_chain(ACCEPT, AVX2, "tokens", steps=steps, lengths=[8])
+    assert s.verify == pytest.approx(5.0)
+    assert s.verify_cost == pytest.approx((AVX2.cost(9) + 1.0) / 2)
+
+
+# ---- `auto` parameters: parsing, resolution in the session, the held-out slice ----------------------------------
+
+def test_auto_parses_and_keeps_its_label():
+    from bpdbench.methods import parse
+    for spelling, auto in [("bpd:heads=auto", ["heads"]), ("pld:tokens=auto", ["tokens"]),
+                           ("sps:gamma=auto", ["gamma"]), ("cascade:length=auto", ["length"]),
+                           ("hierarchy:candidates=auto,length=auto", ["candidates", "length"]),
+                           ("medusa:nodes=auto", ["nodes"]), ("ngram4:heads=auto", ["heads"])]:
+        m = parse(spelling)
+        assert m.label == spelling and m.auto == auto
+    assert parse("medusa:tree=auto").auto == [] and parse("medusa-auto").label == "medusa:tree=auto"
+    concrete = parse("bpd:heads=auto,threshold=0.4").resolved({"heads": 3})
+    assert concrete.label == "bpd:heads=auto,threshold=0.4" and concrete.params == {"heads": 3, "threshold": 0.4}
+
+
+@pytest.mark.parametrize("spelling,needle", [
+    ("bpd:heads=foo", "heads='foo' is not a int or auto"),
+    ("pld:ngram=auto", "ngram='auto' is not a int"),
+    ("16best-0gram:heads=auto", "heads='auto' is not a int"),          # a tree's size is not its head count
+    ("sps:gamma=auto,schedule=heuristic", "schedule=fixed"),
+    ("cascade:length=auto,split=20", "split=20 exceeds length=16"),
+])
+def test_bad_auto_spellings_are_one_line_errors(spelling, needle):
+    from bpdbench.methods import MethodError, parse
+    with pytest.raises(MethodError) as e:
+        parse(spelling)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.fixture
+def session_for(tiny_model_dir, tmp_path, monkeypatch):
+    from conftest import write_prompts
+    from bpdbench.config import RunConfig
+    from bpdbench.experiments import autoshape, session
+    from bpdbench.methods import parse_list
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    costs = {"cost": TableCost({64: 1.0}, step_ms=1e9)}       # flat, drafting free; tests swap it
+    monkeypatch.setattr(autoshape, "cost_model", lambda s: costs["cost"])
+    monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
+    prompts = write_prompts(tmp_path, 12)
+
+    def make(methods: str, **cfg):
+        logs: list[str] = []
+        run = RunConfig(task="prompts", data_file=str(prompts), model=str(tiny_model_dir), dtype="float32",
+                        max_new_tokens=24, heads_profile="init", limit=4, **cfg)
+        ms = parse_list(methods)
+        return session.open_session(run, logs.append, methods=ms), ms, logs, costs
+    return make
+
+
+def test_auto_resolves_records_and_caches(session_for):
+    from bpdbench.engine import EmptyDrafter
+    s, (pld, bpd), logs, costs = session_for("pld:tokens=auto,bpd:heads=auto")
+    d = s.drafter(pld)
+    rec = s.env.resolved["pld:tokens=auto"]
+    chosen = rec["auto"]["params"]["tokens"]
+    assert d.name == "pld:tokens=auto" and d.tokens == chosen == rec["tokens"] and 1 <= chosen <= 16
+    assert rec["auto"]["speedup"] > 1 and rec["auto"]["heldout"]["overlaps_evaluated"] is False
+    line = [m for m in logs if m.startswith("pld:tokens=auto -> ")]
+    assert len(line) == 1 and f"tokens={chosen} (predicted" in line[0] and "break-even" in line[0]
+    assert s.meta([pld])["resolved"]["methods"]["pld:tokens=auto"]["auto"]["params"] == {"tokens": chosen}
+    # cached: no second measurement; steeper costs choose again from the cached curve
+    costs["cost"] = TableCost({2: 1.6, 64: 40.0}, step_ms=1e9)
+    n_measuring = sum("measuring" in m for m in logs)
+    d2 = s.drafter(pld)
+    assert sum("measuring" in m for m in logs) == n_measuring
+    assert isinstance(d2, EmptyDrafter) or d2.tokens <= chosen
+    costs["cost"] = TableCost({2: 5.0}, step_ms=1e9)                # nothing pays: draft nothing
+    d3 = s.drafter(bpd)
+    assert isinstance(d3, EmptyDrafter) and d3.name == "bpd:heads=auto"
+    assert s.env.resolved["bpd:heads=auto"]["auto"]["draft_nothing"] is True
+    assert any("bpd:heads=auto -> draft nothing" in m for m in logs)
+
+
+def test_auto_decodes_losslessly(session_for):
+    s, (m,), logs, _ = session_for("cascade:top=none,bottom=lookup,length=auto")
+    d = s.drafter(m)
+    prompt = s.prompt(s.examples[0])
+    assert s.decode(d, prompt).tokens == s.reference.get(prompt, s.limits)[0]
+    assert s.env.resolved[m.label]["length"] == s.env.resolved[m.label]["auto"]["params"]["length"]
+
+
+def test_heldout_slice_never_overlaps_evaluated_examples(session_for, tmp_path):
+    from types import SimpleNamespace
+    from bpdbench.config import RunConfig
+    from bpdbench.experiments import autoshape
+    from bpdbench.experiments.session import select_examples
+    # a task with a held-out slice (squad, from the shared data)
+    cfg = RunConfig(task="squad", limit=20)
+    try:
+        evaluated = select_examples(cfg)
+    except Exception as e:                                      # no shared data here
+        pytest.skip(f"squad data unavailable: {e}")
+    s = SimpleNamespace(cfg=cfg, examples=evaluated, prompt=lambda ex: [1], log=print, tok=None)
+    chosen, source = autoshape.heldout(s)
+    assert chosen and not {ex.id for ex, _ in chosen} & {ex.id for ex in select_examples(cfg.replace(limit=None))}
+    assert source["source"] == "squad held-out slice"
+    # a task without one and no other task's data: examples outside the run's selection, else said to overlap
+    from conftest import write_prompts
+    prompts = str(write_prompts(tmp_path, 12))
+    empty = tmp_path / "no-data"
+    empty.mkdir()
+    cfg = RunConfig(task="prompts", data_file=prompts, data_dir=str(empty), limit=4)
+    s = SimpleNamespace(cfg=cfg, examples=select_examples(cfg), prompt=lambda ex: [1], log=print, tok=None)
+    chosen, source = autoshape.heldout(s)
+    assert not {ex.id for ex, _ in chosen} & {ex.id for ex in s.examples} and not source["overlaps_evaluated"]
+    cfg = cfg.replace(limit=None)
+    logs: list[str] = []
+    s = SimpleNamespace(cfg=cfg, examples=select_examples(cfg), prompt=lambda ex: [1], log=logs.append, tok=None)
+    chosen, source = autoshape.heldout(s)
+    assert source["overlaps_evaluated"] and logs and "overlaps_evaluated" in logs[0]

@@ -155,22 +155,44 @@ def expected_tokens(accept: list[float], n: int) -> float:
 
 def best_chain(accept: list[float], cost: CostModel, param: str = "n", draft: Steps = 0.0,
                verify: Callable[[int], float] | None = None, lengths: Iterable[int] | None = None,
-               tree: bool = False, fixed: dict | None = None) -> Shape:
+               tree: bool = False, fixed: dict | None = None, steps: list[list[int]] | None = None) -> Shape:
     """The best chain length n in `lengths` (default 1..len(accept); 0, drafting nothing, is always considered).
 
     `accept[i-1]` = P(the first i draft tokens are all accepted), non-increasing; `draft`: decode steps of drafting
     n tokens (a constant or a function of n); `verify`: tokens one verify forward scores with n draft tokens
-    (default n + 1; a lookup method that often finds nothing verifies fewer on average, and gives its own)."""
+    (default n + 1). `steps` (measured, per step: draft nodes at depth 1, 2, ...) replaces both for drafters whose
+    verified size varies from step to step (a lookup that finds nothing verifies 1 token, several candidates
+    verify a trie): the cost is then the mean of c over the steps, not c at the mean size."""
+    return pick(chain_options(accept, cost, param, draft, verify, lengths, tree, fixed, steps))
+
+
+def chain_options(accept: list[float], cost: CostModel, param: str = "n", draft: Steps = 0.0,
+                  verify: Callable[[int], float] | None = None, lengths: Iterable[int] | None = None,
+                  tree: bool = False, fixed: dict | None = None, steps: list[list[int]] | None = None
+                  ) -> list[Option]:
+    """Every chain length of `best_chain` as an Option (to pick jointly with other parameters' options)."""
     accept = [min(max(float(a), 0.0), 1.0) for a in accept]
     lengths = range(1, len(accept) + 1) if lengths is None else lengths
+    memo: dict[int, float] = {}
+
+    def c(size: int) -> float:
+        if size not in memo:
+            memo[size] = float(cost.cost(size, tree=tree))
+        return memo[size]
+
     opts = []
     for n in lengths:
         if not 1 <= n <= len(accept):
             continue
-        size = verify(n) if verify is not None else n + 1
-        opts.append(Option({**(fixed or {}), param: n}, expected_tokens(accept, n), size,
-                           _cost(cost, size, tree), _steps(draft, n)))
-    return pick(opts)
+        if steps:
+            sizes = [1 + sum(s[:n]) for s in steps]
+            size, verify_cost = sum(sizes) / len(sizes), sum(map(c, sizes)) / len(sizes)
+        else:
+            size = verify(n) if verify is not None else n + 1
+            verify_cost = _cost(cost, size, tree)
+        opts.append(Option({**(fixed or {}), param: n}, expected_tokens(accept, n), size, verify_cost,
+                           _steps(draft, n)))
+    return opts
 
 
 def _cost(cost: CostModel, size: float, tree: bool) -> float:
