@@ -214,3 +214,25 @@ def test_heldout_slice_never_overlaps_evaluated_examples(session_for, tmp_path):
     s = SimpleNamespace(cfg=cfg, examples=select_examples(cfg), prompt=lambda ex: [1], log=logs.append, tok=None)
     chosen, source = autoshape.heldout(s)
     assert source["overlaps_evaluated"] and logs and "overlaps_evaluated" in logs[0]
+
+
+def test_auto_for_hierarchy_sps_and_medusa_trees(session_for, tiny_model_dir):
+    s, methods, logs, costs = session_for(f"hierarchy:order=c,candidates=auto,length=auto,"
+                                          f"sps:model={tiny_model_dir},gamma=auto,medusa:nodes=auto")
+    prompt = s.prompt(s.examples[0])
+    greedy = s.reference.get(prompt, s.limits)[0]
+    for m in methods:
+        d = s.drafter(m)
+        auto = s.env.resolved[m.label]["auto"]
+        assert d.name == m.label and s.decode(d, prompt).tokens == greedy, m.label
+        assert not auto["draft_nothing"], m.label                     # flat costs: drafting always pays
+    h = s.env.resolved["hierarchy:order=c,candidates=auto,length=auto"]
+    assert {"candidates", "length"} <= set(h["auto"]["params"]) and h["candidates"] == h["auto"]["params"]["candidates"]
+    sps = s.env.resolved[f"sps:model={tiny_model_dir},gamma=auto"]
+    assert sps["gamma"] == 8                                           # the draft model is the target: all accepted
+    med = s.env.resolved["medusa:nodes=auto"]
+    assert med["nodes"] == med["auto"]["params"]["nodes"] == len(med["auto"]["tree"])
+    costs["cost"] = TableCost({8: 1.9, 16: 2.2, 64: 4.6}, step_ms=1e9)
+    s.drafter(methods[2])
+    steep = s.env.resolved["medusa:nodes=auto"]["auto"]
+    assert steep["draft_nothing"] or len(steep["tree"]) < len(med["auto"]["tree"])    # AVX2 costs: a smaller tree
