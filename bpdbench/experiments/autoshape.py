@@ -39,6 +39,7 @@ from ..config import ConfigError
 from ..engine import EmptyDrafter, replay, teacher_forced
 from ..hardware import shapes
 from ..methods import Method, MethodError
+from ..methods.base import AUTO
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
@@ -66,6 +67,7 @@ class Measured:
     draft_ms_step: float                  # drafting time per step
     draft_ms_token: float                 # drafting time per drafted token (first path)
     tree: bool                            # some step verified more than one path
+    per_token: bool = False               # drafting time grows with the draft (a draft model, sequential drafter)
     ranks: list[list[float]] = field(default_factory=list)   # p[d][r] for lattice methods
 
     def to_dict(self) -> dict:
@@ -163,7 +165,9 @@ def heldout(s, n: int | None = None) -> tuple[list[tuple[Any, list[int]]], dict]
 
 def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: dict) -> Measured:
     """Replay `method` (concrete) along the greedy output of each example."""
-    rec = _Recorder(method.spec.build(s.env, method))
+    drafter = method.spec.build(s.env, method)
+    per_token = hasattr(drafter, "gamma0") or getattr(getattr(drafter, "model", None), "kind", "") == "sequential"
+    rec = _Recorder(drafter)
     total = None
     for ex, prompt in examples:
         greedy, _ = s.reference.get(prompt, s.limits)
@@ -181,7 +185,7 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     accept = [a / total.steps for a in total.accepted_per_head]
     return Measured(accept, rec.nodes, total.steps, 1000 * rec.seconds / total.steps,
                     1000 * rec.seconds / max(rec.drafted, 1), any(max(d, default=0) > 1 for d in rec.nodes),
-                    rank_acceptance(rec.ranks))
+                    per_token, rank_acceptance(rec.ranks))
 
 
 def _with(method: Method, **values) -> Method:
@@ -207,6 +211,13 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
     if "nodes" in auto:
         m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
         return [(m, {})]
+    if method.spec.family == "drafter":                  # trained drafters: tree width x depth
+        from ..methods.trained import AUTO_WIDTHS
+        given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
+        d = given.spec.build(s.env, _with(given, tree=0))
+        depth = method.concrete("depth", d.model.depth)
+        widths = [w for w in AUTO_WIDTHS if w <= len(d.model.proj)] if "tree" in auto else [method.get("tree", 0)]
+        return [(_with(given, tree=w, depth=depth), {"tree": w} if "tree" in auto else {}) for w in widths]
     raise MethodError(f"{method.label}: auto is not supported for {', '.join(sorted(auto))} of {name}")
 
 
@@ -234,12 +245,16 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
             name, "heads"), list(range(1, n + 1))
         if name == "hierarchy" and "length" not in auto:
             lengths = [method.get("length", 5)]
+        elif method.spec.family == "drafter":
+            param = "depth"
+            if "depth" not in auto and method.get("depth") is not None:
+                lengths = [method.get("depth")]
         elif name == "cascade":
             from ..methods.cascade import _shape
             lengths = list(range(max(_shape(_with(method, length=CASCADE_MAX))[1], 1), n + 1))
         top = max(lengths + [n])
         accept = meas.accept + [0.0] * (top - len(meas.accept))
-        opts += shapes.chain_options(accept, cost, param, per_step(meas, name == "sps"), lengths=lengths,
+        opts += shapes.chain_options(accept, cost, param, per_step(meas, meas.per_token), lengths=lengths,
                                      tree=meas.tree, fixed=fixed, steps=meas.nodes)
     return shapes.pick(opts)
 

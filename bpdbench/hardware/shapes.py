@@ -89,7 +89,7 @@ class Shape:
 
     def describe(self, label: str) -> str:
         """`bpd:heads=auto -> heads=3 (predicted 1.21x AR; E=1.9 tokens/step at c(4)=1.6; break-even 1.6)`."""
-        chosen = ",".join(f"{k}={v}" for k, v in self.params.items() if k != "tree")
+        chosen = ",".join(f"{k}={v}" for k, v in self.params.items())
         if self.tree is not None:
             chosen = ",".join(filter(None, [chosen, f"{len(self.tree)}-node tree"]))
         if self.draft_nothing:
