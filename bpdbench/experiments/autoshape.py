@@ -318,5 +318,8 @@ def resolve(s, method: Method):
             tree.use(shape.tree)
             s.env.resolved[label].update(nodes=tree.p)
     s.env.resolved.setdefault(label, {})["auto"] = {**shape.to_dict(), "heldout": record}
-    s.log(shape.describe(label) + f" [{record['source']}]")
+    line = shape.describe(label) + f" [{record['source']}]"
+    if s.env.cache.get(("auto-shape", label)) != line:     # once per session and choice
+        s.env.cache[("auto-shape", label)] = line
+        s.log(line)
     return drafter

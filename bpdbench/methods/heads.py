@@ -147,8 +147,8 @@ SPECS = [MethodSpec("bpd", "blockwise parallel decoding: the heads' top-1 draft,
                     lambda env, m: build(env, m), (HEADS_AUTO, THRESHOLD), _needs_heads, family="heads")]
 TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, or auto (built from the heads' held-out accuracy)",
              choices=("mc_sim_7b_63", "auto"))
-NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (auto: the size and tree fastest on "
-              "this machine, from per-rank acceptance on held-out examples)", low=1, auto=True)
+NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (auto: the size and tree "
+              "fastest on this machine, from per-rank acceptance on held-out examples)", low=1, auto=True)
 for _r in rescorers.RESCORERS.values():
     if _r.kind == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
         continue
