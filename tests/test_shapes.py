@@ -259,3 +259,12 @@ def test_auto_for_trained_drafter_trees(session_for, tiny_model_dir, tmp_path):
     assert set(hydra["params"]) <= {"tree", "depth"}
     eagle = s.env.resolved["eagle:depth=auto"]["auto"]
     assert all(set(c["params"]) == {"depth"} for c in eagle["curve"][1:])
+
+
+def test_medusa_nodes_takes_the_trees_first_nodes(session_for):
+    from rescorers.medusa import MC_SIM_7B_63
+    s, (m,), logs, _ = session_for("medusa:nodes=5")
+    d = s.drafter(m)
+    assert d.refiner.choices == MC_SIM_7B_63[:5] and s.env.resolved["medusa:nodes=5"]["nodes"] == 5
+    prompt = s.prompt(s.examples[0])
+    assert s.decode(d, prompt).tokens == s.reference.get(prompt, s.limits)[0]

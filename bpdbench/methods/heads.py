@@ -121,8 +121,12 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
                                   "alpha": alpha, "alpha_source": source}
     if isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes
-        tree = getattr(refiner, "tree", refiner)
-        tree.use(tree.choices[: method.params["nodes"]])
+        tree, nodes = getattr(refiner, "tree", refiner), method.params["nodes"]
+        if spec.tree == "auto":           # Medusa's greedy search stopped at N nodes (its list is sorted by depth)
+            from rescorers.medusa import tree_from_report
+            tree.use(tree_from_report(meta, spec.name, nodes))
+        else:                             # mc_sim_7b_63 is listed best first
+            tree.use(tree.choices[:nodes])
         env.resolved[method.label].update(nodes=tree.p)
     return HeadsDrafter(method.label, heads, n, env.model.lm_head, k, threshold, refiner)
 
