@@ -50,9 +50,10 @@ def methods(model: str = _M, heads_profile: str = _HP, heads_path: Optional[str]
     for spec in REGISTRY.values():
         needs = spec.needs(model, cfg) if spec.needs else []
         state = ", ".join(f"{what} {'ready' if ok else 'MISSING'}" for what, ok in needs) or "nothing"
-        params = ",".join(p.name for p in spec.params)
+        params = ",".join(p.name + ("~" if p.auto else "") for p in spec.params)
         print(f"{spec.name:16s} {('[' + params + ']') if params else '':28s} {spec.description}")
         print(f"{'':16s} needs: {state}{'; timed with speed only' if spec.external else ''}")
+    print("~: the parameter also takes `auto`, the shape fastest on this machine (README: draft shapes)")
 
 
 @app.command()

@@ -57,7 +57,11 @@ class RescoredTree:
     side branches are the heads' alternatives."""
 
     def __init__(self, name: str, tree: "MedusaTree", local):
-        self.name, self.tree, self.local, self.p = name, tree, local, tree.p
+        self.name, self.tree, self.local = name, tree, local
+
+    @property
+    def p(self) -> int:
+        return self.tree.p
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.local.reset(prompt_ids)
@@ -76,7 +80,13 @@ class RescoredTree:
 class MedusaTree:
     def __init__(self, name: str, choices: list[list[int]] | None = None):
         self.name = name
-        self.choices = choices or MC_SIM_7B_63
+        self.use(choices or MC_SIM_7B_63)
+
+    def use(self, choices: list[list[int]]) -> None:
+        """Verify these rank paths from now on (a tree sized for the machine, bpdbench/hardware/shapes.py)."""
+        if not choices:
+            raise ValueError(f"{self.name}: a tree needs at least one node")
+        self.choices = [list(c) for c in choices]
         self.p = len(self.choices)
         self.depth = max(map(len, self.choices))
         self.width = max(max(c) for c in self.choices) + 1

@@ -83,7 +83,7 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
         return None
     with_k = [m for m in chosen if "k" in {p.name for p in m.spec.params}] if chosen is not None else []
     ks = [(m.label, m.get("k", cfg.k)) for m in with_k] or ([("--k", cfg.k)] if chosen is None else [])
-    n_heads = max([m.get("heads", cfg.heads) for m in chosen] if chosen else [cfg.heads])
+    n_heads = max([m.concrete("heads", cfg.heads) for m in chosen] if chosen else [cfg.heads])
     info, where = None, "the model's vocabulary"
     if cfg.heads_profile != "init" or cfg.heads_path:
         path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(cfg.model, cfg.heads_profile)

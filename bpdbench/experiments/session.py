@@ -136,6 +136,9 @@ class Session:
             raise ConfigError(f"{method.label} runs transformers' own loop: it can be timed with `bpdbench speed`, "
                               f"not decoded step by step or replayed")
         try:
+            if method.auto:                   # `auto` shape parameters: sized for this machine, then built
+                from .autoshape import resolve
+                return resolve(self, method)
             return method.spec.build(self.env, method)
         except MethodError as e:
             raise ConfigError(str(e)) from None

@@ -4,12 +4,19 @@ One grammar for every command: `name[:key=value,...]`, e.g. `bpd`, `bpd:heads=4,
 `pld:tokens=10`. Parameters a spelling does not give take the run's options (`--heads`, `--k`,
 `--draft-threshold`, `--alpha`); the canonical label names only what was given, so `bpd:heads=8` and `bpd` with
 `--heads 8` are the same method and one label means one thing everywhere.
+
+Shape parameters declared with `auto=True` also take the literal `auto` (`bpd:heads=auto`, `pld:tokens=auto`): the
+session resolves them per machine before building (experiments/autoshape.py) into a method with concrete values
+that keeps the `auto` label, so results of one spelling stay comparable across machines.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+
+AUTO = "auto"
 
 
 class MethodError(ValueError):
@@ -24,12 +31,17 @@ class Param:
     low: float | None = None      # inclusive lower bound for numbers
     high: float | None = None     # exclusive upper bound for numbers
     choices: tuple[str, ...] = ()
+    auto: bool = False            # also takes `auto`: the shape that is fastest on this machine (autoshape.py)
 
     def parse(self, method: str, raw: str) -> Any:
+        if self.auto and raw == AUTO:
+            return AUTO
         try:
             value = self.type(raw)
         except ValueError:
-            raise MethodError(f"{method}: {self.name}={raw!r} is not a {self.type.__name__} ({self.help})") from None
+            also = " or auto" if self.auto else ""
+            raise MethodError(f"{method}: {self.name}={raw!r} is not a {self.type.__name__}{also} "
+                              f"({self.help})") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise MethodError(f"{method}: {self.name} must be a finite number, got {raw}")
         if self.low is not None and value < self.low:
@@ -74,14 +86,31 @@ class MethodSpec:
 class Method:
     spec: MethodSpec
     params: dict
+    spelled: str = ""             # a resolved `auto` method keeps the label it was asked for (autoshape.py)
 
     @property
     def name(self) -> str:
         return self.spec.name
 
     @property
+    def auto(self) -> list[str]:
+        """The parameters given as `auto` (shape parameters to resolve for this machine)."""
+        return [p.name for p in self.spec.params if p.auto and self.params.get(p.name) == AUTO]
+
+    def resolved(self, values: dict) -> "Method":
+        """The same method with concrete values for its `auto` parameters, under its original label."""
+        return Method(self.spec, {**self.params, **values}, self.label)
+
+    def concrete(self, name: str, default: Any = None) -> Any:
+        """A parameter's value, `default` where it is not given or still `auto` (checks before resolution)."""
+        v = self.params.get(name, default)
+        return default if v == AUTO else v
+
+    @property
     def label(self) -> str:
         """The canonical spelling: parameters in declaration order, only those given."""
+        if self.spelled:
+            return self.spelled
         given = [f"{p.name}={_fmt(self.params[p.name])}" for p in self.spec.params if p.name in self.params]
         return self.spec.name + (":" + ",".join(given) if given else "")
 

@@ -44,6 +44,7 @@ from .lookup import MaG, ContextIndex, cut_after_eos
 from .sps import DraftModelDrafter
 
 TOPS = ("bpd", "sps", "none")
+AUTO_LENGTH = 16          # length=auto chooses among split..16 (experiments/autoshape.py)
 BOTTOMS = ("mag", "lookup", "none")
 
 
@@ -143,6 +144,7 @@ def _shape(method: Method) -> tuple[str, int, int, str, int]:
 def _check(method: Method) -> None:
     """Shapes that cannot work, refused when the spelling is parsed (before any model loads)."""
     top, split, length, bottom, vertical = _shape(method)
+    length = AUTO_LENGTH if length == "auto" else length
     label, given = method.label, set(method.params)
     if top == "none" and "split" in given:
         raise MethodError(f"{label}: split= needs a top level (top=bpd or top=sps); top=none drafts with MaG only")
@@ -219,7 +221,8 @@ SPECS = [MethodSpec("cascade", "cascade drafting (CS-Drafting), exact: a top dra
                            "model), none (MaG only)",
                            choices=TOPS),
                      Param("split", int, "draft positions from the top level (default: bpd 2, sps 4)", low=0),
-                     Param("length", int, "total draft length (the bottom level drafts the rest)", low=1),
+                     Param("length", int, "total draft length (the bottom level drafts the rest; auto: the length "
+                           "fastest on this machine, at least split)", low=1, auto=True),
                      Param("bottom", str, "the bottom level: mag (n-gram match, then bigram), lookup (match only), "
                            "none", choices=BOTTOMS),
                      Param("vertical", int, "1: the bottom level drafts for the draft model (top=sps)", low=0, high=2),

@@ -20,6 +20,8 @@ from .. import paths
 from ..config import RunConfig
 from ..engine import DraftContext, Lattice, Proposal
 from ..heads import Heads
+from dataclasses import replace
+
 from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .env import Env
 
@@ -118,6 +120,14 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     k = k if refiner is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
     env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
                                   "alpha": alpha, "alpha_source": source}
+    if isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes
+        tree, nodes = getattr(refiner, "tree", refiner), method.params["nodes"]
+        if spec.tree == "auto":           # Medusa's greedy search stopped at N nodes (its list is sorted by depth)
+            from rescorers.medusa import tree_from_report
+            tree.use(tree_from_report(meta, spec.name, nodes))
+        else:                             # mc_sim_7b_63 is listed best first
+            tree.use(tree.choices[:nodes])
+        env.resolved[method.label].update(nodes=tree.p)
     return HeadsDrafter(method.label, heads, n, env.model.lm_head, k, threshold, refiner)
 
 
@@ -135,18 +145,23 @@ def _needs(rescorer: str):
 
 
 _P = (HEADS, THRESHOLD, K, ALPHA)
+# single-draft methods verify heads + 1 tokens a step, so heads=auto is the chain length fastest on this machine
+HEADS_AUTO = replace(HEADS, help="use the first N heads (auto: the count fastest on this machine)", auto=True)
 SPECS = [MethodSpec("bpd", "blockwise parallel decoding: the heads' top-1 draft, verified in one forward",
-                    lambda env, m: build(env, m), (HEADS, THRESHOLD), _needs_heads, family="heads")]
+                    lambda env, m: build(env, m), (HEADS_AUTO, THRESHOLD), _needs_heads, family="heads")]
 TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, or auto (built from the heads' held-out accuracy)",
              choices=("mc_sim_7b_63", "auto"))
+NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (auto: the size and tree "
+              "fastest on this machine, from per-rank acceptance on held-out examples)", low=1, auto=True)
 for _r in rescorers.RESCORERS.values():
     if _r.kind == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
         continue
-    _params = (HEADS, THRESHOLD, K, ALPHA) if _r.interpolates else (HEADS, THRESHOLD, K)
-    _params = (TREE,) + _params if _r.name == "medusa" else _params
+    _heads = HEADS_AUTO if _r.p == 1 else HEADS
+    _params = (_heads, THRESHOLD, K, ALPHA) if _r.interpolates else (_heads, THRESHOLD, K)
+    _params = (TREE, NODES) + _params if _r.name == "medusa" else _params
     SPECS.append(MethodSpec(_r.name, _r.description, lambda env, m, r=_r.name: build(env, m, r), _params,
                             _needs(_r.name), family="heads"))
 SPECS.append(MethodSpec("hf-lm", "local rescoring with any same-tokenizer HF model (model=<registered name, folder "
                         "or Hub id>)", lambda env, m: build(env, m, "hf"),
-                        (Param("model", str, "the rescoring model"), HEADS, THRESHOLD, K, ALPHA), _needs_heads,
+                        (Param("model", str, "the rescoring model"), HEADS_AUTO, THRESHOLD, K, ALPHA), _needs_heads,
                         family="heads"))

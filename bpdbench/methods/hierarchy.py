@@ -133,8 +133,10 @@ SPECS = [MethodSpec("hierarchy", "Hierarchy Drafting: short candidates from the 
                     "history and a corpus n-gram table, probed in that order, verified together as one trie", build,
                     (Param("order", str, "databases in probing order: c context, s model history, l static corpus",
                            choices=ORDERS),
-                     Param("candidates", int, "most candidates verified per step", low=1),
-                     Param("length", int, "tokens per candidate", low=1),
+                     Param("candidates", int, "most candidates verified per step (auto: with length, the shape "
+                           "fastest on this machine)", low=1, auto=True),
+                     Param("length", int, "tokens per candidate (auto: the length fastest on this machine)", low=1,
+                           auto=True),
                      Param("ngram", int, "longest context n-gram used as a key", low=1),
                      Param("history", str, "model-history profile (train/history.py)", choices=tuple(PROFILES))),
                     _needs, family="lookup")]

@@ -51,5 +51,6 @@ def build(env: Env, method: Method) -> PromptLookupDrafter:
 
 SPECS = [MethodSpec("pld", "prompt lookup: copy what followed the last n-gram's earliest earlier occurrence "
                     "(transformers' prompt_lookup_num_tokens semantics, in our loop)", build,
-                    (Param("tokens", int, "draft length", low=1), Param("ngram", int, "longest n-gram matched", low=1)),
+                    (Param("tokens", int, "draft length (auto: the length fastest on this machine)", low=1, auto=True),
+                     Param("ngram", int, "longest n-gram matched", low=1)),
                     family="lookup")]

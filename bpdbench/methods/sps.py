@@ -171,6 +171,12 @@ def _neural(env: Env, tag: str):
     return NeuralDraftLM(lm, env.model.lm_head.weight.shape[0])
 
 
+def _check(method: Method) -> None:
+    if method.get("gamma") == "auto" and method.get("schedule") == "heuristic":
+        raise MethodError(f"{method.label}: gamma=auto picks one fixed draft length for this machine; the heuristic "
+                          f"schedule changes it every step: pass schedule=fixed or a start value gamma=N")
+
+
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     import importlib.util
     from .. import models
@@ -188,7 +194,8 @@ SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft mod
                     "sampled from its own q at T > 0; Leviathan et al.), verified in our loop", build,
                     (Param("model", str, "the draft model: a registered model, an HF folder or id, or one of our neural LMs "
                            "neural-s|m|l (default: qwen2.5-coder-0.5b for the 1.5B, neural-s for the 0.5B)"),
-                     Param("gamma", int, "draft length (start value under the heuristic schedule)", low=1),
+                     Param("gamma", int, "draft length (start value under the heuristic schedule; auto: the fixed "
+                           "length fastest on this machine)", low=1, auto=True),
                      Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
                            "draft, -1 otherwise)", choices=SCHEDULES)),
-                    _needs, family="draft-model")]
+                    _needs, family="draft-model", check=_check)]

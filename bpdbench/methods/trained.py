@@ -26,8 +26,11 @@ from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .env import Env
 
 PROFILES = ("quick", "full", "ci")
-DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree)", low=1)
-TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain)", low=0)
+DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
+              "machine)", low=1, auto=True)
+TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain; auto: the width, and the depth "
+             "unless given, fastest on this machine)", low=0, auto=True)
+AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (experiments/autoshape.py)
 REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
                choices=tuple(n for n in rescorers.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
 SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the training data (default: as trained)",
@@ -165,13 +168,14 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
 
 def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width: int | None) -> None:
     limit = 16 if family == "eagle" else depth              # EAGLE drafts autoregressively past its trained depth
-    if method.get("depth", depth) > limit:
+    if method.concrete("depth", depth) > limit:
         raise MethodError(f"{method.label}: depth={method.get('depth')} but this {family} drafter drafts at most "
                           f"{limit}")
     tree, refine = method.get("tree", 0), method.get("refine")
     if tree and refine:
         raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
     k = method.get("k", cfg.k) if refine else 1
+    tree = 0 if tree == "auto" else tree                  # auto tries only widths the shortlist holds
     if width and max(k, tree) > width:
         raise MethodError(f"{method.label}: k/tree {max(k, tree)} exceeds the drafting shortlist ({width} ids); "
                           f"pass a smaller one")

@@ -135,6 +135,14 @@ def totals(c: Counters, method: str, shape: Shape, bpp: int, h: int, shortlist: 
     return out
 
 
+def _heads_used(meta: dict, label: str, heads):
+    """A method's head count; `heads=auto` reads what the run resolved it to (config.json)."""
+    if heads != "auto":
+        return heads
+    res = meta.get("resolved", {}).get("methods", {}).get(label, {})
+    return res.get("n_heads", (res.get("auto") or {}).get("params", {}).get("heads", 0))
+
+
 def ar_counters(new_tokens: int) -> Counters:
     """Plain greedy decoding of the same output: a prefill, then one single-token forward per further token."""
     return Counters(new_tokens=new_tokens, serial_calls=new_tokens, steps=new_tokens - 1, verified=new_tokens - 1)
@@ -161,7 +169,7 @@ def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> lis
             else:
                 missing |= r[keys[m]].get("verified") is None
                 c = c.add(Counters.from_dict(r[keys[m]]))
-        h = 0 if m == "ar" else int(parse(m).get("heads", cfg["heads"]))
+        h = 0 if m == "ar" else int(_heads_used(meta, m, parse(m).get("heads", cfg["heads"])))
         missing &= getattr(rescorers.RESCORERS.get(_name(m)), "p", 1) > 1   # one chain: drafted+steps is exact
         notes = [n for n in (_rescorer(m, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
         rows.append({"task": cfg["task"], "method": m, "n_examples": len(records), "counters": c,

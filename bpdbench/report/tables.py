@@ -120,7 +120,8 @@ def build(results: Path | None = None) -> list[Path]:
         written.extend([path] if path else [])
 
     rep = _collect(results, "replay", "replay.csv")
-    heads_of = {m: parse(m).get("heads") for m in rep.method.unique() if m.startswith("bpd")} if not rep.empty else {}
+    heads_of = {m: parse(m).get("heads") for m in rep.method.unique() if m.startswith("bpd")
+                and "=auto" not in m} if not rep.empty else {}
     if any(heads_of.values()):
         by_h = rep[rep.method.isin(list(heads_of)) & ~rep.method.str.contains("threshold")]
         by_h = by_h.assign(heads=by_h.method.map(lambda m: heads_of[m] or 8))

@@ -1,0 +1,325 @@
+"""`auto` shape parameters: measured acceptance on held-out examples x this machine's cost of a forward.
+
+A method spelled with `auto` (`bpd:heads=auto`, `pld:tokens=auto`, `sps:gamma=auto`, `cascade:length=auto`,
+`hierarchy:candidates=auto,length=auto`, `medusa:nodes=auto`) is resolved by `Session.drafter` before it is built:
+1. the method is built at its largest shape (all heads, pld 16 tokens, sps gamma 8, cascade length 16, hierarchy
+   length 8 at each candidate count, medusa's 63-node tree over the top-k lattice) and replayed, through the
+   engine's own replay, along the greedy output of up to 8 held-out examples: the task's held-out slice; if it has
+   none, another task's (mt_bench, then squad); else examples of the task outside this run's selection; else,
+   said in the log and the record (`overlaps_evaluated`), the first examples of the selection;
+2. the replay gives the acceptance curve a[i] = P(the first i draft tokens are accepted) (counters'
+   accepted_per_head / steps), per step the number of draft nodes at each depth (what a shorter shape verifies),
+   the drafting time per step and per drafted token, and for lattice methods the rank of the greedy token in each
+   head's top-k (medusa's per-depth, per-rank acceptance);
+3. hardware/shapes.py picks the shape with the most predicted tokens per second on this machine's cost of a
+   forward (hardware/calibration.py, measured once per machine fingerprint).
+The measurement is cached under `$BPDBENCH_CACHE/shapes/<fingerprint>/<model>-<dtype>-<task>-<label>.json` with
+what it depends on (examples, heads, k, threshold, generation length); a cached one is re-used and only the choice
+is recomputed (cheap) from the current calibration. The result keeps its `auto` label; the chosen shape is logged
+once and recorded in config.json under `resolved.methods.<label>.auto`.
+
+Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
+longest length; every length is a truncation of it). Sps: a fixed gamma (the heuristic schedule is refused with
+gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
+optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
+Medusa's own. What a shorter shape would accept is read from the longer shape's replay (exact for chains, whose
+shorter drafts are prefixes; an estimate for candidates and trees, whose trajectories would differ slightly).
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tasks as task_registry
+from .. import paths
+from ..config import ConfigError
+from ..engine import EmptyDrafter, replay, teacher_forced
+from ..hardware import shapes
+from ..methods import Method, MethodError
+from ..methods.base import AUTO
+
+N_EXAMPLES = 8
+FALLBACK_TASKS = ("mt_bench", "squad")
+PLD_MAX, SPS_MAX, CASCADE_MAX, HIERARCHY_LENGTH, MEDUSA_MAX = 16, 8, 16, 8, 64
+HIERARCHY_CANDIDATES = (1, 2, 3, 4, 6, 8)
+VERSION = 1
+
+
+def cost_model(s) -> shapes.CostModel:
+    """This machine's cost of a forward (hardware/calibration.py: cached per fingerprint, measured on first use)."""
+    try:
+        from ..hardware.calibration import ensure
+    except ImportError:
+        raise MethodError("auto shape parameters need this machine's calibration (bpdbench/hardware/calibration.py), "
+                          "which this installation lacks; pass concrete values") from None
+    return ensure(s.cfg.model, s.cfg.dtype, str(s.model.device), s.threads, model=s.model, log=s.log)
+
+
+@dataclass
+class Measured:
+    """What one replay at a large shape tells about its shorter ones."""
+    accept: list[float]                   # a[i-1] = P(first i draft tokens accepted)
+    nodes: list[list[int]]                # per step: draft nodes at depth 1, 2, ...
+    steps: int
+    draft_ms_step: float                  # drafting time per step
+    draft_ms_token: float                 # drafting time per drafted token (first path)
+    tree: bool                            # some step verified more than one path
+    per_token: bool = False               # drafting time grows with the draft (a draft model, sequential drafter)
+    ranks: list[list[float]] = field(default_factory=list)   # p[d][r] for lattice methods
+
+    def to_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+class _Recorder:
+    """A drafter seen from the replay: per step, the draft trie's nodes per depth, drafting time, lattice ranks."""
+
+    def __init__(self, drafter):
+        self.drafter, self.name = drafter, drafter.name
+        for attr in ("needs_reference", "use_reference"):
+            if hasattr(drafter, attr):
+                setattr(self, attr, getattr(drafter, attr))
+        self.nodes: list[list[int]] = []
+        self.ranks: list[tuple[list[int], int]] = []      # (rank of the greedy token per depth, k)
+        self.seconds, self.drafted, self.truth, self.start = 0.0, 0, None, 0
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.start = len(prompt_ids)
+        self.drafter.reset(prompt_ids)
+
+    def propose(self, ctx):
+        t0 = time.perf_counter()
+        p = self.drafter.propose(ctx)
+        self.seconds += time.perf_counter() - t0
+        paths = [q[: max(ctx.budget, 0)] for q in p.paths]
+        prefixes = {tuple(q[: i + 1]) for q in paths for i in range(len(q))}
+        depth = [0] * max(map(len, paths), default=0)
+        for pre in prefixes:
+            depth[len(pre) - 1] += 1
+        self.nodes.append(depth)
+        self.drafted += len(paths[0])
+        if p.lattice is not None and self.truth is not None:
+            m = len(ctx.tokens) - self.start               # the next greedy token is truth[m]
+            ids = p.lattice.ids.tolist()
+            truth = self.truth[m: m + len(ids)]
+            self.ranks.append(([row.index(t) if t in row else len(row) for row, t in zip(ids, truth)],
+                               len(ids[0])))
+        return p
+
+    def observe(self, tokens: list[int]) -> None:
+        self.drafter.observe(tokens)
+
+
+def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
+    """p[d][r]: among steps whose greedy tokens at depths < d were all in the lattice, the share whose greedy token
+    at depth d is rank r (the probability that a tree node of rank r is accepted given its parent was)."""
+    if not ranks:
+        return []
+    depth, k = max(len(r) for r, _ in ranks), max(k for _, k in ranks)
+    hits = [[0] * k for _ in range(depth)]
+    seen = [0] * depth
+    for row, width in ranks:
+        for d, r in enumerate(row):
+            seen[d] += 1
+            if r >= width:
+                break
+            hits[d][r] += 1
+    return [[h / seen[d] if seen[d] else 0.0 for h in hits[d]] for d in range(depth)]
+
+
+def heldout(s, n: int | None = None) -> tuple[list[tuple[Any, list[int]]], dict]:
+    """(example, prompt ids) pairs to measure on, never the evaluated ones where that can be helped, and a record
+    of where they came from."""
+    n = n or N_EXAMPLES
+    evaluated = {ex.id for ex in s.examples}
+    from .session import select_examples
+    try:
+        chosen = select_examples(s.cfg.replace(offset=0, limit=n), heldout=True)
+        return [(ex, s.prompt(ex)) for ex in chosen], {"source": f"{s.cfg.task} held-out slice",
+                                                       "overlaps_evaluated": False}
+    except ConfigError:
+        pass
+    for name in FALLBACK_TASKS:
+        try:
+            other = s.cfg.replace(task=name, data_file=None, offset=0, limit=n)
+            chosen = select_examples(other, heldout=True)
+        except Exception:                 # no data for that task here: try the next
+            continue
+        task = task_registry.get_task(name)
+        enc = [(ex, task_registry.encode_prompt_checked(s.tok, task, ex, s.cfg.max_prompt_tokens)[0]) for ex in chosen]
+        return enc, {"source": f"{name} held-out slice ({s.cfg.task} has none)", "overlaps_evaluated": False}
+    pool = [ex for ex in select_examples(s.cfg.replace(offset=0, limit=None)) if ex.id not in evaluated][:n]
+    if pool:
+        return [(ex, s.prompt(ex)) for ex in pool], {
+            "source": f"{s.cfg.task} examples outside this run's selection ({s.cfg.task} has no held-out slice and "
+                      f"no other task's data is here)", "overlaps_evaluated": False}
+    first = s.examples[:n]
+    s.log(f"warning: auto shapes measured on {len(first)} of the evaluated examples ({s.cfg.task} has no held-out "
+          f"slice, no other task's data is here and every example is evaluated); recorded as overlaps_evaluated")
+    return [(ex, s.prompt(ex)) for ex in first], {"source": f"the first {len(first)} evaluated examples of "
+                                                  f"{s.cfg.task}", "overlaps_evaluated": True}
+
+
+def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: dict) -> Measured:
+    """Replay `method` (concrete) along the greedy output of each example."""
+    drafter = method.spec.build(s.env, method)
+    per_token = hasattr(drafter, "gamma0") or getattr(getattr(drafter, "model", None), "kind", "") == "sequential"
+    rec = _Recorder(drafter)
+    total = None
+    for ex, prompt in examples:
+        greedy, _ = s.reference.get(prompt, s.limits)
+        if len(greedy) < 2:
+            continue
+        if method.spec.family in ("heads", "cascade", "drafter") and ex.id not in hidden:
+            hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
+        rec.truth = greedy
+        if getattr(rec, "needs_reference", False):
+            rec.use_reference(greedy)
+        c = replay(rec, prompt, greedy, hidden.get(ex.id), s.limits)
+        total = c if total is None else total.add(c)
+    if total is None or not total.steps:
+        raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
+    accept = [a / total.steps for a in total.accepted_per_head]
+    return Measured(accept, rec.nodes, total.steps, 1000 * rec.seconds / total.steps,
+                    1000 * rec.seconds / max(rec.drafted, 1), any(max(d, default=0) > 1 for d in rec.nodes),
+                    per_token, rank_acceptance(rec.ranks))
+
+
+def _with(method: Method, **values) -> Method:
+    return Method(method.spec, {**method.params, **values})
+
+
+def _plans(s, method: Method) -> list[tuple[Method, dict]]:
+    """The concrete methods to replay, each with the parameters its options fix."""
+    auto, name = set(method.auto), method.name
+    if "heads" in auto:
+        heads, _ = s.env.heads()
+        return [(_with(method, heads=heads.num_heads), {})]
+    if name == "pld":
+        return [(_with(method, tokens=PLD_MAX), {})]
+    if name == "sps":
+        return [(_with(method, gamma=SPS_MAX), {})]
+    if name == "cascade":
+        return [(_with(method, length=CASCADE_MAX), {})]
+    if name == "hierarchy":
+        cands = HIERARCHY_CANDIDATES if "candidates" in auto else (method.get("candidates", 3),)
+        length = HIERARCHY_LENGTH if "length" in auto else method.get("length", 5)
+        return [(_with(method, candidates=c, length=length), {"candidates": c}) for c in cands]
+    if "nodes" in auto:
+        m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
+        return [(m, {})]
+    if method.spec.family == "drafter":                  # trained drafters: tree width x depth
+        from ..methods.trained import AUTO_WIDTHS
+        given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
+        d = given.spec.build(s.env, _with(given, tree=0))
+        depth = method.concrete("depth", d.model.depth)
+        widths = [w for w in AUTO_WIDTHS if w <= len(d.model.proj)] if "tree" in auto else [method.get("tree", 0)]
+        return [(_with(given, tree=w, depth=depth), {"tree": w} if "tree" in auto else {}) for w in widths]
+    raise MethodError(f"{method.label}: auto is not supported for {', '.join(sorted(auto))} of {name}")
+
+
+def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostModel) -> shapes.Shape:
+    """The shape from the measurements (pure given them: re-run on a cached measurement with today's costs)."""
+    step_ms = float(getattr(cost, "step_ms", 0.0) or 0.0)
+
+    def per_step(meas: Measured, per_token: bool = False):
+        if not step_ms:
+            return 0.0
+        if per_token:
+            return lambda n: n * meas.draft_ms_token / step_ms
+        return meas.draft_ms_step / step_ms
+
+    auto, name = set(method.auto), method.name
+    if "nodes" in auto:
+        (_, meas), = runs
+        if not meas.ranks:
+            raise MethodError(f"{method.label}: no lattice was drafted on the held-out examples")
+        return shapes.best_tree(meas.ranks, cost, MEDUSA_MAX, per_step(meas), "nodes")
+    opts = []
+    for fixed, meas in runs:
+        n = max([len(meas.accept)] + [len(d) for d in meas.nodes])
+        param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length"}.get(
+            name, "heads"), list(range(1, n + 1))
+        if name == "hierarchy" and "length" not in auto:
+            lengths = [method.get("length", 5)]
+        elif method.spec.family == "drafter":
+            param = "depth"
+            if "depth" not in auto and method.get("depth") is not None:
+                lengths = [method.get("depth")]
+        elif name == "cascade":
+            from ..methods.cascade import _shape
+            lengths = list(range(max(_shape(_with(method, length=CASCADE_MAX))[1], 1), n + 1))
+        top = max(lengths + [n])
+        accept = meas.accept + [0.0] * (top - len(meas.accept))
+        opts += shapes.chain_options(accept, cost, param, per_step(meas, meas.per_token), lengths=lengths,
+                                     tree=meas.tree, fixed=fixed, steps=meas.nodes)
+    return shapes.pick(opts)
+
+
+def _inputs(s, method: Method, examples) -> dict:
+    c = s.cfg
+    return {"version": VERSION, "label": method.label, "model": c.model, "dtype": c.dtype, "task": c.task,
+            "heads_profile": c.heads_profile, "heads_path": c.heads_path, "k": c.k, "heads": c.heads,
+            "draft_threshold": c.draft_threshold, "max_new_tokens": s.limits.max_new_tokens,
+            "examples": [str(ex.id) for ex, _ in examples]}
+
+
+def cache_file(s, method: Method) -> Path:
+    from ..hardware.fingerprint import current
+    key = current(s.threads, str(s.model.device)).key()
+    safe = lambda t: str(t).replace("/", "_")      # noqa: E731
+    return (paths.cache_root() / "shapes" / key /
+            f"{safe(s.cfg.model)}-{s.cfg.dtype}-{safe(s.cfg.task)}-{safe(method.label)}.json")
+
+
+def shape_for(s, method: Method) -> tuple[shapes.Shape, dict]:
+    """The chosen shape and its record (held-out source, cache file), measuring only when nothing is cached."""
+    examples, source = heldout(s)
+    inputs = _inputs(s, method, examples)
+    path = cache_file(s, method)
+    runs = None
+    if path.exists():
+        try:
+            cached = json.loads(path.read_text())
+            if cached.get("inputs") == inputs:
+                runs = [(fixed, Measured(**m)) for fixed, m in cached["runs"]]
+        except (ValueError, KeyError, TypeError):
+            runs = None
+    cost = cost_model(s)
+    if runs is None:
+        s.log(f"{method.label}: measuring acceptance on {len(examples)} examples ({source['source']}) to size the "
+              f"draft for this machine (cached in {path.parent})")
+        memo: dict = {}
+        runs = [(fixed, measure(s, m, examples, memo)) for m, fixed in _plans(s, method)]
+    shape = choose(method, runs, cost)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"inputs": inputs, "source": source, "runs": [(f, m.to_dict()) for f, m in runs],
+                               "shape": shape.to_dict()}))
+    tmp.replace(path)
+    return shape, {**source, "examples": inputs["examples"], "cache": str(path)}
+
+
+def resolve(s, method: Method):
+    """The drafter of a method with `auto` parameters: resolved for this machine, built, recorded, logged once."""
+    shape, record = shape_for(s, method)
+    label = method.label
+    if shape.draft_nothing:
+        drafter = EmptyDrafter()
+        drafter.name = label
+        s.env.resolved[label] = {"draft_nothing": True}
+    else:
+        drafter = method.spec.build(s.env, method.resolved(shape.params))
+        if shape.tree:                                      # medusa:nodes=auto: the measured tree, this size
+            tree = getattr(drafter.refiner, "tree", drafter.refiner)
+            tree.use(shape.tree)
+            s.env.resolved[label].update(nodes=tree.p)
+    s.env.resolved.setdefault(label, {})["auto"] = {**shape.to_dict(), "heldout": record}
+    line = shape.describe(label) + f" [{record['source']}]"
+    if s.env.cache.get(("auto-shape", label)) != line:     # once per session and choice
+        s.env.cache[("auto-shape", label)] = line
+        s.log(line)
+    return drafter
