@@ -1,0 +1,328 @@
+"""The calibrated cost of a verify forward over n tokens on this machine, in decode steps.
+
+Why: whether a drafter pays off is block efficiency against the cost of the forward that verifies its draft, and
+that cost is a property of the machine (ISA, threads, dtype), not a constant: a 16-token chain costs ~1.5 decode
+steps on one CPU and ~8 on another. So the curve is measured once per (fingerprint, model, dtype, device) by
+timing the engine's own `verify` (loop.py: build_tree -> model_inputs -> model.model -> lm_head -> targets) over a
+real KV cache, and cached; every prediction (`cost`, `seconds_for`, `break_even`) reads it.
+
+Shapes measured: a chain of n tokens (the root + n - 1 draft tokens: plain causal attention) and a Medusa-like tree
+of n nodes (`tree_parents`: breadth first, the root has 4 children, each depth-1 node 2, each depth-2 node 2, deeper
+nodes 1; the last level is filled left to right until n nodes), verified through the 4D tree mask.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from .. import paths
+from .fingerprint import current
+
+Log = Callable[[str], None]
+ONE = ("chain", 1)        # the 1-token decode step: the unit of every cost
+BRANCHING = (4, 2, 2)      # children per node at depth 0, 1, 2; deeper nodes have 1 (a Medusa-style sparse tree)
+NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CONTEXTS = (128, 512, 1024)
+TREE_NS = (4, 8, 16, 32, 64)
+REPEATS = 3
+
+
+def _interp(points: dict[int, float], x: float) -> float:
+    """Linear in x between measured points; flat below the first; extrapolated from the last two above the last."""
+    xs = sorted(points)
+    if x <= xs[0] or len(xs) == 1:
+        return points[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if x <= b:
+            return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
+    a, b = xs[-2], xs[-1]
+    return points[b] + (points[b] - points[a]) * (x - b) / (b - a)
+
+
+def _blend(by_context: dict[int, float], context: float) -> float:
+    """Linear in the context length between measured contexts, clamped outside them."""
+    cs = sorted(by_context)
+    context = min(max(context, cs[0]), cs[-1])
+    return _interp(by_context, context)
+
+
+@dataclass
+class Calibration:
+    model: str
+    dtype: str
+    device: str
+    threads: int
+    fingerprint: dict                    # Fingerprint.to_dict()
+    step_ms: float                       # median 1-token decode step (verify of a root only) at the middle context
+    contexts: list[int]                  # cache lengths measured
+    chain: dict[int, dict[int, float]]   # context -> {n: cost of one forward scoring n tokens, in decode steps}
+    tree: dict[int, dict[int, float]]    # same, with the Medusa-like tree mask
+    prefill_tok_per_s: float
+    drafting_ms: dict[str, float] = field(default_factory=dict)   # method label -> ms per step (filled by speed)
+    seconds: float = 0.0                 # how long the measurement took
+    measured_at: str = ""
+    step_ms_by_context: dict[int, float] = field(default_factory=dict)   # the 1-token step at each context
+    load_average: list[float] | None = None   # when measured: a busy machine's curve says so
+    version: int = 1
+
+    @property
+    def middle(self) -> int:
+        return sorted(self.contexts)[len(self.contexts) // 2]
+
+    def cost(self, n: int, tree: bool = False, context: int | None = None) -> float:
+        """Decode steps for one forward over n scored tokens (n = 1 is exactly 1.0). A tree shape below the smallest
+        measured tree interpolates from the 1-token step (a root alone is a chain)."""
+        context = self.middle if context is None else context
+        per_context = {}
+        for c in self.contexts:
+            points = dict(self.tree[c]) if tree else dict(self.chain[c])
+            points.setdefault(1, 1.0)
+            per_context[c] = _interp(points, n)
+        return _blend(per_context, context)
+
+    def step_ms_at(self, context: int | None = None) -> float:
+        if context is None or not self.step_ms_by_context:
+            return self.step_ms
+        return _blend(self.step_ms_by_context, context)
+
+    def seconds_for(self, n: int, tree: bool = False, context: int | None = None) -> float:
+        """Predicted wall-clock seconds of one verify forward over n tokens."""
+        return self.step_ms_at(context) / 1000 * self.cost(n, tree, context)
+
+    def break_even(self, n: int, draft_ms: float = 0.0, tree: bool = False) -> float:
+        """The block efficiency (tokens per step) at which verifying n tokens plus drafting `draft_ms` per step
+        matches autoregressive decoding (1 token per decode step)."""
+        return self.cost(n, tree) + draft_ms / self.step_ms
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("chain", "tree"):
+            d[name] = {str(c): {str(n): v for n, v in row.items()} for c, row in d[name].items()}
+        d["step_ms_by_context"] = {str(c): v for c, v in self.step_ms_by_context.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Calibration":
+        d = dict(d)
+        for name in ("chain", "tree"):
+            d[name] = {int(c): {int(n): float(v) for n, v in row.items()} for c, row in d[name].items()}
+        d["step_ms_by_context"] = {int(c): float(v) for c, v in d.get("step_ms_by_context", {}).items()}
+        d["contexts"] = [int(c) for c in d["contexts"]]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def tree_parents(n: int) -> list[int]:
+    """Parent index per node (root = -1) of the n-node Medusa-like tree, breadth first (see the module doc)."""
+    parents, level, depth = [-1], [0], 0
+    while len(parents) < n:
+        fan = BRANCHING[depth] if depth < len(BRANCHING) else 1
+        nxt = []
+        for p in level:
+            for _ in range(fan):
+                if len(parents) < n:
+                    nxt.append(len(parents))
+                    parents.append(p)
+        level, depth = nxt, depth + 1
+    return parents
+
+
+def tree_drafts(n: int, tokens: list[int]) -> list[list[int]]:
+    """Root-to-leaf drafts (root excluded) whose trie is the n-node tree; node i carries tokens[i] (distinct)."""
+    parents = tree_parents(n)
+    leaves = [i for i in range(1, n) if i not in set(parents)]
+    drafts = []
+    for leaf in leaves:
+        path, j = [], leaf
+        while j > 0:
+            path.append(tokens[j])
+            j = parents[j]
+        drafts.append(path[::-1])
+    return drafts
+
+
+def measure(model, model_name: str, dtype: str, device: str, threads: int,
+            ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, log: Log = print) -> Calibration:
+    """Time the engine's verify over chains and trees on top of a random context, per context length.
+
+    One prefill of the largest context (timed: the prefill throughput), then contexts from the largest down, the
+    cache cropped to each (a causal cache's first c entries are the c-token cache). Each round times every shape
+    once in a fixed order (drift hits all alike), the 1-token step three times; after each forward the cache is
+    cropped back. Shapes are warmed up once, at the first context. Costs are medians divided by the median 1-token
+    step at the same context."""
+    import torch
+    from transformers import DynamicCache
+
+    from ..engine.loop import State, verify
+    from ..engine.types import Proposal
+    from ..experiments.timing import timed
+
+    t_start = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    contexts = sorted({int(c) for c in contexts}, reverse=True)
+    ns = sorted({int(n) for n in ns} | {1})
+    vocab = model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (contexts[0] + 1,), generator=g).tolist()
+    draft_tokens = torch.randint(0, vocab, (max(ns + list(tree_ns)),), generator=g).tolist()
+    node_tokens = (torch.randperm(vocab, generator=g)[: max(tree_ns, default=1)]).tolist()
+    proposals = {("chain", n): Proposal([draft_tokens[: n - 1]]) for n in ns}
+    proposals.update({("tree", n): Proposal(tree_drafts(n, node_tokens)) for n in tree_ns if n <= vocab})
+    try:
+        with torch.inference_mode():
+            cache = DynamicCache()
+            x = torch.tensor([ids[:-1]], device=model.device)
+            secs, out = timed(lambda: model.model(input_ids=x, past_key_values=cache, use_cache=True), device)
+            prefill = contexts[0] / secs
+            hidden = out.last_hidden_state[0, -1]
+            chain: dict[int, dict[int, float]] = {}
+            tree: dict[int, dict[int, float]] = {}
+            steps: dict[int, float] = {}
+            for i, ctx in enumerate(contexts):
+                _crop_to(cache, ctx)
+                state = State(cache, hidden, ids[: ctx + 1])
+
+                def run(p: Proposal) -> float:
+                    secs, _ = timed(lambda: verify(model, state, p), device)
+                    _crop_to(cache, ctx)
+                    return secs
+
+                if i == 0:
+                    for p in proposals.values():
+                        run(p)
+                times: dict[tuple[str, int], list[float]] = {k: [] for k in proposals}
+                others = [k for k in proposals if k != ONE]
+                for _ in range(repeats):
+                    times[ONE].append(run(proposals[ONE]))
+                    for j, k in enumerate(others):
+                        if j == len(others) // 2:
+                            times[ONE].append(run(proposals[ONE]))
+                        times[k].append(run(proposals[k]))
+                    times[ONE].append(run(proposals[ONE]))
+                step = statistics.median(times[ONE])
+                steps[ctx] = step * 1000
+                chain[ctx] = {n: statistics.median(times[("chain", n)]) / step for n in ns}
+                chain[ctx][1] = 1.0
+                tree[ctx] = {n: statistics.median(t) / step for (kind, n), t in times.items() if kind == "tree"}
+                log(f"  context {ctx}: step {step * 1000:.1f} ms, chain 16 {chain[ctx].get(16, float('nan')):.2f}, "
+                    f"chain {ns[-1]} {chain[ctx][ns[-1]]:.2f} decode steps")
+    finally:
+        torch.set_num_threads(old_threads)
+    contexts = sorted(contexts)
+    fp = current(threads, device)
+    cal = Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=fp.to_dict(),
+                      step_ms=steps[contexts[len(contexts) // 2]], contexts=contexts,
+                      chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
+                      prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
+                      measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                      step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average())
+    return cal
+
+
+def _crop_to(cache, length: int) -> None:
+    """Drop every cache entry past `length` (transformers' crop takes the number to remove, negated)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def _load_average() -> list[float] | None:
+    import os
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _device_tag(device: str) -> str:
+    """One spelling per device, so `cuda`, `cuda:0` and a model's `cuda:0` share a cache file."""
+    from ..models import resolve_device
+    device = resolve_device(str(device))
+    return "cuda:0" if device == "cuda" else device
+
+
+def cache_path(model_name: str, dtype: str, device: str, threads: int | None) -> Path:
+    """paths.cache_root()/calibration/<fingerprint key>/<model>-<dtype>-<device>.json; the key holds the threads,
+    the CPU flags and the library versions, so a changed machine or torch never reads a stale curve."""
+    from .dtype import resolve
+    device = _device_tag(device)
+    dtype = resolve(dtype, device, threads, log=lambda _: None)
+    fp = current(threads, device)
+    safe = str(model_name).strip("/").replace("/", "_")
+    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}.json"
+
+
+def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:
+    """The stored calibration for this machine, or None (missing or unreadable: it is then measured again)."""
+    path = cache_path(model_name, dtype, device, threads)
+    try:
+        return Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(cal: Calibration, path: Path | None = None) -> Path:
+    """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads."""
+    path = path or cache_path(cal.model, cal.dtype, cal.device, cal.threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cal.to_dict(), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def record_drafting(cal: Calibration, label: str, ms: float) -> Path:
+    """Store a method's measured drafting time per step and rewrite the cached calibration."""
+    cal.drafting_ms[label] = float(ms)
+    return save(cal)
+
+
+def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, repeats: int) -> float:
+    """A rough duration for `measure`: one 16-token forward timed, scaled to the tokens the plan scores."""
+    import torch
+
+    from ..experiments.timing import timed
+    x = torch.zeros(1, 16, dtype=torch.long, device=model.device)
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            timed(lambda: model(input_ids=x), device)
+            secs, _ = timed(lambda: model(input_ids=x), device)
+    finally:
+        torch.set_num_threads(old)
+    per_round = sum(ns) + sum(tree_ns) + 3
+    tokens = max(contexts) + len(contexts) * repeats * per_round + per_round
+    return secs / 16 * tokens
+
+
+def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=None,
+           log: Log = print) -> Calibration:
+    """The cached calibration, or measured now (said before it starts, with its expected duration) and cached."""
+    import torch
+
+    from ..models import load
+    from .dtype import resolve
+    device = _device_tag(device)
+    dtype = resolve(dtype, device, threads, log)
+    threads = threads or torch.get_num_threads()
+    cal = cached(model_name, dtype, device, threads)
+    if cal is not None:
+        return cal
+    if model is None:
+        model, _ = load(model_name, dtype, device)
+    plan = {"ns": NS, "contexts": CONTEXTS, "tree_ns": TREE_NS, "repeats": REPEATS}
+    about = estimate_seconds(model, device, threads, **plan)
+    log(f"calibrating {model_name} {dtype} on {current(threads, device).describe()} (about {about:.0f} s, once "
+        f"per machine)")
+    cal = measure(model, model_name, dtype, device, threads, log=log, **plan)
+    path = save(cal)
+    log(f"calibrated in {cal.seconds:.0f} s: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps; "
+        f"{path}")
+    return cal
