@@ -216,7 +216,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
         torch.set_num_threads(old_threads)
     contexts = sorted(contexts)
     fp = current(threads, device)
-    cal = Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=fp.to_dict(),
+    cal = Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=json.loads(json.dumps(fp.to_dict())),
                       step_ms=steps[contexts[len(contexts) // 2]], contexts=contexts,
                       chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
                       prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
@@ -267,6 +267,16 @@ def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Cal
         return None
 
 
+def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict | None:
+    """What a result's config.json records: the cached calibration its costs read against, or None. Never
+    measures (a result must not wait a minute for it)."""
+    cal = cached(model_name, dtype, device, threads)
+    if cal is None:
+        return None
+    return {"file": str(cache_path(model_name, dtype, device, threads)), "key": cal.fingerprint.get("key"),
+            "step_ms": cal.step_ms, "cost16": cal.cost(16)}
+
+
 def save(cal: Calibration, path: Path | None = None) -> Path:
     """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads."""
     path = path or cache_path(cal.model, cal.dtype, cal.device, cal.threads)
@@ -302,9 +312,15 @@ def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, re
     return secs / 16 * tokens
 
 
-def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=None,
-           log: Log = print) -> Calibration:
-    """The cached calibration, or measured now (said before it starts, with its expected duration) and cached."""
+def results_dir(cal: Calibration) -> Path:
+    """Where `calibrate --show` writes the figure and a copy of the JSON: <results>/calibration/<fingerprint key>/."""
+    return paths.results_root() / "calibration" / cal.fingerprint["key"]
+
+
+def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=None, log: Log = print,
+           force: bool = False) -> Calibration:
+    """The cached calibration, or (missing, or `force`) measured now, said before it starts with its expected
+    duration, and cached. The model is loaded only when it must be measured and was not given."""
     import torch
 
     from ..models import load
@@ -312,7 +328,7 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     device = _device_tag(device)
     dtype = resolve(dtype, device, threads, log)
     threads = threads or torch.get_num_threads()
-    cal = cached(model_name, dtype, device, threads)
+    cal = None if force else cached(model_name, dtype, device, threads)
     if cal is not None:
         return cal
     if model is None:
