@@ -6,9 +6,8 @@ steps on one CPU and ~8 on another. So the curve is measured once per (fingerpri
 timing the engine's own `verify` (loop.py: build_tree -> model_inputs -> model.model -> lm_head -> targets) over a
 real KV cache, and cached; every prediction (`cost`, `seconds_for`, `break_even`) reads it.
 
-Shapes measured: a chain of n tokens (the root + n - 1 draft tokens: plain causal attention) and a Medusa-like tree
-of n nodes (`tree_parents`: breadth first, the root has 4 children, each depth-1 node 2, each depth-2 node 2, deeper
-nodes 1; the last level is filled left to right until n nodes), verified through the 4D tree mask.
+Shapes measured (forward_timing.py): a chain of n tokens (the root + n - 1 draft tokens: plain causal attention)
+and a Medusa-like tree of n nodes, verified through the 4D tree mask.
 """
 from __future__ import annotations
 
@@ -22,10 +21,10 @@ from typing import Callable
 
 from .. import paths
 from .fingerprint import current
+from .forward_timing import ONE, crop_to, shapes as _shapes, time_shapes as _time_shapes
+from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
 
 Log = Callable[[str], None]
-ONE = ("chain", 1)        # the 1-token decode step: the unit of every cost
-BRANCHING = (4, 2, 2)      # children per node at depth 0, 1, 2; deeper nodes have 1 (a Medusa-style sparse tree)
 NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (128, 512, 1024)
 TREE_NS = (4, 8, 16, 32, 64)
@@ -117,35 +116,6 @@ class Calibration:
         return cls(**{k: v for k, v in d.items() if k in known})
 
 
-def tree_parents(n: int) -> list[int]:
-    """Parent index per node (root = -1) of the n-node Medusa-like tree, breadth first (see the module doc)."""
-    parents, level, depth = [-1], [0], 0
-    while len(parents) < n:
-        fan = BRANCHING[depth] if depth < len(BRANCHING) else 1
-        nxt = []
-        for p in level:
-            for _ in range(fan):
-                if len(parents) < n:
-                    nxt.append(len(parents))
-                    parents.append(p)
-        level, depth = nxt, depth + 1
-    return parents
-
-
-def tree_drafts(n: int, tokens: list[int]) -> list[list[int]]:
-    """Root-to-leaf drafts (root excluded) whose trie is the n-node tree; node i carries tokens[i] (distinct)."""
-    parents = tree_parents(n)
-    leaves = [i for i in range(1, n) if i not in set(parents)]
-    drafts = []
-    for leaf in leaves:
-        path, j = [], leaf
-        while j > 0:
-            path.append(tokens[j])
-            j = parents[j]
-        drafts.append(path[::-1])
-    return drafts
-
-
 def measure(model, model_name: str, dtype: str, device: str, threads: int,
             ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, log: Log = print) -> Calibration:
     """Time the engine's verify over chains and trees on top of a random context, per context length.
@@ -158,78 +128,43 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     import torch
     from transformers import DynamicCache
 
-    from ..engine.loop import State, verify
-    from ..engine.types import Proposal
     from ..experiments.timing import timed
 
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
     contexts = sorted({int(c) for c in contexts}, reverse=True)
-    ns = sorted({int(n) for n in ns} | {1})
-    vocab = model.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (contexts[0] + 1,), generator=g).tolist()
-    draft_tokens = torch.randint(0, vocab, (max(ns + list(tree_ns)),), generator=g).tolist()
-    node_tokens = (torch.randperm(vocab, generator=g)[: max(tree_ns, default=1)]).tolist()
-    proposals = {("chain", n): Proposal([draft_tokens[: n - 1]]) for n in ns}
-    proposals.update({("tree", n): Proposal(tree_drafts(n, node_tokens)) for n in tree_ns if n <= vocab})
+    ids = torch.randint(0, model.config.vocab_size, (contexts[0] + 1,), generator=g).tolist()
+    shapes = _shapes(model.config.vocab_size, ns, tree_ns, g)
+    chain: dict[int, dict[int, float]] = {}
+    tree: dict[int, dict[int, float]] = {}
+    steps: dict[int, float] = {}
     try:
         with torch.inference_mode():
             cache = DynamicCache()
             x = torch.tensor([ids[:-1]], device=model.device)
             secs, out = timed(lambda: model.model(input_ids=x, past_key_values=cache, use_cache=True), device)
-            prefill = contexts[0] / secs
-            hidden = out.last_hidden_state[0, -1]
-            chain: dict[int, dict[int, float]] = {}
-            tree: dict[int, dict[int, float]] = {}
-            steps: dict[int, float] = {}
+            prefill, hidden = contexts[0] / secs, out.last_hidden_state[0, -1]
             for i, ctx in enumerate(contexts):
-                _crop_to(cache, ctx)
-                state = State(cache, hidden, ids[: ctx + 1])
-
-                def run(p: Proposal) -> float:
-                    secs, _ = timed(lambda: verify(model, state, p), device)
-                    _crop_to(cache, ctx)
-                    return secs
-
-                if i == 0:
-                    for p in proposals.values():
-                        run(p)
-                times: dict[tuple[str, int], list[float]] = {k: [] for k in proposals}
-                others = [k for k in proposals if k != ONE]
-                for _ in range(repeats):
-                    times[ONE].append(run(proposals[ONE]))
-                    for j, k in enumerate(others):
-                        if j == len(others) // 2:
-                            times[ONE].append(run(proposals[ONE]))
-                        times[k].append(run(proposals[k]))
-                    times[ONE].append(run(proposals[ONE]))
-                step = statistics.median(times[ONE])
+                crop_to(cache, ctx)
+                times = _time_shapes(model, cache, hidden, ids[: ctx + 1], shapes, repeats, i == 0, device)
+                step = statistics.median(times.pop(ONE))
                 steps[ctx] = step * 1000
-                chain[ctx] = {n: statistics.median(times[("chain", n)]) / step for n in ns}
-                chain[ctx][1] = 1.0
-                tree[ctx] = {n: statistics.median(t) / step for (kind, n), t in times.items() if kind == "tree"}
-                log(f"  context {ctx}: step {step * 1000:.1f} ms, chain 16 {chain[ctx].get(16, float('nan')):.2f}, "
-                    f"chain {ns[-1]} {chain[ctx][ns[-1]]:.2f} decode steps")
+                chain[ctx] = {1: 1.0, **{n: statistics.median(t) / step for (k, n), t in times.items() if k == "chain"}}
+                tree[ctx] = {n: statistics.median(t) / step for (k, n), t in times.items() if k == "tree"}
+                log(f"  context {ctx}: step {step * 1000:.1f} ms; chain " +
+                    ", ".join(f"{n}: {chain[ctx][n]:.2f}" for n in (8, 16, 64) if n in chain[ctx]) + " steps")
     finally:
         torch.set_num_threads(old_threads)
     contexts = sorted(contexts)
-    fp = current(threads, device)
-    cal = Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=json.loads(json.dumps(fp.to_dict())),
-                      step_ms=steps[contexts[len(contexts) // 2]], contexts=contexts,
-                      chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
-                      prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
-                      measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                      step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average())
-    return cal
-
-
-def _crop_to(cache, length: int) -> None:
-    """Drop every cache entry past `length` (transformers' crop takes the number to remove, negated)."""
-    extra = cache.get_seq_length() - length
-    if extra > 0:
-        cache.crop(-extra)
+    fp = json.loads(json.dumps(current(threads, device).to_dict()))      # tuples as lists, as read back
+    return Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=fp,
+                       step_ms=steps[contexts[len(contexts) // 2]], contexts=contexts,
+                       chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
+                       prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
+                       measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average())
 
 
 def _load_average() -> list[float] | None:
