@@ -9,6 +9,7 @@ from __future__ import annotations
 
 ONE = ("chain", 1)         # the 1-token decode step: the unit of every cost
 BRANCHING = (4, 2, 2)      # children per node at depth 0, 1, 2; deeper nodes have 1
+LONG_N = 16                # shapes over this many tokens are timed once per context (see time_shapes)
 
 
 def tree_parents(n: int) -> list[int]:
@@ -53,10 +54,12 @@ def shapes(vocab: int, ns, tree_ns, g) -> dict:
 
 
 def time_shapes(model, cache, hidden, context: list[int], shapes: dict, repeats: int, warm: bool,
-                device: str) -> dict[tuple[str, int], list[float]]:
+                device: str, long_n: int = LONG_N, long_repeats: int = 1) -> dict[tuple[str, int], list[float]]:
     """Seconds of the engine's verify per shape on top of `context` (its last token is the root, the rest is in
     `cache`), the cache cropped back after each. Rounds interleave the shapes so load drift hits all alike; the
-    1-token step (the unit) is timed at the start, middle and end of every round."""
+    1-token step (the unit) is timed at the start, middle and end of every round. Shapes over `long_n` tokens
+    take several steps each, so one sample's jitter is a small fraction of it: they are timed in the first
+    `long_repeats` rounds only, which keeps a calibration near a minute."""
     from ..engine.loop import State, verify
     from ..experiments.timing import timed
 
@@ -73,12 +76,13 @@ def time_shapes(model, cache, hidden, context: list[int], shapes: dict, repeats:
             run(p)
     times: dict[tuple[str, int], list[float]] = {k: [] for k in shapes}
     others = [k for k in shapes if k != ONE]
-    for _ in range(repeats):
+    for r in range(repeats):
         times[ONE].append(run(shapes[ONE]))
         for j, k in enumerate(others):
             if j == len(others) // 2:
                 times[ONE].append(run(shapes[ONE]))
-            times[k].append(run(shapes[k]))
+            if k[1] <= long_n or r < long_repeats:
+                times[k].append(run(shapes[k]))
         times[ONE].append(run(shapes[ONE]))
     return times
 
