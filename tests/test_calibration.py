@@ -112,3 +112,21 @@ def test_calibrate_bad_input_is_one_line(args, word, monkeypatch):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and word in lines[0]
+
+
+def test_results_record_the_cached_calibration(tiny_model_dir, tmp_path):
+    from tests.conftest import write_prompts
+    prompts = write_prompts(tmp_path, 2)
+
+    def run(out):
+        result = CliRunner().invoke(app, ["run", "--task", "prompts", "--data-file", str(prompts), "--model",
+                                          str(tiny_model_dir), "--method", "ar", "--limit", "1", "--max-new-tokens",
+                                          "4", "--dtype", "float32", "--threads", "1", "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        return json.loads((out / "config.json").read_text())["calibration"]
+
+    assert run(tmp_path / "a") is None                               # never measured from a result
+    cal = hand_made()
+    cal.model, cal.threads = str(tiny_model_dir), 1
+    path = lib.save(cal)
+    assert run(tmp_path / "b") == {"file": str(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16)}
