@@ -130,3 +130,12 @@ def test_results_record_the_cached_calibration(tiny_model_dir, tmp_path):
     cal.model, cal.threads = str(tiny_model_dir), 1
     path = lib.save(cal)
     assert run(tmp_path / "b") == {"file": str(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16)}
+
+
+def test_costs_divide_by_the_step_of_their_own_round():
+    from bpdbench.hardware.forward_timing import ONE, costs
+    rounds = [{ONE: [1.0, 1.0, 1.0], ("chain", 4): [2.0]}, {ONE: [3.0, 3.0, 3.0], ("chain", 4): [6.0]},
+              {ONE: [1.0, 1.0, 1.0], ("chain", 4): [2.0], ("chain", 64): [9.0]}]   # load tripled in round 2
+    step, cost = costs(rounds)
+    assert step == 1.0 and cost[ONE] == 1.0
+    assert cost[("chain", 4)] == 2.0 and cost[("chain", 64)] == 9.0

@@ -12,7 +12,6 @@ and a Medusa-like tree of n nodes, verified through the 4D tree mask.
 from __future__ import annotations
 
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
@@ -21,7 +20,7 @@ from typing import Callable
 
 from .. import paths
 from .fingerprint import current
-from .forward_timing import ONE, crop_to, shapes as _shapes, time_shapes as _time_shapes
+from .forward_timing import costs as _costs, crop_to, shapes as _shapes, time_shapes as _time_shapes
 from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
 
 Log = Callable[[str], None]
@@ -123,9 +122,9 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     One prefill of the largest context (timed: the prefill throughput), then contexts from the largest down, the
     cache cropped to each (a causal cache's first c entries are the c-token cache). Each round times every shape
     once in a fixed order (drift hits all alike), the 1-token step three times, shapes over 16 tokens in the first
-    round only; after each forward the cache is cropped back. Shapes are warmed up once, at the first context.
-    Costs are medians divided by the median 1-token step at the same context. 0.5B float32 on 2 AVX2 cores: about
-    a minute on an idle machine."""
+    round only; after each forward the cache is cropped back. Shapes are warmed up once, at the first context. A
+    cost is the median of its samples each divided by its own round's 1-token step (forward_timing.costs). 0.5B
+    float32 on 2 AVX2 cores: about a minute on an idle machine."""
     import torch
     from transformers import DynamicCache
 
@@ -149,11 +148,11 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
             prefill, hidden = contexts[0] / secs, out.last_hidden_state[0, -1]
             for i, ctx in enumerate(contexts):
                 crop_to(cache, ctx)
-                times = _time_shapes(model, cache, hidden, ids[: ctx + 1], shapes, repeats, i == 0, device)
-                step = statistics.median(times.pop(ONE))
+                rounds = _time_shapes(model, cache, hidden, ids[: ctx + 1], shapes, repeats, i == 0, device)
+                step, cost = _costs(rounds)
                 steps[ctx] = step * 1000
-                chain[ctx] = {1: 1.0, **{n: statistics.median(t) / step for (k, n), t in times.items() if k == "chain"}}
-                tree[ctx] = {n: statistics.median(t) / step for (k, n), t in times.items() if k == "tree"}
+                chain[ctx] = {n: c for (k, n), c in cost.items() if k == "chain"}
+                tree[ctx] = {n: c for (k, n), c in cost.items() if k == "tree"}
                 log(f"  context {ctx}: step {step * 1000:.1f} ms; chain " +
                     ", ".join(f"{n}: {chain[ctx][n]:.2f}" for n in (8, 16, 64) if n in chain[ctx]) + " steps")
     finally:

@@ -54,9 +54,9 @@ def shapes(vocab: int, ns, tree_ns, g) -> dict:
 
 
 def time_shapes(model, cache, hidden, context: list[int], shapes: dict, repeats: int, warm: bool,
-                device: str, long_n: int = LONG_N, long_repeats: int = 1) -> dict[tuple[str, int], list[float]]:
-    """Seconds of the engine's verify per shape on top of `context` (its last token is the root, the rest is in
-    `cache`), the cache cropped back after each. Rounds interleave the shapes so load drift hits all alike; the
+                device: str, long_n: int = LONG_N, long_repeats: int = 1) -> list[dict[tuple[str, int], list[float]]]:
+    """Seconds of the engine's verify per round and shape on top of `context` (its last token is the root, the rest
+    is in `cache`), the cache cropped back after each. Rounds interleave the shapes so load drift hits all alike; the
     1-token step (the unit) is timed at the start, middle and end of every round. Shapes over `long_n` tokens
     take several steps each, so one sample's jitter is a small fraction of it: they are timed in the first
     `long_repeats` rounds only, which keeps a calibration near a minute."""
@@ -74,17 +74,32 @@ def time_shapes(model, cache, hidden, context: list[int], shapes: dict, repeats:
     if warm:
         for p in shapes.values():
             run(p)
-    times: dict[tuple[str, int], list[float]] = {k: [] for k in shapes}
+    rounds = []
     others = [k for k in shapes if k != ONE]
     for r in range(repeats):
-        times[ONE].append(run(shapes[ONE]))
+        times: dict[tuple[str, int], list[float]] = {ONE: [run(shapes[ONE])]}
         for j, k in enumerate(others):
             if j == len(others) // 2:
                 times[ONE].append(run(shapes[ONE]))
             if k[1] <= long_n or r < long_repeats:
-                times[k].append(run(shapes[k]))
+                times[k] = [run(shapes[k])]
         times[ONE].append(run(shapes[ONE]))
-    return times
+        rounds.append(times)
+    return rounds
+
+
+def costs(rounds: list[dict]) -> tuple[float, dict[tuple[str, int], float]]:
+    """(median 1-token step in seconds, cost per shape in steps). Each sample is divided by the step of its own
+    round, timed next to it, so a change in machine load between rounds cancels out of the ratio."""
+    import statistics
+
+    step = statistics.median(t for r in rounds for t in r[ONE])
+    ratios: dict[tuple[str, int], list[float]] = {}
+    for r in rounds:
+        unit = statistics.median(r[ONE])
+        for k, ts in r.items():
+            ratios.setdefault(k, []).extend(t / unit for t in ts)
+    return step, {k: 1.0 if k == ONE else statistics.median(v) for k, v in ratios.items()}
 
 
 def crop_to(cache, length: int) -> None:
