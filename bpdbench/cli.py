@@ -268,6 +268,38 @@ def certify(method: str = typer.Option(..., help="method spelling(s), comma-sepa
         raise typer.Exit(1)
 
 
+@app.command()
+@one_line_errors
+def calibrate(model: str = _M, dtype: str = _D, device: str = _DEV, threads: Optional[int] = _TH,
+              show: bool = typer.Option(False, "--show", help="print the curve and write its PNG (+ a JSON copy)"),
+              force: bool = typer.Option(False, "--force", help="measure again although this machine has a curve"),
+              out: Optional[str] = typer.Option(None, help="folder for the PNG and the JSON copy (default: "
+                                                           "<results>/calibration/<fingerprint key>/)")):
+    """What one forward over n tokens costs on this machine, in decode steps (chain and tree, per context),
+    measured once per machine fingerprint, model and dtype (about a minute) and cached; --show prints and plots it."""
+    from .cli_common import _threads
+    from .experiments.artefacts import check_model_files
+    from .hardware import calibration as lib
+    from .models import resolve_device
+    cfg = RunConfig(model=model, dtype=dtype, device=device, threads=threads).validate()
+    check_model_files(cfg.model, cfg.dtype)
+    _threads(threads)
+    cal = lib.ensure(cfg.model, cfg.dtype, resolve_device(cfg.device), threads, log=_log, force=force)
+    path = lib.cache_path(cal.model, cal.dtype, cal.device, cal.threads)
+    if not (show or out):
+        print(f"{cal.model} {cal.dtype}: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps, "
+              f"64 tokens {cal.cost(64):.2f} steps; {path}")
+        return
+    from .report.calibration_plot import plot_calibration, show_table
+    folder = Path(out) if out else lib.results_dir(cal)
+    folder.mkdir(parents=True, exist_ok=True)
+    lib.save(cal, folder / path.name)
+    png = plot_calibration(cal, folder / path.with_suffix(".png").name)
+    if show:
+        show_table(cal)
+    _log(f"cached: {path}\nwritten: {png}, {folder / path.name}")
+
+
 @app.command("alpha-law")
 @one_line_errors
 def alpha_law(task: str = typer.Option("mt_bench", help="task"), model: str = _M,

@@ -174,7 +174,9 @@ class Session:
                     "methods": dict(self.env.resolved)}
         if not self.cfg.sampling.greedy:
             resolved["sampling"] = sampling_meta(self.cfg)
+        from ..hardware.calibration import meta as calibration
         return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
+                "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
                 **extra, "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
 
 

@@ -1,0 +1,286 @@
+"""The calibrated cost of a verify forward over n tokens on this machine, in decode steps.
+
+Why: whether a drafter pays off is block efficiency against the cost of the forward that verifies its draft, and
+that cost is a property of the machine (ISA, threads, dtype), not a constant: a 16-token chain costs ~1.5 decode
+steps on one CPU and ~8 on another. So the curve is measured once per (fingerprint, model, dtype, device) by
+timing the engine's own `verify` (loop.py: build_tree -> model_inputs -> model.model -> lm_head -> targets) over a
+real KV cache, and cached; every prediction (`cost`, `seconds_for`, `break_even`) reads it.
+
+Shapes measured (forward_timing.py): a chain of n tokens (the root + n - 1 draft tokens: plain causal attention)
+and a Medusa-like tree of n nodes, verified through the 4D tree mask.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from .. import paths
+from .fingerprint import current
+from .forward_timing import costs as _costs, crop_to, shapes as _shapes, time_shapes as _time_shapes
+from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
+
+Log = Callable[[str], None]
+NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+CONTEXTS = (128, 512, 1024)
+TREE_NS = (4, 8, 16, 32, 64)
+REPEATS = 3
+
+
+def _interp(points: dict[int, float], x: float) -> float:
+    """Linear in x between measured points; flat below the first; extrapolated from the last two above the last."""
+    xs = sorted(points)
+    if x <= xs[0] or len(xs) == 1:
+        return points[xs[0]]
+    for a, b in zip(xs, xs[1:]):
+        if x <= b:
+            return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
+    a, b = xs[-2], xs[-1]
+    return points[b] + (points[b] - points[a]) * (x - b) / (b - a)
+
+
+def _blend(by_context: dict[int, float], context: float) -> float:
+    """Linear in the context length between measured contexts, clamped outside them."""
+    cs = sorted(by_context)
+    context = min(max(context, cs[0]), cs[-1])
+    return _interp(by_context, context)
+
+
+@dataclass
+class Calibration:
+    model: str
+    dtype: str
+    device: str
+    threads: int
+    fingerprint: dict                    # Fingerprint.to_dict()
+    step_ms: float                       # median 1-token decode step (verify of a root only) at the middle context
+    contexts: list[int]                  # cache lengths measured
+    chain: dict[int, dict[int, float]]   # context -> {n: cost of one forward scoring n tokens, in decode steps}
+    tree: dict[int, dict[int, float]]    # same, with the Medusa-like tree mask
+    prefill_tok_per_s: float
+    drafting_ms: dict[str, float] = field(default_factory=dict)   # method label -> ms per step (filled by speed)
+    seconds: float = 0.0                 # how long the measurement took
+    measured_at: str = ""
+    step_ms_by_context: dict[int, float] = field(default_factory=dict)   # the 1-token step at each context
+    load_average: list[float] | None = None   # when measured: a busy machine's curve says so
+    version: int = 1
+
+    @property
+    def middle(self) -> int:
+        return sorted(self.contexts)[len(self.contexts) // 2]
+
+    def cost(self, n: int, tree: bool = False, context: int | None = None) -> float:
+        """Decode steps for one forward over n scored tokens (n = 1 is exactly 1.0). A tree shape below the smallest
+        measured tree interpolates from the 1-token step (a root alone is a chain)."""
+        context = self.middle if context is None else context
+        per_context = {}
+        for c in self.contexts:
+            points = dict(self.tree[c]) if tree else dict(self.chain[c])
+            points.setdefault(1, 1.0)
+            per_context[c] = _interp(points, n)
+        return _blend(per_context, context)
+
+    def step_ms_at(self, context: int | None = None) -> float:
+        if context is None or not self.step_ms_by_context:
+            return self.step_ms
+        return _blend(self.step_ms_by_context, context)
+
+    def seconds_for(self, n: int, tree: bool = False, context: int | None = None) -> float:
+        """Predicted wall-clock seconds of one verify forward over n tokens."""
+        return self.step_ms_at(context) / 1000 * self.cost(n, tree, context)
+
+    def break_even(self, n: int, draft_ms: float = 0.0, tree: bool = False) -> float:
+        """The block efficiency (tokens per step) at which verifying n tokens plus drafting `draft_ms` per step
+        matches autoregressive decoding (1 token per decode step)."""
+        return self.cost(n, tree) + draft_ms / self.step_ms
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for name in ("chain", "tree"):
+            d[name] = {str(c): {str(n): v for n, v in row.items()} for c, row in d[name].items()}
+        d["step_ms_by_context"] = {str(c): v for c, v in self.step_ms_by_context.items()}
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Calibration":
+        d = dict(d)
+        for name in ("chain", "tree"):
+            d[name] = {int(c): {int(n): float(v) for n, v in row.items()} for c, row in d[name].items()}
+        d["step_ms_by_context"] = {int(c): float(v) for c, v in d.get("step_ms_by_context", {}).items()}
+        d["contexts"] = [int(c) for c in d["contexts"]]
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+def measure(model, model_name: str, dtype: str, device: str, threads: int,
+            ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, log: Log = print) -> Calibration:
+    """Time the engine's verify over chains and trees on top of a random context, per context length.
+
+    One prefill of the largest context (timed: the prefill throughput), then contexts from the largest down, the
+    cache cropped to each (a causal cache's first c entries are the c-token cache). Each round times every shape
+    once in a fixed order (drift hits all alike), the 1-token step three times, shapes over 16 tokens in the first
+    round only; after each forward the cache is cropped back. Shapes are warmed up once, at the first context. A
+    cost is the median of its samples each divided by its own round's 1-token step (forward_timing.costs). 0.5B
+    float32 on 2 AVX2 cores: about a minute on an idle machine."""
+    import torch
+    from transformers import DynamicCache
+
+    from ..experiments.timing import timed
+
+    t_start = time.perf_counter()
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    contexts = sorted({int(c) for c in contexts}, reverse=True)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (contexts[0] + 1,), generator=g).tolist()
+    shapes = _shapes(model.config.vocab_size, ns, tree_ns, g)
+    chain: dict[int, dict[int, float]] = {}
+    tree: dict[int, dict[int, float]] = {}
+    steps: dict[int, float] = {}
+    try:
+        with torch.inference_mode():
+            cache = DynamicCache()
+            x = torch.tensor([ids[:-1]], device=model.device)
+            secs, out = timed(lambda: model.model(input_ids=x, past_key_values=cache, use_cache=True), device)
+            prefill, hidden = contexts[0] / secs, out.last_hidden_state[0, -1]
+            for i, ctx in enumerate(contexts):
+                crop_to(cache, ctx)
+                rounds = _time_shapes(model, cache, hidden, ids[: ctx + 1], shapes, repeats, i == 0, device)
+                step, cost = _costs(rounds)
+                steps[ctx] = step * 1000
+                chain[ctx] = {n: c for (k, n), c in cost.items() if k == "chain"}
+                tree[ctx] = {n: c for (k, n), c in cost.items() if k == "tree"}
+                log(f"  context {ctx}: step {step * 1000:.1f} ms; chain " +
+                    ", ".join(f"{n}: {chain[ctx][n]:.2f}" for n in (8, 16, 64) if n in chain[ctx]) + " steps")
+    finally:
+        torch.set_num_threads(old_threads)
+    contexts = sorted(contexts)
+    fp = json.loads(json.dumps(current(threads, device).to_dict()))      # tuples as lists, as read back
+    return Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=fp,
+                       step_ms=steps[contexts[len(contexts) // 2]], contexts=contexts,
+                       chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
+                       prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
+                       measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                       step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average())
+
+
+def _load_average() -> list[float] | None:
+    import os
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def _device_tag(device: str) -> str:
+    """One spelling per device, so `cuda`, `cuda:0` and a model's `cuda:0` share a cache file."""
+    from ..models import resolve_device
+    device = resolve_device(str(device))
+    return "cuda:0" if device == "cuda" else device
+
+
+def cache_path(model_name: str, dtype: str, device: str, threads: int | None) -> Path:
+    """paths.cache_root()/calibration/<fingerprint key>/<model>-<dtype>-<device>.json; the key holds the threads,
+    the CPU flags and the library versions, so a changed machine or torch never reads a stale curve."""
+    from .dtype import resolve
+    device = _device_tag(device)
+    dtype = resolve(dtype, device, threads, log=lambda _: None)
+    fp = current(threads, device)
+    safe = str(model_name).strip("/").replace("/", "_")
+    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}.json"
+
+
+def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:
+    """The stored calibration for this machine, or None (missing or unreadable: it is then measured again)."""
+    path = cache_path(model_name, dtype, device, threads)
+    try:
+        return Calibration.from_dict(json.loads(path.read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict | None:
+    """What a result's config.json records: the cached calibration its costs read against, or None. Never
+    measures (a result must not wait a minute for it)."""
+    cal = cached(model_name, dtype, device, threads)
+    if cal is None:
+        return None
+    return {"file": str(cache_path(model_name, dtype, device, threads)), "key": cal.fingerprint.get("key"),
+            "step_ms": cal.step_ms, "cost16": cal.cost(16)}
+
+
+def save(cal: Calibration, path: Path | None = None) -> Path:
+    """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads."""
+    path = path or cache_path(cal.model, cal.dtype, cal.device, cal.threads)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(cal.to_dict(), indent=2))
+    tmp.replace(path)
+    return path
+
+
+def record_drafting(cal: Calibration, label: str, ms: float) -> Path:
+    """Store a method's measured drafting time per step and rewrite the cached calibration."""
+    cal.drafting_ms[label] = float(ms)
+    return save(cal)
+
+
+def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, repeats: int) -> float:
+    """A rough duration for `measure`, said before it starts: a 1-token and a 16-token forward timed, a forward
+    over n tokens taken as linear between them, summed over the forwards the plan runs."""
+    import torch
+
+    from ..experiments.timing import timed
+    from .forward_timing import LONG_N
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            t = {}
+            for n in (1, 16, 1, 16):
+                t[n], _ = timed(lambda: model(input_ids=torch.zeros(1, n, dtype=torch.long, device=model.device)),
+                                device)
+    finally:
+        torch.set_num_threads(old)
+    per_token = max(t[16] - t[1], 0.0) / 15
+
+    def secs(n: int) -> float:
+        return t[1] + per_token * (n - 1)
+    shapes = list(ns) + list(tree_ns)
+    per_context = sum(secs(n) * (repeats if n <= LONG_N else 1) for n in shapes) + 2 * repeats * secs(1)
+    return secs(max(contexts)) + sum(secs(n) for n in shapes) + len(contexts) * per_context
+
+
+def results_dir(cal: Calibration) -> Path:
+    """Where `calibrate --show` writes the figure and a copy of the JSON: <results>/calibration/<fingerprint key>/."""
+    return paths.results_root() / "calibration" / cal.fingerprint["key"]
+
+
+def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=None, log: Log = print,
+           force: bool = False) -> Calibration:
+    """The cached calibration, or (missing, or `force`) measured now, said before it starts with its expected
+    duration, and cached. The model is loaded only when it must be measured and was not given."""
+    import torch
+
+    from ..models import load
+    from .dtype import resolve
+    device = _device_tag(device)
+    dtype = resolve(dtype, device, threads, log)
+    threads = threads or torch.get_num_threads()
+    cal = None if force else cached(model_name, dtype, device, threads)
+    if cal is not None:
+        return cal
+    if model is None:
+        model, _ = load(model_name, dtype, device)
+    plan = {"ns": NS, "contexts": CONTEXTS, "tree_ns": TREE_NS, "repeats": REPEATS}
+    about = estimate_seconds(model, device, threads, **plan)
+    log(f"calibrating {model_name} {dtype} on {current(threads, device).describe()} (about {about:.0f} s, once "
+        f"per machine)")
+    cal = measure(model, model_name, dtype, device, threads, log=log, **plan)
+    path = save(cal)
+    log(f"calibrated in {cal.seconds:.0f} s: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps; "
+        f"{path}")
+    return cal
