@@ -7,7 +7,7 @@ PIP     := $(BIN)/python -m pip
 TORCH   ?= torch==2.13.0
 export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
-.PHONY: install kenlm demo test test-fast regress regress-update reproduce heads-quick heads-full bench model-1.5b clean
+.PHONY: install kenlm demo test test-heavy test-fast regress regress-update reproduce heads-quick heads-full bench model-1.5b clean
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -29,11 +29,15 @@ demo: install kenlm
 	$(BIN)/bpdbench run --task xsum --limit 3 --max-new-tokens 64 --out results/runs/demo-xsum --resume
 	$(BIN)/bpdbench run --task mt_bench --limit 3 --max-new-tokens 64 --out results/runs/demo-mt_bench --resume
 
+# `make test`: everything but the heavy tier (<= 15 min on 2 cores of either CPU kind); CI also runs test-heavy.
 test: install kenlm
-	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q
+	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m "not heavy"
+
+test-heavy: install kenlm
+	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m heavy
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow and not heavy"
 
 # CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
 # `make regress BASELINE=other.json` checks against another file (scripts/regress_demo.sh shows a failing one).

@@ -43,6 +43,7 @@ def test_bpd_smoke_run_is_lossless(fp32_model, tmp_path):
     assert 0.0 <= row["rougeL"] <= 1.0
 
 
+@pytest.mark.heavy
 def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_model, tmp_path, monkeypatch):
     """Every registered method that runs in our loop, on the real default model in float32 with the `ci` heads:
     replay (one teacher-forced forward, the loop's own propose/decide) and real decoding give identical counters.

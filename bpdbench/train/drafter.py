@@ -144,7 +144,9 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{p.data}' data: "
         f"{len(train_seqs)} sequences, {int(rows.greedy.sum())} greedy rows in all, shortlist {len(shortlist)}, "
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
-    cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, feature_weight=fam.feature_weight,
+    from ..hardware.dtype import choose as fast_dtype
+    cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, bf16=fast_dtype().dtype == "bfloat16",
+                    feature_weight=fam.feature_weight,
                     adversarial=fam.adversarial, seed=p.seed)
     score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
     stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log, validate=score if val else None)

@@ -36,7 +36,7 @@ class FitConfig:
     batch: int                     # base rows (positional families) or sequences (sequential families)
     negatives: int = 512
     greedy_weight: float = 3.0
-    bf16: bool = True
+    bf16: bool = True              # autocast; drafter.py sets it from the machine (emulated bf16 is slower, not faster)
     feature_weight: float = 1.0    # EAGLE's feature regression next to the cross-entropy
     adversarial: float = 0.0       # KOALA: weight of the generator's adversarial loss (0: off)
     seed: int = 0
