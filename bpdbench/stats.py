@@ -86,3 +86,24 @@ def holm(p_values: list[float], alpha: float) -> list[bool]:
         else:
             break
     return reject
+
+
+def bootstrap_ratio(num: list[float], den: list[float], resamples: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float]:
+    """Percentile interval of sum(num) / sum(den) with the units (prompts) resampled with replacement.
+
+    Why prompts and not tokens: the tokens of one prompt are not independent draws (one long easy prompt moves a
+    speedup a lot), so the unit that varies between benchmarks is the prompt, and the interval must say how much the
+    number would move with other prompts of the same kind. (nan, nan) with fewer than two units."""
+    n = len(num)
+    if n < 2 or n != len(den):
+        return float("nan"), float("nan")
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (resamples, n), generator=g)
+    a = torch.tensor(num, dtype=torch.float64)[idx].sum(1)
+    b = torch.tensor(den, dtype=torch.float64)[idx].sum(1)
+    ratios = (a / b)[b > 0]
+    if not len(ratios):
+        return float("nan"), float("nan")
+    lo, hi = torch.quantile(ratios, torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=torch.float64)).tolist()
+    return float(lo), float(hi)

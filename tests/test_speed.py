@@ -59,6 +59,15 @@ def test_speed_writes_results_and_all_methods_identical(tiny_model_dir, prompts_
     assert "torch" in config["environment"]["versions"] and config["environment"]["dtype"] == "float32"
     assert "| method |" in text  # the Markdown table, rendered from the CSV
     assert not (out / "speed_by_category.csv").exists()  # `prompts` has no categories
+    # predicted beside measured, from this machine's calibration of the same model (measured on first use)
+    for col in ("predicted_speedup", "engine_efficiency", "verify_tokens_per_step", "speedup_ci_low",
+                "speedup_ci_high", "block_efficiency_ci_low", "share_draft", "share_verify", "load_average_max"):
+        assert col in csv.columns
+    assert ar.predicted_speedup == 1.0 and ar.verify_tokens_per_step == 1.0
+    ours = csv[~csv.method.str.startswith("hf-")]         # transformers' loops report no per-step counts
+    assert (ours.predicted_speedup > 0).all() and (ours.engine_efficiency > 0).all()
+    assert (csv.speedup_ci_low <= csv.speedup_vs_ar + 1e-9).all() and (csv.speedup_vs_ar <= csv.speedup_ci_high + 1e-9).all()
+    assert all(r["verified"] >= r["serial_calls"] - 1 for r in records if not r["method"].startswith("hf-"))
 
 
 def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, prompts_file, tmp_path):
@@ -195,3 +204,30 @@ def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp
     assert table.loc["bpd", "threads"] == 1 and table.loc["bpd", "repeats"] == 2
     assert table.loc["bpd", "max_new_tokens"] == 12 and table.loc["bpd", "dtype"] == "float32"
     assert "Wall-clock speedup" in (tmp_path / "results" / "tables" / "speed.md").read_text()
+
+
+def test_prediction_and_bootstrap_on_hand_made_records():
+    """prefill + steps x step x c(verified per step) + drafting, against AR's prefill + tokens x step; intervals
+    contain the point estimate and shrink to it when every prompt agrees."""
+    from bpdbench.experiments import prediction
+    from bpdbench.stats import bootstrap_ratio
+
+    class Cal:
+        step_ms, prefill_tok_per_s = 100.0, 1000.0
+
+        def seconds_for(self, n, tree=False, context=None):
+            return 0.1 * (1.0 if n <= 1 else 2.0)
+
+    ar = {"id": "a", "method": "ar", "prompt_tokens": 100, "tokens": 10, "serial_calls": 11, "verified": 10,
+          "draft_s": 0.0}
+    bpd = {"id": "a", "method": "bpd", "prompt_tokens": 100, "tokens": 10, "serial_calls": 5, "verified": 16,
+           "draft_s": 0.04}
+    p_ar, p_bpd = prediction.predict_record(ar, Cal()), prediction.predict_record(bpd, Cal())
+    assert abs(p_ar["predicted_s"] - (0.1 + 10 * 0.1)) < 1e-9
+    assert abs(p_bpd["predicted_s"] - (0.1 + 4 * 0.2 + 0.04)) < 1e-9 and p_bpd["verify_tokens_per_step"] == 4
+    assert prediction.predict_record({**bpd, "verified": None}, Cal()) == {}      # transformers' loops
+    lo, hi = bootstrap_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
+    assert lo == hi == 2.0
+    lo, hi = bootstrap_ratio([1.0, 3.0, 2.0, 2.5], [1.0, 1.0, 1.0, 1.0])
+    assert lo < 2.125 < hi
+    assert bootstrap_ratio([1.0], [1.0]) != bootstrap_ratio([1.0], [1.0])        # nan: one prompt has no interval

@@ -15,6 +15,7 @@ transformers' own loops (hf-*) are timed greedy only and are skipped at T > 0.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +24,8 @@ import pandas as pd
 from ..config import RunConfig
 from ..methods import Method, MethodUnavailable, Output, parse
 from ..report.results import AppendOnlyJsonl, OutputLock, resumable, write_atomic
+from ..stats import bootstrap_ratio
+from . import prediction
 from .reference import first_divergence
 from .session import Log, open_session, out_dir, resolve_methods
 from .timing import interleaved, median
@@ -54,7 +57,7 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
         def run(prompt: list[int], index: int, drafter=drafter) -> Output:
             s.with_reference(drafter, prompt)
             g = s.decode(drafter, prompt, s.acceptance(index))
-            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"])
+            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified)
         out[m.label] = run
     return out, skipped
 
@@ -62,7 +65,9 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
 def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int = 0, sampled: bool = False
             ) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat."""
+    load = _load()
     runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device)
+    load = max(load, _load())
     ref = runs["ar"][0][1].tokens
     records = []
     for m, rs in runs.items():
@@ -78,13 +83,25 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                         "draft_s": (median([o.draft_seconds for _, o in rs]) if rs[0][1].draft_seconds is not None
                                     else None),
                         "first_divergence": None if wrong is None else first_divergence(wrong, ref),
+                        "verified": rs[0][1].verified, "load_average": load,
                         **({"sampled": True} if sampled else {})})
     return records
 
 
-def summarize(records: list[dict], keys: tuple[str, ...] = ("method",)) -> pd.DataFrame:
-    """Ratios of sums over the prompts where a method reproduced ar; excluded pairs are counted, not hidden."""
-    df = pd.DataFrame(records)
+def _load() -> float:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return float("nan")
+
+
+def summarize(records: list[dict], keys: tuple[str, ...] = ("method",), cal=None) -> pd.DataFrame:
+    """Ratios of sums over the prompts where a method reproduced ar; excluded pairs are counted, not hidden. With a
+    calibration, each row also has its predicted speedup and engine efficiency (experiments/prediction.py); every
+    ratio has a bootstrap 95% interval over prompts."""
+    df = pd.DataFrame(prediction.annotate([dict(r) for r in records], cal))
+    if "predicted_s" in df:
+        df["ar_pred_s"] = df["id"].map(df[df.method == "ar"].set_index("id")["predicted_s"])
     ar = df[df.method == "ar"].set_index("id")
     df["ar_s"] = df["id"].map(ar["median_s"])
     df["ar_calls"] = df["id"].map(ar["serial_calls"])
@@ -96,15 +113,32 @@ def summarize(records: list[dict], keys: tuple[str, ...] = ("method",)) -> pd.Da
         tokens, seconds, calls = int(ok.tokens.sum()), float(ok.median_s.sum()), ok.serial_calls
         known = len(ok) > 0 and calls.notna().all() and calls.sum() > 0
         ar_step = float(ok.ar_s.sum()) / float(ok.ar_calls.sum()) if len(ok) else float("nan")
+        speedup = _speedup(ok, seconds, tokens, sampled)
+        ar_pred = float(ok.ar_pred_s.sum()) if "ar_pred_s" in ok and len(ok) else 0.0
         rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n_prompts": len(g),
                      "n_identical": len(ok), "tokens": tokens, "seconds": seconds,
                      "tokens_per_s": tokens / seconds if seconds else float("nan"),
-                     "speedup_vs_ar": _speedup(ok, seconds, tokens, sampled),
+                     "speedup_vs_ar": speedup, **_intervals(ok, sampled, known),
+                     **prediction.summary_columns(ok, ar_pred, speedup),
+                     "load_average_max": float(g.load_average.max()) if "load_average" in g else float("nan"),
                      "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
                      "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
                      **_drafting(ok, ar_step),
                      "median_spread": float(g.spread.median())})
     return pd.DataFrame(rows)
+
+
+def _intervals(ok: pd.DataFrame, sampled: bool, known: bool) -> dict:
+    """Bootstrap 95% intervals over prompts of the speedup (greedy: ar seconds / method seconds; sampled: per
+    token) and of block efficiency."""
+    if sampled:
+        lo, hi = bootstrap_ratio((ok.ar_s / ok.ar_tokens * ok.tokens).tolist(), ok.median_s.tolist())
+    else:
+        lo, hi = bootstrap_ratio(ok.ar_s.tolist(), ok.median_s.tolist())
+    blo, bhi = (bootstrap_ratio(ok.tokens.tolist(), ok.serial_calls.tolist()) if known
+                else (float("nan"), float("nan")))
+    return {"speedup_ci_low": lo, "speedup_ci_high": hi, "block_efficiency_ci_low": blo,
+            "block_efficiency_ci_high": bhi}
 
 
 def _speedup(ok: pd.DataFrame, seconds: float, tokens: int, sampled: bool) -> float:
@@ -171,6 +205,8 @@ def run(cfg: RunConfig, methods: str | list[str], repeats: int = 3, per_category
 def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_category: int | None, resume: bool,
                  out: Path, jsonl: AppendOnlyJsonl, log: Log) -> Path:
     fns, skipped = decoders(s, chosen, log)
+    from ..hardware.calibration import ensure     # the predictions' costs: measured once per machine, said first
+    cal = ensure(cfg.model, cfg.dtype, str(s.model.device), s.threads, model=s.model, log=log)
     args = {k: v for k, v in cfg.to_dict().items() if k not in UNUSED}
     config = s.meta(chosen, repeats=repeats, per_category=per_category)
     config["config"], config["methods"] = args, list(fns)
@@ -193,9 +229,19 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
             f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))
-    summary = summarize(records)
+    summary = summarize(records, cal=cal)
     summary.to_csv(out / "speed.csv", index=False)
     if any(r["category"] for r in records):
-        summarize(records, ("category", "method")).to_csv(out / "speed_by_category.csv", index=False)
+        summarize(records, ("category", "method"), cal).to_csv(out / "speed_by_category.csv", index=False)
     report_divergence(summary, records, log)
+    busy = summary.load_average_max.max()
+    if busy == busy and busy > (os.cpu_count() or 1):
+        log(f"WARNING: load average reached {busy:.1f} on {os.cpu_count()} cores while timing: other work shared "
+            f"the CPU, so these timings are slower and noisier than this machine's (recorded: load_average_max)")
+    for row in summary.itertuples():
+        if row.engine_efficiency == row.engine_efficiency:
+            log(f"{row.method}: measured {row.speedup_vs_ar:.2f}x [{row.speedup_ci_low:.2f}, "
+                f"{row.speedup_ci_high:.2f}], predicted {row.predicted_speedup:.2f}x (engine efficiency "
+                f"{row.engine_efficiency:.2f}); time: draft {row.share_draft:.0%}, verify {row.share_verify:.0%}, "
+                f"prefill {row.share_prefill:.0%}, overhead {row.share_overhead:.0%}")
     return out

@@ -24,6 +24,7 @@ class Output:
     tokens: list[int]
     serial_calls: int       # forwards of the target model, prefill included
     draft_seconds: float | None = None   # time spent proposing (our loop only; transformers' loops do not say)
+    verified: int | None = None          # tokens scored in verify forwards (our loop only): the calibrated prediction
 
 
 Decoder = Callable[[list[int]], Output]

@@ -1,0 +1,69 @@
+"""Predicted beside measured: what a method's speedup should be on this machine, from its counters and the
+calibrated cost of the forwards it actually ran, and how much of that the engine delivered.
+
+Why: a method with high block efficiency can still be slower than AR, and the measured speedup alone cannot say
+whether drafting, verification (the machine's c(n)) or per-step overhead cost it. With the calibration
+(hardware/calibration.py) each prompt's time is predicted as
+
+    prefill (prompt tokens / prefill throughput) + steps x step(context) x c(verified tokens per step) + drafting
+
+(drafting: the seconds the run itself measured in `propose`), and AR's as prefill + tokens x step(context). The
+predicted speedup is the ratio of the sums, and engine efficiency = measured / predicted speedup: 1.0 means the loop
+adds nothing to the forwards it must run, and it does not depend on the machine, which is what CI can check on
+any CPU (experiments/regress.py). The breakdown shares are of the measured time.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Costs(Protocol):
+    step_ms: float
+    prefill_tok_per_s: float
+
+    def seconds_for(self, n: float, tree: bool = False, context: int | None = None) -> float: ...
+
+
+def predict_record(rec: dict, cal: Costs) -> dict:
+    """Predicted seconds of one (prompt, method) record and its parts; empty for transformers' own loops, which
+    report no per-step counts."""
+    steps = (rec.get("serial_calls") or 0) - 1
+    verified = rec.get("verified")
+    if steps <= 0 or verified is None:
+        return {}
+    context = int(rec["prompt_tokens"] + rec["tokens"] / 2)     # the cache grows from the prompt to the end
+    per_step = verified / steps
+    prefill = rec["prompt_tokens"] / cal.prefill_tok_per_s if cal.prefill_tok_per_s else 0.0
+    verify = steps * cal.seconds_for(per_step, context=context)
+    draft = rec.get("draft_s") or 0.0
+    return {"predicted_s": prefill + verify + draft, "predicted_verify_s": verify, "predicted_prefill_s": prefill,
+            "verify_tokens_per_step": per_step}
+
+
+def annotate(records: list[dict], cal: Costs | None) -> list[dict]:
+    """Each record gains its prediction (in place; also returned)."""
+    if cal is None:
+        return records
+    for rec in records:
+        rec.update(predict_record(rec, cal))
+    return records
+
+
+def summary_columns(ok, ar_pred_s: float, measured_speedup: float) -> dict:
+    """Columns of one speed.csv row from its records that count (a DataFrame with the record fields)."""
+    nan = float("nan")
+    if "predicted_s" not in ok or not len(ok) or ok.predicted_s.isna().any():
+        return {"predicted_speedup": nan, "engine_efficiency": nan, "verify_tokens_per_step": nan,
+                "share_draft": nan, "share_verify": nan, "share_prefill": nan, "share_overhead": nan}
+    predicted = ar_pred_s / float(ok.predicted_s.sum()) if ar_pred_s else nan
+    measured = float(ok.median_s.sum())
+    draft = float(ok.draft_s.fillna(0).sum()) / measured
+    verify = float(ok.predicted_verify_s.sum()) / measured
+    prefill = float(ok.predicted_prefill_s.sum()) / measured
+    steps = float((ok.serial_calls - 1).sum())
+    return {"predicted_speedup": predicted,
+            "engine_efficiency": measured_speedup / predicted if predicted == predicted and predicted else nan,
+            "verify_tokens_per_step": float((ok.verify_tokens_per_step * (ok.serial_calls - 1)).sum()) / steps
+            if steps else nan,
+            "share_draft": draft, "share_verify": verify, "share_prefill": prefill,
+            "share_overhead": 1.0 - draft - verify - prefill}
