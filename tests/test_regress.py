@@ -40,3 +40,47 @@ def test_unmeasured_speedup_is_skipped_not_failed():
     assert compare(nan_base, run(speedup=0.1)) == []
     assert compare(BASE, run(speedup=float("nan"))) == []
     assert compare(BASE, run(speedup=None)) == []
+
+
+def test_speed_check_compares_efficiencies_anywhere_and_speedups_on_the_same_machine():
+    from bpdbench.experiments import regress_speed
+    base = {"pld": {"time_efficiency": 0.9, "engine_efficiency": 1.0, "speedup_vs_ar": 1.2}}
+    same = {"pld": {"time_efficiency": 0.85, "engine_efficiency": 0.95, "speedup_vs_ar": 2.0}}
+    assert regress_speed.compare(base, same, same_machine=False) == []          # other CPU: speedups not compared
+    (msg,) = regress_speed.compare(base, same, same_machine=True)
+    assert "speedup 2.00 outside" in msg
+    slow = {"pld": {"time_efficiency": 0.6, "engine_efficiency": 1.0, "speedup_vs_ar": 1.2}}
+    (msg,) = regress_speed.compare(base, slow, same_machine=False)
+    assert "time efficiency 0.600 vs baseline 0.900" in msg and "slower" in msg
+    faster = {"pld": {"time_efficiency": 0.99, "engine_efficiency": 1.3, "speedup_vs_ar": 1.2}}
+    assert regress_speed.compare(base, faster, same_machine=False) == []        # better is not a regression
+    assert regress_speed.compare(base, {}, False) == ["speed/pld: missing from the current run"]
+
+
+def test_regress_speed_fails_on_a_slowed_engine(tiny_model_dir, tmp_path, monkeypatch):
+    """The real check on a tiny model: measure, then measure again with a sleep of twice the calibrated step
+    injected into every verify forward (a slower engine, whatever this CPU's speed): the check must fail."""
+    import time
+
+    from bpdbench.engine import loop
+    from bpdbench.experiments import regress_speed
+    from bpdbench.hardware import calibration
+    from tests.conftest import write_prompts
+
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    grid = {"task": "prompts", "model": str(tiny_model_dir), "data_file": str(write_prompts(tmp_path, 2)),
+            "limit": 2, "max_new_tokens": 24, "methods": ["pld"], "repeats": 3, "dtype": "float32",
+            "heads_profile": "ci", "threads": 1}
+    base = regress_speed.measure(grid, log=lambda m: None)
+    assert set(base) == {"ar", "pld"} and 0 < base["ar"]["time_efficiency"]
+    step = calibration.cached(str(tiny_model_dir), "float32", "cpu", 1).step_ms / 1000
+    verify = loop.verify
+
+    def slow_verify(*a, **kw):
+        time.sleep(2 * step)
+        return verify(*a, **kw)
+
+    monkeypatch.setattr(loop, "verify", slow_verify)
+    slowed = regress_speed.measure(grid, log=lambda m: None)
+    failures = regress_speed.compare(base, slowed, same_machine=False)
+    assert any("speed/ar: time efficiency" in f for f in failures), (base, slowed)

@@ -1,8 +1,9 @@
 """`bpdbench regress`: re-run a small fixed grid and compare with a committed baseline (CI regression of numbers).
 
 The grid is deterministic: float32, fixed examples, heads trained by the `ci` profile (fixed seed and step count).
-Block efficiency must stay within an absolute tolerance and every lossless_rate must be 1.0. Speedups are printed
-and only checked against a wide factor, because CI machines are noisy. `--update` rewrites the baseline.
+Block efficiency must stay within an absolute tolerance and every lossless_rate must be 1.0. `run`'s speedups are
+printed and only checked against a wide factor; the speed check that can fail on any machine is regress_speed.py
+(time and engine efficiency from a `speed` run with this machine's calibration). `--update` rewrites the baseline.
 """
 from __future__ import annotations
 
@@ -72,13 +73,27 @@ def _measured(x) -> bool:
 
 
 def regress(baseline_path: Path, update: bool = False, log=print) -> list[str]:
-    grid = json.loads(baseline_path.read_text())["grid"] if baseline_path.exists() and not update else GRID
-    current = run_grid(grid, log)
+    """Block efficiency and losslessness of the grid, then (grids that have one) the speed check of
+    regress_speed.py: efficiencies on any machine, absolute speedups on the baseline's own machine."""
+    from . import regress_speed
+    from ..hardware.fingerprint import current as fingerprint
+    saved = json.loads(baseline_path.read_text()) if baseline_path.exists() and not update else None
+    grid = saved["grid"] if saved else {**GRID, "speed": regress_speed.GRID}
+    current = run_grid({k: v for k, v in grid.items() if k != "speed"}, log)
+    speed = regress_speed.measure(grid["speed"], log) if "speed" in grid else None
+    machine = fingerprint(grid["threads"]).key()
     if update:
         import torch
         baseline_path.parent.mkdir(parents=True, exist_ok=True)
         baseline_path.write_text(json.dumps({"grid": grid, "tolerance": TOLERANCE, "results": current,
+                                             "speed": speed, "speed_tolerance": regress_speed.TOLERANCE,
                                              "environment": environment(torch.get_num_threads(), "cpu",
                                                                         grid["dtype"])}, indent=2) + "\n")
         return []
-    return compare(json.loads(baseline_path.read_text()), current)
+    failures = compare(saved, current)
+    if speed is not None and saved.get("speed"):
+        same = saved.get("environment", {}).get("fingerprint") == machine
+        log(f"speed: baseline machine {'matches' if same else 'differs'} ({machine}): absolute speedups "
+            f"{'compared' if same else 'not compared'}, efficiencies compared")
+        failures += regress_speed.compare(saved["speed"], speed, same, saved.get("speed_tolerance"))
+    return failures

@@ -1,0 +1,77 @@
+"""The speed half of `bpdbench regress`: a slower engine must fail CI on any machine.
+
+Why not absolute speedups: they depend on the CPU (a method that is 1.5x AR on an AVX512-BF16 machine loses to AR
+on an AVX2 one), so a band wide enough for every CI machine (the old factor of 3) can never fail. What does not
+depend on the machine is how much of the measured time the calibrated forwards explain: time efficiency
+(predicted / measured seconds, AR included) and engine efficiency (measured / predicted speedup), both from one
+`speed` run with this machine's calibration (experiments/prediction.py). They are checked against the baseline
+with a tight relative tolerance, in the direction that matters (lower); absolute speedups are compared only when
+the machine fingerprint equals the baseline's.
+"""
+from __future__ import annotations
+
+import math
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+from ..config import RunConfig
+
+GRID = {"task": "mt_bench", "limit": 3, "max_new_tokens": 32, "methods": ["bpd", "medusa", "pld"], "repeats": 3,
+        "dtype": "float32", "heads_profile": "ci", "threads": 2, "max_prompt_tokens": 256}
+TOLERANCE = {"efficiency_rel": 0.2, "speedup_factor_same_machine": 1.3}
+KEYS = ("time_efficiency", "engine_efficiency", "speedup_vs_ar", "predicted_speedup", "block_efficiency")
+
+
+def measure(grid: dict, log=print) -> dict:
+    """One `speed` run of the grid's methods in a private folder: per method, the efficiencies and speedups."""
+    from .speed import run as speed_run
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = RunConfig(task=grid["task"], model=grid.get("model", RunConfig.model), limit=grid["limit"],
+                        max_new_tokens=grid["max_new_tokens"], dtype=grid["dtype"],
+                        heads_profile=grid["heads_profile"], threads=grid["threads"],
+                        max_prompt_tokens=grid.get("max_prompt_tokens", 1024), data_file=grid.get("data_file"),
+                        out=f"{tmp}/speed", greedy_dir=f"{tmp}/greedy")
+        out = speed_run(cfg, grid["methods"], repeats=grid["repeats"], log=log)
+        df = pd.read_csv(Path(out) / "speed.csv").set_index("method")
+    result = {m: {k: _num(df.loc[m, k]) for k in KEYS if k in df.columns} for m in df.index}
+    for m, r in result.items():
+        log(f"speed/{m}: time efficiency {r.get('time_efficiency', float('nan')):.3f}, engine efficiency "
+            f"{r.get('engine_efficiency', float('nan')):.3f}, speedup {r.get('speedup_vs_ar', float('nan')):.2f} "
+            f"(predicted {r.get('predicted_speedup', float('nan')):.2f})")
+    return result
+
+
+def compare(baseline: dict, current: dict, same_machine: bool, tol: dict | None = None) -> list[str]:
+    """Failures: an efficiency more than `efficiency_rel` below the baseline's, a method missing, and on the
+    baseline's own machine a speedup outside the factor band."""
+    tol = {**TOLERANCE, **(tol or {})}
+    failures = []
+    for method, base in baseline.items():
+        cur = current.get(method)
+        if cur is None:
+            failures.append(f"speed/{method}: missing from the current run")
+            continue
+        for key in ("time_efficiency", "engine_efficiency"):
+            b, c = base.get(key), cur.get(key)
+            if _ok(b) and _ok(c) and c < b * (1 - tol["efficiency_rel"]):
+                failures.append(f"speed/{method}: {key.replace('_', ' ')} {c:.3f} vs baseline {b:.3f} "
+                                f"(more than {tol['efficiency_rel']:.0%} lower: the engine got slower)")
+        b, c = base.get("speedup_vs_ar"), cur.get("speedup_vs_ar")
+        f = tol["speedup_factor_same_machine"]
+        if same_machine and _ok(b) and _ok(c) and not b / f <= c <= b * f:
+            failures.append(f"speed/{method}: speedup {c:.2f} outside [{b / f:.2f}, {b * f:.2f}] on the baseline's "
+                            f"own machine")
+    return failures
+
+
+def _num(x) -> float:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _ok(x) -> bool:
+    return isinstance(x, (int, float)) and not math.isnan(x) and x > 0
