@@ -1,38 +1,5 @@
-"""The one timing helper: device synchronised around a perf_counter, medians of repeats, methods interleaved.
+"""The clock lives with the machine (hardware/timing.py) so that calibration and every experiment share it without
+the hardware layer importing experiments; this module keeps the old import path."""
+from ..hardware.timing import interleaved, median, synchronize, timed
 
-Every wall-clock number in bpdbench (speed, the step-cost benchmark, run's seconds) comes from `timed`, so a CUDA
-device is synchronised before the clock is read everywhere, not in some places only.
-"""
-from __future__ import annotations
-
-import statistics
-import time
-from typing import Any, Callable
-
-import torch
-
-
-def synchronize(device) -> None:
-    if torch.cuda.is_available() and str(device).startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], Any], device="cpu") -> tuple[float, Any]:
-    synchronize(device)
-    t0 = time.perf_counter()
-    out = fn()
-    synchronize(device)
-    return time.perf_counter() - t0, out
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu") -> dict[str, list[tuple[float, Any]]]:
-    """Every function `repeats` times, in a fixed order per round, so drifts in machine load hit all alike."""
-    runs: dict[str, list[tuple[float, Any]]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            runs[name].append(timed(fn, device))
-    return runs
-
-
-def median(times: list[float]) -> float:
-    return statistics.median(times)
+__all__ = ["interleaved", "median", "synchronize", "timed"]

@@ -128,7 +128,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     import torch
     from transformers import DynamicCache
 
-    from ..experiments.timing import timed
+    from .timing import timed
 
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -233,7 +233,7 @@ def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, re
     over n tokens taken as linear between them, summed over the forwards the plan runs."""
     import torch
 
-    from ..experiments.timing import timed
+    from .timing import timed
     from .forward_timing import LONG_N
     old = torch.get_num_threads()
     torch.set_num_threads(threads)

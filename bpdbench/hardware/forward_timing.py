@@ -61,7 +61,7 @@ def time_shapes(model, cache, hidden, context: list[int], shapes: dict, repeats:
     take several steps each, so one sample's jitter is a small fraction of it: they are timed in the first
     `long_repeats` rounds only, which keeps a calibration near a minute."""
     from ..engine.loop import State, verify
-    from ..experiments.timing import timed
+    from .timing import timed
 
     past = len(context) - 1
     state = State(cache, hidden, context)
