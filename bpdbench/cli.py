@@ -168,9 +168,11 @@ def tables(results: Optional[str] = typer.Option(None, help="results directory (
 @app.command()
 @one_line_errors
 def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench, prompts, ...)"),
-          methods: str = typer.Option("ar,bpd,pld,hf-greedy,hf-pld,hf-assisted",
+          methods: str = typer.Option("ar,bpd:heads=auto,pld:tokens=auto,hierarchy:candidates=auto,length=auto,"
+                                      "hf-greedy,hf-pld,hf-assisted",
                                       help="comma-separated method spellings (`bpdbench methods`); ar, the "
-                                           "baseline, always runs"),
+                                           "baseline, always runs; shapes default to auto (sized to this "
+                                           "machine; fixed shapes as parameters, e.g. bpd:heads=8)"),
           model: str = _M, heads: int = _H, heads_profile: str = _HP,
           limit: Optional[int] = typer.Option(20, help="prompts"), offset: int = _O,
           per_category: Optional[int] = typer.Option(None, help="first N prompts of each category instead of "
