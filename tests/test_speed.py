@@ -226,6 +226,8 @@ def test_prediction_and_bootstrap_on_hand_made_records():
     assert abs(p_ar["predicted_s"] - (0.1 + 10 * 0.1)) < 1e-9
     assert abs(p_bpd["predicted_s"] - (0.1 + 4 * 0.2 + 0.04)) < 1e-9 and p_bpd["verify_tokens_per_step"] == 4
     assert prediction.predict_record({**bpd, "verified": None}, Cal()) == {}      # transformers' loops
+    mixed = {**bpd, "serial_calls": 5, "verified": 13, "verify_sizes": {"1": 3, "10": 1}}  # lookup: 3 misses, 1 hit
+    assert abs(prediction.predict_record(mixed, Cal())["predicted_s"] - (0.1 + 3 * 0.1 + 0.2 + 0.04)) < 1e-9
     lo, hi = bootstrap_ratio([2.0, 2.0, 2.0], [1.0, 1.0, 1.0])
     assert lo == hi == 2.0
     lo, hi = bootstrap_ratio([1.0, 3.0, 2.0, 2.5], [1.0, 1.0, 1.0, 1.0])

@@ -62,6 +62,7 @@ class Generation:
     tokens: list[int]
     counters: Counters
     step_log: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
+    verify_log: list[tuple[int, bool]] = field(default_factory=list)  # (tokens scored, tree mask?) per verify forward
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify"), 0.0))
 
 
@@ -156,6 +157,7 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         drafted = len(proposal.paths[d.path])
         counters.record_step(drafted, d.accepted, len(verified.tree.tokens))
         gen.step_log.append((drafted, d.accepted))
+        gen.verify_log.append((len(verified.tree.tokens), not verified.tree.is_chain))
         t_verify, clock = _lap(clock)
         gen.seconds["draft"] += t_draft
         gen.seconds["verify"] += t_verify

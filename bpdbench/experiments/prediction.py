@@ -5,7 +5,8 @@ Why: a method with high block efficiency can still be slower than AR, and the me
 whether drafting, verification (the machine's c(n)) or per-step overhead cost it. With the calibration
 (hardware/calibration.py) each prompt's time is predicted as
 
-    prefill (prompt tokens / prefill throughput) + steps x step(context) x c(verified tokens per step) + drafting
+    prefill (prompt tokens / prefill throughput) + sum over verify forwards of step(context) x c(tokens scored)
+    + drafting
 
 (drafting: the seconds the run itself measured in `propose`), and AR's as prefill + tokens x step(context). The
 predicted speedup is the ratio of the sums, and engine efficiency = measured / predicted speedup: 1.0 means the
@@ -36,7 +37,12 @@ def predict_record(rec: dict, cal: Costs) -> dict:
     context = int(rec["prompt_tokens"] + rec["tokens"] / 2)     # the cache grows from the prompt to the end
     per_step = verified / steps
     prefill = rec["prompt_tokens"] / cal.prefill_tok_per_s if cal.prefill_tok_per_s else 0.0
-    verify = steps * cal.seconds_for(per_step, context=context)
+    sizes = rec.get("verify_sizes")
+    if sizes:   # every forward at its own size: c is far from linear (c(1) = 1, c(2) = 2 on some CPUs)
+        verify = sum(count * cal.seconds_for(int(key.split(":")[0]), tree=key.endswith(":tree"), context=context)
+                     for key, count in sizes.items())
+    else:       # records written before per-step sizes: the mean size
+        verify = steps * cal.seconds_for(per_step, context=context)
     draft = rec.get("draft_s") or 0.0
     return {"predicted_s": prefill + verify + draft, "predicted_verify_s": verify, "predicted_prefill_s": prefill,
             "verify_tokens_per_step": per_step}

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ..config import RunConfig
 
-GRID = {"task": "mt_bench", "limit": 3, "max_new_tokens": 32, "methods": ["bpd", "medusa", "pld"], "repeats": 3,
+GRID = {"task": "mt_bench", "limit": 3, "max_new_tokens": 24, "methods": ["bpd", "medusa", "pld"], "repeats": 2,
         "dtype": "float32", "heads_profile": "ci", "threads": 2, "max_prompt_tokens": 256}
 TOLERANCE = {"efficiency_rel": 0.2, "speedup_factor_same_machine": 1.3}
 KEYS = ("time_efficiency", "engine_efficiency", "speedup_vs_ar", "predicted_speedup", "block_efficiency")

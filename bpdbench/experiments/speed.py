@@ -57,7 +57,8 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
         def run(prompt: list[int], index: int, drafter=drafter) -> Output:
             s.with_reference(drafter, prompt)
             g = s.decode(drafter, prompt, s.acceptance(index))
-            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified)
+            sizes = Counter(f"{n}:tree" if tree else str(n) for n, tree in g.verify_log)
+            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes))
         out[m.label] = run
     return out, skipped
 
@@ -83,7 +84,8 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                         "draft_s": (median([o.draft_seconds for _, o in rs]) if rs[0][1].draft_seconds is not None
                                     else None),
                         "first_divergence": None if wrong is None else first_divergence(wrong, ref),
-                        "verified": rs[0][1].verified, "load_average": load,
+                        "verified": rs[0][1].verified, "verify_sizes": rs[0][1].verify_sizes,
+                        "load_average": load,
                         **({"sampled": True} if sampled else {})})
     return records
 

@@ -25,6 +25,7 @@ class Output:
     serial_calls: int       # forwards of the target model, prefill included
     draft_seconds: float | None = None   # time spent proposing (our loop only; transformers' loops do not say)
     verified: int | None = None          # tokens scored in verify forwards (our loop only): the calibrated prediction
+    verify_sizes: dict | None = None     # "n" or "n:tree" -> verify forwards of that size (our loop only)
 
 
 Decoder = Callable[[list[int]], Output]
