@@ -129,7 +129,17 @@ def environment(threads: int, device: str, dtype: str) -> dict:
     return {"versions": versions, "python": platform.python_version(), "platform": platform.platform(),
             "processor": _cpu_name(), "cpu_flags": list(fp.flags), "bf16_native": fp.bf16_native,
             "fingerprint": fp.key(), "cpu_count": os.cpu_count(), "threads": threads, "device": device,
-            "dtype": dtype, "load_average": _load_average(), "git_commit": git_commit()}
+            "dtype": dtype, "linear": _linear(dtype, device, threads), "load_average": _load_average(),
+            "git_commit": git_commit()}
+
+
+def _linear(dtype: str, device: str, threads: int) -> str | None:
+    """The linear-layer kernel the model of this run uses (hardware/kernels.py), None where it cannot be told."""
+    from .hardware import kernels
+    try:
+        return kernels.choose(dtype, device, threads).backend
+    except (ValueError, RuntimeError, AttributeError):
+        return None
 
 
 def _load_average() -> list[float] | None:

@@ -146,9 +146,19 @@ def load(name_or_path: str, dtype: str = "bfloat16", device: str = "cpu"):
     except OSError as e:
         raise ModelError(f"cannot load model '{name_or_path}': {str(e).splitlines()[0]}") from None
     model = model.to(device).eval().requires_grad_(False)
+    from .hardware import kernels
     from .hardware.dtype import persist
+    choice = kernels.choose(dtype, device)
+    kernels.apply(model, choice.backend)
     persist()
+    kernels.persist()
+    if (dtype, choice.backend) not in _SAID:
+        _SAID.add((dtype, choice.backend))
+        print(f"linear kernel -> {choice.backend}: {choice.reason}", flush=True)
     return model, tok
+
+
+_SAID: set[tuple[str, str]] = set()
 
 
 def load_tokenizer(name_or_path: str):

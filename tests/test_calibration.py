@@ -60,7 +60,8 @@ def _depths(parents):
     return d
 
 
-def test_measure_on_tiny_model_and_cache_round_trip(tiny_model):
+def test_measure_on_tiny_model_and_cache_round_trip(tiny_model, monkeypatch):
+    monkeypatch.setenv("BPDBENCH_LINEAR", "torch")       # the tiny model runs torch's kernels (not loaded by us)
     cal = lib.measure(tiny_model, "tiny", "float32", "cpu", 1, ns=(1, 2, 4, 8), contexts=(16, 32),
                       tree_ns=(4, 8), repeats=2, log=lambda _: None)
     assert cal.contexts == [16, 32] and cal.step_ms > 0 and cal.prefill_tok_per_s > 0
@@ -128,6 +129,8 @@ def test_results_record_the_cached_calibration(tiny_model_dir, tmp_path):
     assert run(tmp_path / "a") is None                               # never measured from a result
     cal = hand_made()
     cal.model, cal.threads = str(tiny_model_dir), 1
+    from bpdbench.hardware import kernels
+    cal.linear = kernels.choose("float32", "cpu", 1).backend          # what the run's model loads with
     path = lib.save(cal)
     assert run(tmp_path / "b") == {"file": str(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16)}
 

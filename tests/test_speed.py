@@ -154,27 +154,35 @@ def test_unknown_method_is_one_line_error(tiny_model_dir, prompts_file, tmp_path
     assert code == 2 and "unknown method 'warp-drive'" in text
 
 
-def _rec(pid, method, seconds, identical=True, tokens=10, calls=10, category=None):
+def _rec(pid, method, seconds, identical=True, tokens=10, calls=10, category=None, certificate=None):
     return {"id": pid, "category": category, "method": method, "tokens": tokens, "serial_calls": calls,
-            "median_s": seconds, "spread": 0.1, "identical": identical, "first_divergence": None if identical else 3}
+            "median_s": seconds, "spread": 0.1, "identical": identical, "first_divergence": None if identical else 3,
+            "certificate": "exact" if identical else certificate, "diverged_tokens": 0 if identical else 7,
+            "certificate_reason": None if identical else f"{certificate} reason"}
 
 
-def test_speedup_is_ratio_of_sums_over_identical_prompts():
+def test_speedup_counts_near_ties_and_never_lost_prompts():
     records = [_rec("a", "ar", 4.0), _rec("b", "ar", 6.0), _rec("c", "ar", 10.0),
-               _rec("a", "bpd", 2.0, calls=4), _rec("b", "bpd", 2.0, calls=5), _rec("c", "bpd", 1.0, identical=False),
-               _rec("a", "hf-pld", 8.0, identical=False), _rec("b", "hf-pld", 3.0), _rec("c", "hf-pld", 20.0)]
+               _rec("a", "bpd", 2.0, calls=4), _rec("b", "bpd", 2.0, calls=5), _rec("c", "bpd", 1.0, identical=False,
+                                                                                  certificate="lost"),
+               _rec("a", "hf-pld", 8.0, identical=False, certificate="near_tie"), _rec("b", "hf-pld", 3.0),
+               _rec("c", "hf-pld", 20.0)]
     df = speed.summarize(records).set_index("method")
     assert df.loc["ar", "speedup_vs_ar"] == 1.0 and df.loc["ar", "n_identical"] == 3
-    # bpd: c excluded -> (4 + 6) / (2 + 2); tokens and calls only over a, b
+    # bpd: c lost -> excluded: (4 + 6) / (2 + 2); tokens and calls only over a, b
     assert df.loc["bpd", "speedup_vs_ar"] == pytest.approx(2.5)
-    assert df.loc["bpd", "n_identical"] == 2 and df.loc["bpd", "n_prompts"] == 3
+    assert df.loc["bpd", "n_counted"] == 2 and df.loc["bpd", "n_prompts"] == 3
     assert df.loc["bpd", "tokens"] == 20 and df.loc["bpd", "block_efficiency"] == pytest.approx(20 / 9)
     assert df.loc["bpd", "tokens_per_s"] == pytest.approx(20 / 4)
-    # hf-pld: a excluded -> (6 + 10) / (3 + 20)
-    assert df.loc["hf-pld", "speedup_vs_ar"] == pytest.approx(16 / 23)
+    # hf-pld: a is a certified near-tie -> counted: (4 + 6 + 10) / (8 + 3 + 20), its tokens after the divergence too
+    assert df.loc["hf-pld", "speedup_vs_ar"] == pytest.approx(20 / 31)
+    assert df.loc["hf-pld", "n_counted"] == 3 and df.loc["hf-pld", "n_identical"] == 2
+    assert df.loc["hf-pld", "n_near_tie"] == 1 and df.loc["hf-pld", "near_tie_tokens"] == 7
     logs = []
-    speed.report_divergence(speed.summarize(records), records, logs.append)
-    assert len(logs) == 2 and "bpd diverges from ar on 1/3 prompts (prompt@token: c@3)" in logs[0]
+    lost = speed.report_divergence(speed.summarize(records), records, logs.append)
+    assert lost == ["bpd c@3 (lost reason)"]
+    assert any(line.startswith("near-tie: hf-pld diverges from ar on 1/3") for line in logs)
+    assert any(line.startswith("LOST: bpd c@3") for line in logs)
 
 
 def test_speedup_per_category():

@@ -39,7 +39,11 @@ class GreedyReference:
                  log: Callable[[str], None] = print):
         import transformers
         self.model, self.dir, self.log = model, Path(directory), log
-        self.key_base = json.dumps([model_id, dtype, device, torch.__version__, transformers.__version__])
+        from ..hardware.kernels import backend_of
+        key = [model_id, dtype, device, torch.__version__, transformers.__version__]
+        if backend_of(model) != "torch":          # older references (torch's kernels) keep their keys
+            key.append(backend_of(model))
+        self.key_base = json.dumps(key)
 
     def path(self, prompt_ids: list[int], limits: Limits) -> Path:
         key = json.dumps([self.key_base, prompt_ids, limits.max_new_tokens, sorted(limits.eos_ids)])

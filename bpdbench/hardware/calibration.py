@@ -20,6 +20,7 @@ from typing import Callable
 
 from .. import paths
 from .fingerprint import current
+from . import kernels
 from .forward_timing import costs as _costs, crop_to, shapes as _shapes, time_shapes as _time_shapes
 from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
 
@@ -66,6 +67,7 @@ class Calibration:
     measured_at: str = ""
     step_ms_by_context: dict[int, float] = field(default_factory=dict)   # the 1-token step at each context
     load_average: list[float] | None = None   # when measured: a busy machine's curve says so
+    linear: str = "torch"                # the linear-layer kernel measured (hardware/kernels.py)
     version: int = 1
 
     @property
@@ -164,7 +166,8 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
                        chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
                        prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                       step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average())
+                       step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average(),
+                       linear=kernels.backend_of(model))
 
 
 def _load_average() -> list[float] | None:
@@ -182,7 +185,7 @@ def _device_tag(device: str) -> str:
     return "cuda:0" if device == "cuda" else device
 
 
-def cache_path(model_name: str, dtype: str, device: str, threads: int | None) -> Path:
+def cache_path(model_name: str, dtype: str, device: str, threads: int | None, linear: str | None = None) -> Path:
     """paths.cache_root()/calibration/<fingerprint key>/<model>-<dtype>-<device>.json; the key holds the threads,
     the CPU flags and the library versions, so a changed machine or torch never reads a stale curve."""
     from .dtype import resolve
@@ -190,7 +193,8 @@ def cache_path(model_name: str, dtype: str, device: str, threads: int | None) ->
     dtype = resolve(dtype, device, threads, log=lambda _: None)
     fp = current(threads, device)
     safe = str(model_name).strip("/").replace("/", "_")
-    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}.json"
+    kernel = kernels.tag(linear or kernels.choose(dtype, device, threads).backend)
+    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}{kernel}.json"
 
 
 def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:
@@ -214,7 +218,7 @@ def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict 
 
 def save(cal: Calibration, path: Path | None = None) -> Path:
     """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads."""
-    path = path or cache_path(cal.model, cal.dtype, cal.device, cal.threads)
+    path = path or cache_path(cal.model, cal.dtype, cal.device, cal.threads, cal.linear)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(cal.to_dict(), indent=2))
