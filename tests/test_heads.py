@@ -88,6 +88,24 @@ def test_batched_greedy_for_head_training_equals_greedy_decoding(tiny_model):
     assert torch.all(lp[..., 0] >= lp[..., 1])
 
 
+def test_rows_that_finish_leave_the_batch_and_the_others_stay_greedy(tiny_model):
+    """Finished rows are dropped from the batch (cache rows too); the rows still running must be unaffected."""
+    from tests.conftest import decode
+    prompts = [[5, 17, 3, 42, 8, 11], [7, 1], [30, 31, 32, 33], [9, 9, 2]]
+    caps = [3, 12, 1, 7]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    stop = torch.tensor([decode(tiny_model, prompts[3], 12).tokens[4]])       # row 3 meets its EOS early
+    _, hid, lp, top, new = train_heads._greedy_batch(tiny_model, ids, mask, 12, stop, torch.tensor(caps))
+    for b, (p, cap) in enumerate(zip(prompts, caps)):
+        want = decode(tiny_model, p, 12).tokens[:cap]
+        cut = next((j + 1 for j, t in enumerate(want) if t in stop.tolist()), cap)
+        assert new[b, :cut].tolist() == want[:cut]
+        assert torch.allclose(hid[b, :cut], train_heads._greedy_batch(tiny_model, ids[b:b + 1], mask[b:b + 1], cut,
+                                                                      torch.tensor([-1]))[1][0], atol=1e-5)
+
+
 def test_quick_and_full_are_sizes_in_greedy_positions_in_the_fast_dtype():
     """Profiles are defined by data: a seconds budget gave one batch and useless heads where bf16 is emulated."""
     from dataclasses import fields

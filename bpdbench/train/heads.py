@@ -60,9 +60,11 @@ class Profile:
 # `ci` stays step-counted and fp32 end to end, generation included: bf16 kernels round differently on different CPUs,
 # which flipped near-tied greedy tokens in the training continuations, gave other heads on the CI machine and moved
 # the regression baseline by up to 0.1 block efficiency. fp32 makes such flips rare, not impossible.
+# Quick prompts are cut to 64 tokens: a 64-row batch's prefill of 160-token prompts took as long as its generation on
+# 2 AVX2 cores (151 prompt tokens/s against ~110 greedy positions/s), for 32 teacher positions per prompt.
 # Batches of 64 rows: a forward over 64 rows costs 2.5 decode steps in bf16 on AVX512-BF16 and ~5.5 in fp32 on AVX2
 # (results/calibration/), against 1.14 and ~2.7 for 16 rows, so 64 rows make 1.8-2x the greedy positions per second.
-PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=160, greedy_positions=16000,
+PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=64, greedy_positions=16000,
                              fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
             "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
                             fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
@@ -146,7 +148,8 @@ def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, l
         width = max(len(p) for p, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
-        prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop)
+        prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
+                                                              torch.tensor([g for _, g in chunk]))
         keep = min(prompt_positions, width - 1)
         p_lp, p_ids = _teacher_topk(model, prompt_hid[:, width - 1 - keep:])
         for b, (p, cap) in enumerate(chunk):
@@ -163,10 +166,14 @@ def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, l
     return data
 
 
-def _greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, stop: torch.Tensor):
+def _greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, stop: torch.Tensor,
+                  caps: torch.Tensor | None = None):
     """Left-padded batched greedy decoding with a KV cache, computing the vocabulary projection only where it is
     needed. Why not `generate`: it projects every prompt position onto the 152k vocabulary, which on a CPU costs
-    more than the prefill itself (12 s vs 7 s for 16 x 160 tokens), and that dominated head-training time."""
+    more than the prefill itself (12 s vs 7 s for 16 x 160 tokens), and that dominated head-training time.
+    Rows that reached EOS or their own cap (`caps`) leave the batch (their cache rows too): a CPU forward costs in
+    proportion to its rows, and a finished row's tokens are thrown away. Outputs are [B, steps, ...] in the input's
+    row order; a row's entries after it finished are zeros (callers cut at EOS / cap)."""
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -174,24 +181,32 @@ def _greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, st
     out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
     prompt_hid = out.last_hidden_state[:, :-1]                   # [B, W-1, d] positions with a known next token
     h = out.last_hidden_state[:, -1]
-    hs, lps, tops, toks = [], [], [], []
-    done = torch.zeros(ids.shape[0], dtype=torch.bool)
+    n_rows = ids.shape[0]
+    caps = torch.full((n_rows,), max_new) if caps is None else caps.clamp(max=max_new)
+    rows = torch.arange(n_rows)                                  # input row of each live row
+    hs = torch.zeros(n_rows, max_new, h.shape[-1])
+    lps = torch.zeros(n_rows, max_new, TOPK_TEACHER)
+    tops = torch.zeros(n_rows, max_new, TOPK_TEACHER, dtype=torch.long)
     pos = pos[:, -1:]
-    for _ in range(max_new):
+    steps = 0
+    for step in range(max_new):
         lp, top = torch.log_softmax(model.lm_head(h).float(), -1).topk(TOPK_TEACHER, -1)
         nxt = top[:, 0]
-        hs.append(h.float())
-        lps.append(lp)
-        tops.append(top)
-        toks.append(nxt)
-        done |= torch.isin(nxt, stop)
+        hs[rows, step], lps[rows, step], tops[rows, step] = h.float(), lp, top
+        steps = step + 1
+        done = torch.isin(nxt, stop) | (caps[rows] <= step + 1)
         if bool(done.all()):
             break
+        if int(done.sum()) * 8 >= len(rows):                     # compact: fewer rows, fewer FLOPs per step
+            live = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(live)
+            rows, h, nxt, mask, pos = rows[live], h[live], nxt[live], mask[live], pos[live]
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
         pos = pos + 1
         h = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
                         use_cache=True).last_hidden_state[:, -1]
-    return prompt_hid, torch.stack(hs, 1), torch.stack(lps, 1), torch.stack(tops, 1), torch.stack(toks, 1)
+    tops = tops[:, :steps]
+    return prompt_hid, hs[:, :steps], lps[:, :steps], tops, tops[:, :, 0]
 
 
 def _teacher_topk(model, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
