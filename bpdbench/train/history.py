@@ -72,7 +72,7 @@ def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer |
         width = max(len(ids) for ids, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in chunk])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in chunk])
-        new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop)[-1]
+        new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop, torch.tensor([g for _, g in chunk]))[-1]
         for b, (_, cap) in enumerate(chunk):
             seq = new[b, :cap].tolist()
             n = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
