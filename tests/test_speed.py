@@ -58,6 +58,11 @@ def test_speed_writes_results_and_all_methods_identical(tiny_model_dir, prompts_
     assert config["methods"] == METHODS and config["repeats"] == 2
     assert "torch" in config["environment"]["versions"] and config["environment"]["dtype"] == "float32"
     assert "| method |" in text  # the Markdown table, rendered from the CSV
+    assert config["environment"]["linear"] in ("torch", "onednn")
+    assert (csv.n_counted == 2).all() and (csv.n_near_tie == 0).all()
+    from bpdbench.hardware import calibration
+    cal = calibration.cached(str(tiny_model_dir), "float32", "cpu", 1)
+    assert cal is not None and set(cal.drafting_ms) >= {"bpd", "pld"}     # speed measured them for the machine
     assert not (out / "speed_by_category.csv").exists()  # `prompts` has no categories
     # predicted beside measured, from this machine's calibration of the same model (measured on first use)
     for col in ("predicted_speedup", "engine_efficiency", "verify_tokens_per_step", "speedup_ci_low",

@@ -213,6 +213,19 @@ def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log) -> l
     return lost
 
 
+def _record_drafting(cal, summary: pd.DataFrame) -> None:
+    """Each method's measured drafting ms per step into the machine's calibration (`bpdbench calibrate --show`
+    lists them), where later predictions of the same method read it."""
+    if cal is None:
+        return
+    from ..hardware.calibration import record_drafting
+    for row in summary.itertuples():
+        if row.method != "ar" and row.draft_ms_per_step == row.draft_ms_per_step:
+            cal.drafting_ms[row.method] = round(float(row.draft_ms_per_step), 3)
+    if cal.drafting_ms:
+        record_drafting(cal, next(iter(cal.drafting_ms)), next(iter(cal.drafting_ms.values())))
+
+
 def by_prompt_method(record: dict) -> tuple:
     return record.get("id"), record.get("method")
 
@@ -282,6 +295,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     if any(r["category"] for r in records):
         summarize(records, ("category", "method"), cal).to_csv(out / "speed_by_category.csv", index=False)
     lost = report_divergence(summary, records, log)
+    _record_drafting(cal, summary)
     busy = summary.load_average_max.max()
     if busy == busy and busy > (os.cpu_count() or 1):
         log(f"WARNING: load average reached {busy:.1f} on {os.cpu_count()} cores while timing: other work shared "

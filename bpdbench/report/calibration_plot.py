@@ -74,4 +74,8 @@ def show_table(cal, console=None) -> None:
                   highlight=False)
     console.print(f"machine {fp.get('key')}: {fp.get('gpu') or fp.get('cpu')}, {fp.get('cores')} cores, flags "
                   f"{' '.join(fp.get('flags', [])) or 'none'}, {cal.threads} threads, torch {fp.get('torch')}, "
-                  f"transformers {fp.get('transformers')}", highlight=False)
+                  f"transformers {fp.get('transformers')}; linear kernel {cal.linear}", highlight=False)
+    if cal.drafting_ms:
+        console.print("drafting per step, measured by `bpdbench speed`: " + ", ".join(
+            f"{label} {ms:.1f} ms ({ms / cal.step_ms:.2f} steps)" for label, ms in sorted(cal.drafting_ms.items())),
+            highlight=False)
