@@ -142,6 +142,7 @@ def test_generation_stops_at_the_positions_target_not_at_a_time(eos_model, monke
     from bpdbench.train import pacing
     clock = iter(range(0, 10**9, 10**5))                            # every call: 100,000 s later
     monkeypatch.setattr(pacing.time, "time", lambda: next(clock))
+    monkeypatch.setattr(pacing.time, "perf_counter", lambda: next(clock))   # the first batch's rates too
     b = distill.Budget(9, 20, 25, batch=2, prompt_positions=4, dtype="float32")
     lines = []
     pacer = pacing.Pacer("t", b.greedy_positions, lines.append)
@@ -207,3 +208,15 @@ def test_drafter_below_the_floor_warns_and_a_run_with_it_says_and_records_it(tin
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["resolved"]["quality_warning"] == warning
     assert pd.read_csv(tmp_path / "r" / "summary.csv").iloc[0].quality_warning == warning
+
+
+def test_first_batch_prediction_uses_its_rates_not_its_positions():
+    """The first batch holds the shortest caps (batches are sorted by cap): its positions per second would predict
+    several times too long; its prefill and step rates applied to the pool's mean prompt and cap do not."""
+    from bpdbench.train import pacing
+    prompts = [([1] * 10, 4)] * 2 + [([1] * 30, 100)] * 2            # mean prompt 20 tokens, mean cap 52
+    clock = {"prefill_s": 2.0, "prompt_tokens": 20, "steps": 4, "decode_s": 4.0}   # 0.1 s/token, 1 s/step
+    got = pacing.predict_from_batch(clock, positions=1000, batch=2, prompts=prompts)
+    batches = -(-1000 // (2 * 52 * pacing.FILL))
+    assert got == pytest.approx(batches * (2 * 20 * 0.1 + 52 * 1.0))
+    assert pacing.predict_from_batch({}, 1000, 2, prompts) is None

@@ -27,7 +27,7 @@ import torch
 from .. import models, paths
 from ..config import environment
 from .heads import _greedy_batch, _teacher_topk, prompt_pool
-from .pacing import Pacer, data_warning, predict_seconds, resolve_dtype
+from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, resolve_dtype
 
 Log = Callable[[str], None]
 FILE = "data.pt"
@@ -202,8 +202,9 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
         width = max(len(p) for p, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        clock: dict = {}
         prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
-                                                              torch.tensor([g for _, g in chunk]))
+                                                              torch.tensor([g for _, g in chunk]), clock)
         keep = min(b.prompt_positions, width - 1)
         p_lp, p_ids = _teacher_topk(model, prompt_hid[:, width - 1 - keep:])
         for r, (p, cap) in enumerate(chunk):
@@ -217,7 +218,8 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
                          "positions": torch.arange(len(p) - 1 - k, len(p) - 1 + n), "n_prompt": k})
             n_greedy += n
         if i == 0:
-            pacer.batch_done(n_greedy, len(batches))
+            pacer.batch_done(n_greedy, len(batches), predict_from_batch(clock, b.greedy_positions, b.batch, prompts)
+                             if b.greedy_positions else None)
         log(f"  {i + 1}/{len(batches)} batches, {n_greedy} greedy positions, {time.time() - t0:.0f}s")
     return seqs
 

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .. import models, paths
 from ..heads import Heads, HeadsInfo, save
-from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
+from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, quality_warning, resolve_dtype
 
 TOPK_TEACHER = 8
 
@@ -148,8 +148,9 @@ def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, l
         width = max(len(p) for p, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        clock: dict = {}
         prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
-                                                              torch.tensor([g for _, g in chunk]))
+                                                              torch.tensor([g for _, g in chunk]), clock)
         keep = min(prompt_positions, width - 1)
         p_lp, p_ids = _teacher_topk(model, prompt_hid[:, width - 1 - keep:])
         for b, (p, cap) in enumerate(chunk):
@@ -161,26 +162,30 @@ def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, l
                          torch.cat([p_lp[b, keep - k:], top_lp[b, :n]]), new[b, :n], k))
             n_greedy += n
         if i == 0:
-            pacer.batch_done(n_greedy, len(batches))
+            pacer.batch_done(n_greedy, len(batches), predict_from_batch(clock, positions, batch, prompts)
+                             if positions else None)
         log(f"  self-distillation: {i + 1}/{len(batches)} batches, {n_greedy} greedy tokens, {time.time() - t0:.0f}s")
     return data
 
 
 def _greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, stop: torch.Tensor,
-                  caps: torch.Tensor | None = None):
+                  caps: torch.Tensor | None = None, clock: dict | None = None):
     """Left-padded batched greedy decoding with a KV cache, computing the vocabulary projection only where it is
     needed. Why not `generate`: it projects every prompt position onto the 152k vocabulary, which on a CPU costs
     more than the prefill itself (12 s vs 7 s for 16 x 160 tokens), and that dominated head-training time.
     Rows that reached EOS or their own cap (`caps`) leave the batch (their cache rows too): a CPU forward costs in
     proportion to its rows, and a finished row's tokens are thrown away. Outputs are [B, steps, ...] in the input's
-    row order; a row's entries after it finished are zeros (callers cut at EOS / cap)."""
+    row order; a row's entries after it finished are zeros (callers cut at EOS / cap). `clock` receives the
+    prefill's seconds and prompt tokens and the decode steps' seconds and count (the pacer's first-batch rates)."""
     from transformers import DynamicCache
 
+    t0 = time.perf_counter()
     cache = DynamicCache()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
     prompt_hid = out.last_hidden_state[:, :-1]                   # [B, W-1, d] positions with a known next token
     h = out.last_hidden_state[:, -1]
+    t1 = time.perf_counter()
     n_rows = ids.shape[0]
     caps = torch.full((n_rows,), max_new) if caps is None else caps.clamp(max=max_new)
     rows = torch.arange(n_rows)                                  # input row of each live row
@@ -205,6 +210,9 @@ def _greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, st
         pos = pos + 1
         h = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
                         use_cache=True).last_hidden_state[:, -1]
+    if clock is not None:
+        clock.update(prefill_s=t1 - t0, prompt_tokens=int(ids.numel()), steps=steps,
+                     decode_s=time.perf_counter() - t1)
     tops = tops[:, :steps]
     return prompt_hid, hs[:, :steps], lps[:, :steps], tops, tops[:, :, 0]
 

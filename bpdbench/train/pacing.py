@@ -63,6 +63,21 @@ def predict_seconds(model_name: str, dtype: str, positions: int, batch: int, pro
         return None
 
 
+def predict_from_batch(clock: dict, positions: int, batch: int, prompts: list[tuple[list[int], int]]) -> float | None:
+    """Expected generation time from the first batch's own rates (no calibration cached): its prefill seconds per
+    prompt token and its seconds per decode step, applied to the pool's mean prompt length and length cap, as
+    `predict_seconds` applies the calibrated ones. Why not the first batch's positions per second: batches are sorted
+    by length cap, so the first one holds the shortest answers and its rate misleads by several times."""
+    if not prompts or not clock.get("prompt_tokens") or not clock.get("steps"):
+        return None
+    mean_cap = sum(g for _, g in prompts) / len(prompts)
+    mean_prompt = sum(len(p) for p, _ in prompts) / len(prompts)
+    n_batches = math.ceil(positions / max(1.0, batch * mean_cap * FILL))
+    per_batch = (batch * mean_prompt * clock["prefill_s"] / clock["prompt_tokens"]
+                 + mean_cap * clock["decode_s"] / clock["steps"])
+    return float(n_batches * per_batch)
+
+
 def minutes(seconds: float) -> str:
     return f"~{seconds / 60:.0f} min" if seconds >= 90 else f"~{seconds:.0f} s"
 
@@ -100,13 +115,15 @@ class Pacer:
             return True
         return False
 
-    def batch_done(self, positions: int, total_batches: int) -> None:
-        """After the first batch without a calibration: extrapolate and say it."""
+    def batch_done(self, positions: int, total_batches: int, predicted: float | None = None) -> None:
+        """After the first batch without a calibration: extrapolate (from its measured rates when given, see
+        `predict_from_batch`, else from its positions) and say it."""
         if self.predicted is not None or positions <= 0:
             return
         elapsed = time.time() - self.t0
         goal = self.target if self.target is not None else None
-        self.predicted = elapsed * (goal / positions if goal else total_batches)
+        self.predicted = predicted if predicted is not None else elapsed * (goal / positions if goal else
+                                                                             total_batches)
         self.source = "first batch"
         self.log(f"{self.what}: the first batch made {positions:,} greedy positions in {elapsed:.1f}s: expected "
                  f"{minutes(self.predicted)} in all (first batch)")
