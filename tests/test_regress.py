@@ -84,3 +84,16 @@ def test_regress_speed_fails_on_a_slowed_engine(tiny_model_dir, tmp_path, monkey
     slowed = regress_speed.measure(grid, log=lambda m: None)
     failures = regress_speed.compare(base, slowed, same_machine=False)
     assert any("speed/ar: time efficiency" in f for f in failures), (base, slowed)
+
+
+def test_absolute_speedups_need_the_same_fingerprint_and_the_same_linear_kernel(monkeypatch):
+    from bpdbench import config
+    from bpdbench.experiments.regress import same_machine
+    grid = {"dtype": "float32", "threads": 2}
+    monkeypatch.setattr(config, "_linear", lambda dtype, device, threads: "onednn")
+    assert same_machine({"fingerprint": "abc", "linear": "onednn"}, "abc", grid)[0]
+    same, why = same_machine({"fingerprint": "abc"}, "abc", grid)            # an older baseline: torch's linear
+    assert not same and "onednn" in why and "torch" in why
+    assert not same_machine({"fingerprint": "xyz", "linear": "onednn"}, "abc", grid)[0]
+    monkeypatch.setattr(config, "_linear", lambda dtype, device, threads: None)
+    assert same_machine({"fingerprint": "abc"}, "abc", grid)[0]
