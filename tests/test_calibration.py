@@ -142,3 +142,22 @@ def test_costs_divide_by_the_step_of_their_own_round():
     step, cost = costs(rounds)
     assert step == 1.0 and cost[ONE] == 1.0
     assert cost[("chain", 4)] == 2.0 and cost[("chain", 64)] == 9.0
+
+
+def test_the_cost_curve_is_read_through_its_monotone_fit():
+    from bpdbench.hardware.calibration import monotone
+    raw = {1: 1.0, 2: 0.77, 3: 0.88, 4: 0.91, 8: 1.13, 24: 2.68, 32: 5.86, 48: 3.48, 64: 4.53}
+    fit = monotone(raw)
+    xs = sorted(fit)
+    assert all(fit[a] <= fit[b] + 1e-12 for a, b in zip(xs, xs[1:]))       # never cheaper with more tokens
+    assert fit[2] == 1.0 and fit[8] == 1.13 and fit[24] == 2.68             # a dip floors at one step
+    assert 3.48 < fit[48] < 5.86 and fit[32] == fit[48] == fit[64]          # a spike is pooled with what follows
+    ok = {1: 1.0, 8: 1.2, 16: 1.5, 64: 4.0}
+    assert monotone(ok) == ok                                               # a clean curve is unchanged
+
+
+def test_a_fast_machine_spends_its_calibration_time_on_more_rounds():
+    from bpdbench.hardware.calibration import MAX_REPEATS, REPEATS, plan_repeats
+    assert plan_repeats(60.0) == (REPEATS, 1)           # a slow machine: the minute it needs anyway
+    assert plan_repeats(27.0) == (5, 1)                 # 45 s / 27 s x 3 rounds
+    assert plan_repeats(0.5) == (MAX_REPEATS, MAX_REPEATS // 3)

@@ -29,6 +29,36 @@ NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 CONTEXTS = (128, 512, 1024)
 TREE_NS = (4, 8, 16, 32, 64)
 REPEATS = 3
+TARGET_SECONDS = 45.0     # a fast machine spends what a slow one needs anyway on more rounds (less noise)
+MAX_REPEATS = 12
+
+
+def monotone(points: dict[int, float]) -> dict[int, float]:
+    """The least-squares non-decreasing fit (pool adjacent violators) of a cost curve, floored at one step: a forward
+    over more tokens never costs less, so a dip (c(2) = 0.77 steps, seen under load) or a lone spike is timing noise,
+    and an optimiser reading it raw would chase it. The raw samples stay in the file and the figure."""
+    xs = sorted(points)
+    blocks: list[list[float]] = []          # [sum, count]
+    for x in xs:
+        blocks.append([max(points[x], 1.0), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            s, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += c
+    out, i = {}, 0
+    for total, count in blocks:
+        for _ in range(int(count)):
+            out[xs[i]] = total / count
+            i += 1
+    return out
+
+
+def plan_repeats(seconds_at_default: float) -> tuple[int, int]:
+    """(rounds, rounds that also time the long shapes) for about TARGET_SECONDS: 3 and 1 on a slow machine (0.5B
+    float32 on 2 AVX2 cores needs a minute for those), up to 12 and 4 where one round takes a few seconds."""
+    scale = TARGET_SECONDS / max(seconds_at_default, 1e-3)
+    repeats = int(min(MAX_REPEATS, max(REPEATS, REPEATS * scale)))
+    return repeats, max(1, repeats // 3)
 
 
 def _interp(points: dict[int, float], x: float) -> float:
@@ -75,14 +105,15 @@ class Calibration:
         return sorted(self.contexts)[len(self.contexts) // 2]
 
     def cost(self, n: int, tree: bool = False, context: int | None = None) -> float:
-        """Decode steps for one forward over n scored tokens (n = 1 is exactly 1.0). A tree shape below the smallest
-        measured tree interpolates from the 1-token step (a root alone is a chain)."""
+        """Decode steps for one forward over n scored tokens (n = 1 is exactly 1.0), from the monotone fit of each
+        context's samples. A tree shape below the smallest measured tree interpolates from the 1-token step (a root
+        alone is a chain)."""
         context = self.middle if context is None else context
         per_context = {}
         for c in self.contexts:
             points = dict(self.tree[c]) if tree else dict(self.chain[c])
             points.setdefault(1, 1.0)
-            per_context[c] = _interp(points, n)
+            per_context[c] = _interp(monotone(points), n)
         return _blend(per_context, context)
 
     def step_ms_at(self, context: int | None = None) -> float:
@@ -118,13 +149,14 @@ class Calibration:
 
 
 def measure(model, model_name: str, dtype: str, device: str, threads: int,
-            ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, log: Log = print) -> Calibration:
+            ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, long_repeats: int = 1,
+            log: Log = print) -> Calibration:
     """Time the engine's verify over chains and trees on top of a random context, per context length.
 
     One prefill of the largest context (timed: the prefill throughput), then contexts from the largest down, the
     cache cropped to each (a causal cache's first c entries are the c-token cache). Each round times every shape
     once in a fixed order (drift hits all alike), the 1-token step three times, shapes over 16 tokens in the first
-    round only; after each forward the cache is cropped back. Shapes are warmed up once, at the first context. A
+    `long_repeats` rounds only; after each forward the cache is cropped back. Shapes are warmed up once, at the first context. A
     cost is the median of its samples each divided by its own round's 1-token step (forward_timing.costs). 0.5B
     float32 on 2 AVX2 cores: about a minute on an idle machine."""
     import torch
@@ -150,7 +182,8 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
             prefill, hidden = contexts[0] / secs, out.last_hidden_state[0, -1]
             for i, ctx in enumerate(contexts):
                 crop_to(cache, ctx)
-                rounds = _time_shapes(model, cache, hidden, ids[: ctx + 1], shapes, repeats, i == 0, device)
+                rounds = _time_shapes(model, cache, hidden, ids[: ctx + 1], shapes, repeats, i == 0, device,
+                                      long_repeats=long_repeats)
                 step, cost = _costs(rounds)
                 steps[ctx] = step * 1000
                 chain[ctx] = {n: c for (k, n), c in cost.items() if k == "chain"}
@@ -280,10 +313,13 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     if model is None:
         model, _ = load(model_name, dtype, device)
     plan = {"ns": NS, "contexts": CONTEXTS, "tree_ns": TREE_NS, "repeats": REPEATS}
-    about = estimate_seconds(model, device, threads, **plan)
+    at_default = estimate_seconds(model, device, threads, **plan)
+    repeats, long_repeats = plan_repeats(at_default)
+    plan["repeats"] = repeats
+    about = at_default * repeats / REPEATS          # the long shapes' rounds grow in proportion (repeats // 3)
     log(f"calibrating {model_name} {dtype} on {current(threads, device).describe()} (about {about:.0f} s, once "
         f"per machine)")
-    cal = measure(model, model_name, dtype, device, threads, log=log, **plan)
+    cal = measure(model, model_name, dtype, device, threads, log=log, long_repeats=long_repeats, **plan)
     path = save(cal)
     log(f"calibrated in {cal.seconds:.0f} s: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps; "
         f"{path}")
