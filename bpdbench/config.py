@@ -155,8 +155,9 @@ def git_commit() -> str:
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        # results/ is output (a sweep's artefact build rewrites its training record there): only code makes dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".", ":!results"],
+                               cwd=root, capture_output=True, text=True, timeout=5).stdout.strip()
         return (sha + ("-dirty" if dirty else "")) or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
