@@ -126,3 +126,41 @@ def test_rescored_tree_puts_the_local_pick_on_the_main_path(tiny_model):
     gen = decode(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, k=10,
                             rescorer=RescoredTree("medusa-x", MedusaTree("medusa"), PickThird()))
     assert gen.tokens == ref
+
+
+def _brute_mask(parents: list[int]) -> torch.Tensor:
+    n = len(parents)
+    m = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        j = i
+        while j >= 0:
+            m[i, j] = True
+            j = parents[j]
+    return m
+
+
+def test_the_vectorised_mask_equals_the_ancestor_walk_on_random_trees():
+    import random
+
+    from bpdbench.engine.tree import ancestors_mask, build_tree
+    rng = random.Random(0)
+    for _ in range(50):
+        drafts = [[rng.randrange(4) for _ in range(rng.randrange(1, 7))] for _ in range(rng.randrange(1, 9))]
+        tree = build_tree(9, drafts)
+        assert torch.equal(ancestors_mask(tree), _brute_mask(tree.parents))
+        assert ancestors_mask(tree) is ancestors_mask(build_tree(9, drafts))      # one build per topology
+
+
+def test_in_place_compaction_keeps_exactly_the_accepted_rows():
+    from transformers import DynamicCache
+
+    from bpdbench.engine.tree import compact_cache
+    past, n, keep = 5, 7, [0, 2, 5]
+    cache = DynamicCache()
+    k = torch.randn(1, 2, past + n, 4)
+    v = torch.randn(1, 2, past + n, 4)
+    cache.update(k.clone(), v.clone(), 0)
+    compact_cache(cache, past, n, keep)
+    rows = list(range(past)) + [past + i for i in keep]
+    assert cache.get_seq_length() == past + len(keep)
+    assert torch.equal(cache.layers[0].keys, k[..., rows, :]) and torch.equal(cache.layers[0].values, v[..., rows, :])

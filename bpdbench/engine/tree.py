@@ -42,15 +42,30 @@ def build_tree(root: int, drafts: list[list[int]]) -> Tree:
     return Tree(tokens, parents, depths, paths)
 
 
+_MASKS: dict[tuple[int, ...], torch.Tensor] = {}
+_MASKS_MAX = 256
+
+
 def ancestors_mask(tree: Tree) -> torch.Tensor:
-    """[n, n] bool: node i may attend to node j iff j is i or an ancestor of i."""
-    n = len(tree.tokens)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        j = i
-        while j >= 0:
-            mask[i, j] = True
-            j = tree.parents[j]
+    """[n, n] bool: node i may attend to node j iff j is i or an ancestor of i. Built with one indexed write per
+    depth level (not one per ancestor pair) and kept per topology, since a fixed tree (Medusa's, `tree=4`) has the
+    same parents every step."""
+    key = tuple(tree.parents)
+    mask = _MASKS.get(key)
+    if mask is None:
+        n = len(key)
+        parents = torch.tensor(key, dtype=torch.long)
+        mask = torch.eye(n, dtype=torch.bool)
+        rows, anc = torch.arange(n), parents.clone()
+        while True:
+            alive = anc >= 0
+            if not bool(alive.any()):
+                break
+            mask[rows[alive], anc[alive]] = True
+            anc = torch.where(alive, parents[anc.clamp(min=0)], anc)
+        if len(_MASKS) >= _MASKS_MAX:
+            _MASKS.pop(next(iter(_MASKS)))
+        _MASKS[key] = mask
     return mask
 
 
@@ -79,15 +94,20 @@ def accept(tree: Tree, greedy: list[int]) -> tuple[int, int]:
 
 
 def compact_cache(cache, past: int, n_nodes: int, keep: list[int]) -> None:
-    """Keep the cache entries of `keep` (node indices, root first, in path order), drop the other tree nodes."""
+    """Keep the cache entries of `keep` (node indices, root first, in path order), drop the other tree nodes: the
+    kept rows are gathered into the slots right after `past` and the rest cropped, so the cache before `past` is
+    never copied (a full `torch.cat` per step cost a copy of the whole cache on every tree step)."""
     if keep == list(range(len(keep))):
         cache.crop(-(n_nodes - len(keep))) if n_nodes > len(keep) else None
         return
-    index = torch.tensor([past + k for k in keep])
-    for layer in _layers(cache):
-        layer.keys = torch.cat([layer.keys[..., :past, :], layer.keys.index_select(-2, index.to(layer.keys.device))], -2)
-        layer.values = torch.cat([layer.values[..., :past, :],
-                                  layer.values.index_select(-2, index.to(layer.values.device))], -2)
+    layers = _layers(cache)
+    index = torch.tensor([past + k for k in keep], device=layers[0].keys.device)     # one host-to-device copy
+    for layer in layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            rows = t.index_select(-2, index)                          # read before the slots are overwritten
+            t[..., past: past + len(keep), :] = rows
+    cache.crop(-(n_nodes - len(keep)))
 
 
 def _layers(cache):
