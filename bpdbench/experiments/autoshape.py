@@ -36,7 +36,7 @@ from typing import Any
 import tasks as task_registry
 from .. import paths
 from ..config import ConfigError
-from ..engine import EmptyDrafter, replay, teacher_forced
+from ..engine import EmptyDrafter, TreeScorer, forward_feedback, replay, teacher_forced
 from ..hardware import shapes
 from ..methods import Method, MethodError
 from ..methods.base import AUTO
@@ -79,6 +79,7 @@ class _Recorder:
 
     def __init__(self, drafter):
         self.drafter, self.name = drafter, drafter.name
+        forward_feedback(self, drafter)
         for attr in ("needs_reference", "use_reference"):
             if hasattr(drafter, attr):
                 setattr(self, attr, getattr(drafter, attr))
@@ -178,7 +179,8 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
         rec.truth = greedy
         if getattr(rec, "needs_reference", False):
             rec.use_reference(greedy)
-        c = replay(rec, prompt, greedy, hidden.get(ex.id), s.limits)
+        c = replay(rec, prompt, greedy, hidden.get(ex.id), s.limits,
+                   scorer=TreeScorer(s.model) if getattr(rec, "feedback_k", 0) else None)
         total = c if total is None else total.add(c)
     if total is None or not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
