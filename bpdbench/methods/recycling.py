@@ -5,7 +5,7 @@ plain decoding throws all but the accepted path away. Token Recycling keeps, for
 base predicted after it the last time it was scored (an adjacency matrix V x k, here a dict of rows for the tokens
 seen so far, which is the same matrix without its empty rows), and drafts by expanding that matrix breadth-first
 from the context's last token into a fixed tree: the authors' 80-node template (`tree_template_.py`, version
-2.2.2: 79 draft nodes of depth <= 6 plus the root), where entry [i, j, ...] is the rank-i successor of the root,
+2.2.2: 80 draft nodes of depth <= 6 under the root), where entry [i, j, ...] is the rank-i successor of the root,
 then its rank-j successor, and so on. After each verify forward every scored node's row is overwritten with its
 top-k (`Drafter.feedback`), as the authors' `update` does with all positions, accepted or not.
 
@@ -23,7 +23,7 @@ from ..engine import DraftContext, Feedback, Proposal
 from .base import Method, MethodSpec, Param
 from .env import Env
 
-# The authors' default template (version 2.2.2), breadth-first: 79 draft nodes, ranks 0..7, depths 1..6.
+# The authors' default template (version 2.2.2), breadth-first: 80 draft nodes, ranks 0..7, depths 1..6.
 TEMPLATE: tuple[tuple[int, ...], ...] = tuple(tuple(e) for e in (
     [0], [1], [2], [3], [4], [5], [6], [7],
     [0, 0], [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7], [1, 0], [1, 1], [1, 2], [1, 3], [2, 0], [2, 1],
