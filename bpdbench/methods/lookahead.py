@@ -5,17 +5,19 @@ Each verify forward carries two branches after the base's next token (the root):
 - the lookahead branch, a 2D window of `ngram` - 1 levels x `window` columns of guessed tokens. Level 0 column i
   sits at position root + 1 + i, level l column i at root + 1 + i + l; token (l, i) attends to level 0's columns
   0..i and to levels 1..l of column i (LADE's mask), which is a path from the root: level0[:i + 1] + [level1[i],
-  ..., level_l[i]]. These paths are scored but never candidates (`Proposal.scored`). The base's greedy token after
-  each column's top node is that column's next level (one Jacobi step along every diagonal); once `ngram` - 1
-  levels exist, each column's levels plus its new token form an n-gram, added to the pool keyed by its first token,
-  and the window drops its oldest level (LADE's `past_tokens` shift). Level 0 starts as tokens drawn from the prompt
+  ..., level_l[i]]. These paths are scored but never candidates (`Proposal.scored`); where a column repeats
+  level 0's next tokens (a converged diagonal) the trie scores them once, the same token after the same ancestors
+  being the same computation, so a forward scores at most window x (ngram - 1) window tokens. The base's greedy
+  token after each column's top node is that column's next level (one Jacobi step along every diagonal); once
+  `ngram` - 1 levels exist, each column's levels plus its new token form an n-gram, added to the pool keyed by its
+  first token, and the window drops its oldest level (LADE's `past_tokens` shift). Level 0 starts as tokens drawn from the prompt
   (LADE draws at random; here from a generator seeded per example, so real decoding and replay agree) and the
   levels above fill one per step, as LADE's `fill_level` does;
 - the verification branch: up to `guesses` n-grams (each `ngram` - 1 tokens after the key) from the pool's entry
   for the root, most recent first; each key keeps its `guesses` most recent distinct n-grams (LADE's
   GUESS_SET_SIZE, least recently added dropped).
-A forward scores window x (ngram - 1) window tokens plus at most guesses x (ngram - 1) candidate tokens: `guesses`
-sizes the verified part (`guesses=auto`). The pool and window are per example (LADE's are per generate call).
+A forward scores up to window x (ngram - 1) window tokens plus at most guesses x (ngram - 1) candidate tokens:
+`guesses` sizes the verified part (`guesses=auto`). The pool and window are per example (LADE's are per generate call).
 The candidates are deterministic given the context and the pool, so q is a point mass on each proposed token.
 """
 from __future__ import annotations
