@@ -8,5 +8,5 @@ from .sampling import RULES, Sampler, SamplingParams, SpeculativeSampling
 from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Feedback, Lattice, Proposal, forward_feedback
 
 __all__ = ["GREEDY", "Acceptance", "Decision", "GreedyAcceptance", "Counters", "ratios", "Generation", "Limits",
-           "generate", "TreeScorer", "Feedback", "forward_feedback", "replay", "teacher_forced", "EMPTY", "DraftContext", "Drafter", "EmptyDrafter", "Lattice",
-           "Proposal", "RULES", "Sampler", "SamplingParams", "SpeculativeSampling"]
+           "generate", "TreeScorer", "Feedback", "forward_feedback", "replay", "teacher_forced", "EMPTY",
+           "DraftContext", "Drafter", "EmptyDrafter", "Lattice", "Proposal", "RULES", "Sampler", "SamplingParams", "SpeculativeSampling"]

@@ -10,9 +10,9 @@ Each verify forward carries two branches after the base's next token (the root):
   being the same computation, so a forward scores at most window x (ngram - 1) window tokens. The base's greedy
   token after each column's top node is that column's next level (one Jacobi step along every diagonal); once
   `ngram` - 1 levels exist, each column's levels plus its new token form an n-gram, added to the pool keyed by its
-  first token, and the window drops its oldest level (LADE's `past_tokens` shift). Level 0 starts as tokens drawn from the prompt
-  (LADE draws at random; here from a generator seeded per example, so real decoding and replay agree) and the
-  levels above fill one per step, as LADE's `fill_level` does;
+  first token, and the window drops its oldest level (LADE's `past_tokens` shift). Level 0 starts as tokens
+  drawn from the prompt (LADE draws at random; here from a generator seeded per example, so real decoding and
+  replay agree) and the levels above fill one per step, as LADE's `fill_level` does;
 - the verification branch: up to `guesses` n-grams (each `ngram` - 1 tokens after the key) from the pool's entry
   for the root, most recent first; each key keeps its `guesses` most recent distinct n-grams (LADE's
   GUESS_SET_SIZE, least recently added dropped).
