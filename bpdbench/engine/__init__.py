@@ -9,4 +9,5 @@ from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Feedback, Lattice
 
 __all__ = ["GREEDY", "Acceptance", "Decision", "GreedyAcceptance", "Counters", "ratios", "Generation", "Limits",
            "generate", "TreeScorer", "Feedback", "forward_feedback", "replay", "teacher_forced", "EMPTY",
-           "DraftContext", "Drafter", "EmptyDrafter", "Lattice", "Proposal", "RULES", "Sampler", "SamplingParams", "SpeculativeSampling"]
+           "DraftContext", "Drafter", "EmptyDrafter", "Lattice", "Proposal", "RULES", "Sampler",
+           "SamplingParams", "SpeculativeSampling"]
