@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 from test_sampling import N_CONTROL, PARAMS, PROMPT, TARGET, V, MarkovLM, exact_joint
+from test_shapes import session_for  # noqa: F401  (the tiny-model session fixture)
 
-from bpdbench.engine import (Feedback, Limits, SpeculativeSampling, TreeScorer, forward_feedback, generate,
+from bpdbench.engine import (EmptyDrafter, Feedback, Limits, SpeculativeSampling, TreeScorer, forward_feedback, generate,
                              replay)
 from bpdbench.engine.tree import build_tree
 from bpdbench.methods import MethodError, parse
@@ -181,3 +182,21 @@ def test_t1_certificate_and_a_control_that_fails():
     assert fit.p_value > 1e-3, fit
     counts, _ = _counts(N_CONTROL, "always-accept", 2 * 10**6)
     assert goodness_of_fit(counts, exact_joint()).p_value < 1e-6
+
+
+def test_auto_sizes_recycling_and_lookahead(session_for):
+    """`recycling:nodes=auto` and `lookahead:guesses=auto` go through the replay-measure-choose path: one replay per
+    size, flat costs pick a drafting shape, and the resolved drafter decodes losslessly."""
+    from bpdbench.hardware.shapes import TableCost
+    s, methods, logs, costs = session_for("recycling:nodes=auto,lookahead:guesses=auto")
+    prompt = s.prompt(s.examples[0])
+    greedy = s.reference.get(prompt, s.limits)[0]
+    for m, param in zip(methods, ("nodes", "guesses")):
+        d = s.drafter(m)
+        auto = s.env.resolved[m.label]["auto"]
+        assert d.name == m.label and s.decode(d, prompt).tokens == greedy, m.label
+        assert len(auto["curve"]) > 4 and all(param in c["params"] for c in auto["curve"] if c["params"])
+        if not auto["draft_nothing"]:
+            assert s.env.resolved[m.label][param] == auto["params"][param]
+    costs["cost"] = TableCost({2: 50.0}, step_ms=1e9)                   # nothing pays: draft nothing
+    assert isinstance(s.drafter(methods[0]), EmptyDrafter)
