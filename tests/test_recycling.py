@@ -200,3 +200,21 @@ def test_auto_sizes_recycling_and_lookahead(session_for):
             assert s.env.resolved[m.label][param] == auto["params"][param]
     costs["cost"] = TableCost({2: 50.0}, step_ms=1e9)                   # nothing pays: draft nothing
     assert isinstance(s.drafter(methods[0]), EmptyDrafter)
+
+
+def test_replay_command_matches_real_decoding(session_for, tmp_path):
+    """`bpdbench replay`'s path (its recording wrapper, a scorer per example, one drafter across the examples in
+    order) gives each example the counters a run decoding the same examples in order gets."""
+    import json
+    from bpdbench.experiments.replay import replay_methods
+    s, methods, _, _ = session_for("pld,recycling:nodes=16,lookahead:window=3,ngram=3,guesses=3")
+    replay_methods(s, methods, tmp_path / "out")
+    records = [json.loads(line) for line in (tmp_path / "out" / "replay.jsonl").read_text().splitlines()]
+    assert len(records) == len(s.examples)
+    for m in methods[1:]:
+        assert sum(r[m.label]["drafted"] for r in records) > 0, m.label
+        d = m.spec.build(s.env, m)
+        for ex, rec in zip(s.examples, records):
+            assert rec["id"] == ex.id
+            real = s.decode(d, s.prompt(ex)).counters.to_dict()
+            assert {k: rec[m.label][k] for k in real} == real, m.label
