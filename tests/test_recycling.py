@@ -9,8 +9,8 @@ import torch
 from test_sampling import N_CONTROL, PARAMS, PROMPT, TARGET, V, MarkovLM, exact_joint
 from test_shapes import session_for  # noqa: F401  (the tiny-model session fixture)
 
-from bpdbench.engine import (EmptyDrafter, Feedback, Limits, SpeculativeSampling, TreeScorer, forward_feedback, generate,
-                             replay)
+from bpdbench.engine import (EmptyDrafter, Feedback, Limits, SpeculativeSampling, TreeScorer, forward_feedback,
+                             generate, replay)
 from bpdbench.engine.tree import build_tree
 from bpdbench.methods import MethodError, parse
 from bpdbench.methods.recycling import MAX_NODES, TEMPLATE, RecyclingDrafter
