@@ -52,7 +52,7 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     drafters (EAGLE, Hydra, Hydra++, Amphista, KOALA: about a minute each on the cached `ci` data)."""
     from bpdbench import paths
     from bpdbench.config import RunConfig
-    from bpdbench.engine import generate, replay, teacher_forced
+    from bpdbench.engine import TreeScorer, generate, replay, teacher_forced
     from bpdbench.experiments.session import open_session
     from bpdbench.methods import REGISTRY, parse
     from rescorers.neural import SmallLM, make_config, save_lm
@@ -77,12 +77,17 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     hidden = [teacher_forced(s.model, p, g, with_prompt=True) for p, g in zip(prompts, greedy)]  # the prompt too
     for spelling in spellings:
         drafter = s.drafter(parse(spelling))
+        # a drafter that learns from verify forwards (recycling keeps its matrix across examples) replays as its
+        # own instance, with a scorer for the off-path nodes
+        learns = getattr(drafter, "feedback_k", 0)
+        twin = parse(spelling).spec.build(s.env, parse(spelling)) if learns else drafter
+        scorer = TreeScorer(s.model) if learns else None
         for prompt, ref, h in zip(prompts, greedy, hidden):
             if getattr(drafter, "needs_reference", False):
                 drafter.use_reference(ref)
             real = generate(s.model, drafter, prompt, s.limits)
             assert real.tokens == ref, spelling
-            sim = replay(drafter, prompt, ref, h, s.limits)
+            sim = replay(twin, prompt, ref, h, s.limits, scorer=scorer)
             assert sim.to_dict() == real.counters.to_dict(), spelling
 
 

@@ -2,11 +2,12 @@
 Imports torch and transformers only; every method plugs in through `Drafter`."""
 from .acceptance import GREEDY, Acceptance, Decision, GreedyAcceptance
 from .counters import Counters, ratios
-from .loop import Generation, Limits, generate
+from .loop import Generation, Limits, TreeScorer, generate
 from .replay import replay, teacher_forced
 from .sampling import RULES, Sampler, SamplingParams, SpeculativeSampling
-from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Lattice, Proposal
+from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Feedback, Lattice, Proposal, forward_feedback
 
 __all__ = ["GREEDY", "Acceptance", "Decision", "GreedyAcceptance", "Counters", "ratios", "Generation", "Limits",
-           "generate", "replay", "teacher_forced", "EMPTY", "DraftContext", "Drafter", "EmptyDrafter", "Lattice",
-           "Proposal", "RULES", "Sampler", "SamplingParams", "SpeculativeSampling"]
+           "generate", "TreeScorer", "Feedback", "forward_feedback", "replay", "teacher_forced", "EMPTY",
+           "DraftContext", "Drafter", "EmptyDrafter", "Lattice", "Proposal", "RULES", "Sampler",
+           "SamplingParams", "SpeculativeSampling"]

@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from .acceptance import GREEDY, Acceptance, Decision
 from .counters import Counters
 from .tree import Tree, build_tree, compact_cache, model_inputs
-from .types import DraftContext, Drafter, EmptyDrafter, Proposal
+from .types import DraftContext, Drafter, EmptyDrafter, Feedback, Proposal
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,7 @@ class Verified:
     hidden: torch.Tensor        # [n_nodes, d] final hidden states
     targets: list[int]          # what each node's child must equal (greedy: the base's argmax after the node)
     past: int                   # cache length before the verify forward
+    topk: torch.Tensor | None = None   # [n_nodes, k] the base's top-k ids per node, for drafters with feedback_k
 
 
 def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None) -> State:
@@ -93,13 +94,43 @@ def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo:
     return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden)
 
 
-def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY) -> Verified:
-    """One serial call: the base scores [next token] + every proposed path (a chain, or a trie of several)."""
-    tree = build_tree(state.context[-1], proposal.paths)
+def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY, feedback_k: int = 0
+           ) -> Verified:
+    """One serial call: the base scores [next token] + every proposed path (a chain, or a trie of several), plus
+    the proposal's scored-only paths. `feedback_k`: also the top-k ids per node, from the same logits."""
+    tree = build_tree(state.context[-1], proposal.paths, proposal.scored)
     past = state.cache.get_seq_length()
     out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
     hidden = out.last_hidden_state[0]
-    return Verified(tree, hidden, acceptance.targets(model.lm_head(hidden)), past)
+    logits = model.lm_head(hidden)
+    topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu() if feedback_k else None
+    return Verified(tree, hidden, acceptance.targets(logits), past, topk)
+
+
+class TreeScorer:
+    """What a verify forward would compute at every node of a tree, for replay, which has no verify logits off the
+    greedy path: the base runs over the tree on a KV cache of the teacher-forced context (extended incrementally
+    as the replay walks G, cropped back after each tree). Used only for drafters with `feedback_k`."""
+
+    def __init__(self, model):
+        self.model, self.cache, self.ids = model, None, []
+
+    @torch.inference_mode()
+    def topk(self, context: list[int], tree: Tree, k: int) -> torch.Tensor:
+        """[n_nodes, k] top-k ids after each node of `tree`, whose root is context[-1] (not yet cached)."""
+        need = list(context[:-1])
+        if self.cache is None or need[: len(self.ids)] != self.ids:
+            self.cache, self.ids = DynamicCache(), []
+        if len(need) > len(self.ids):
+            x = torch.tensor([need[len(self.ids):]], device=self.model.device)
+            self.model.model(input_ids=x, past_key_values=self.cache, use_cache=True)
+            self.ids = need
+        past = len(self.ids)
+        out = self.model.model(**model_inputs(tree, past, self.model.device), past_key_values=self.cache,
+                               use_cache=True)
+        self.cache.crop(-len(tree.tokens))
+        logits = self.model.lm_head(out.last_hidden_state[0])
+        return logits.topk(min(k, logits.shape[-1]), dim=-1).indices.cpu()
 
 
 def advance(state: State, v: Verified, d: Decision) -> list[int]:
@@ -144,15 +175,18 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     out = [state.context[-1]]
     drafter.observe([state.context[-1]])
     sampler = getattr(acceptance, "sampler", None)     # sampling rules share their generator with the drafter
+    feedback_k = int(getattr(drafter, "feedback_k", 0) or 0)
     while not limits.done(out):
         budget = limits.budget(out)
         ctx = DraftContext(state.context, state.hidden, budget, sampler=sampler, accepted_hidden=state.fresh)
         proposal = drafter.propose(ctx).clip(budget)
         t_draft, clock = _lap(clock)
-        verified = verify(model, state, proposal, acceptance)
+        verified = verify(model, state, proposal, acceptance, feedback_k)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)
         new = advance(state, verified, d)
         out.extend(new)
+        if feedback_k:
+            drafter.feedback(Feedback(verified.tree, verified.topk))
         drafter.observe(new)
         drafted = len(proposal.paths[d.path])
         counters.record_step(drafted, d.accepted, len(verified.tree.tokens))

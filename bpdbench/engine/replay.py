@@ -15,9 +15,9 @@ import torch
 
 from .acceptance import GREEDY, Acceptance
 from .counters import Counters
-from .loop import Limits, step_decision
+from .loop import Limits, TreeScorer, step_decision
 from .tree import Tree, build_tree
-from .types import DraftContext, Drafter
+from .types import DraftContext, Drafter, Feedback
 
 UNKNOWN = -1   # target of a node off the greedy path: nothing can equal it
 
@@ -44,10 +44,18 @@ def targets_from_reference(tree: Tree, truth: list[int]) -> list[int]:
 
 @torch.inference_mode()
 def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch.Tensor | None, limits: Limits,
-           acceptance: Acceptance = GREEDY, memo: dict | None = None) -> Counters:
+           acceptance: Acceptance = GREEDY, memo: dict | None = None, scorer: TreeScorer | None = None
+           ) -> Counters:
     """Counters of decoding `prompt` with `drafter`, given the greedy output G (truncated as the loop truncates).
     `hidden` from `teacher_forced` (None for drafters that never look at it); with `with_prompt=True` it also
-    holds the prompt's positions, and the first proposal's `accepted_hidden` covers the prompt as in real decoding."""
+    holds the prompt's positions, and the first proposal's `accepted_hidden` covers the prompt as in real decoding.
+    `scorer` (engine.loop.TreeScorer): needed by drafters with `feedback_k`, which it gives the top-k ids at every
+    node of each verified tree, as the verify forward does in real decoding (called at the same point: after the
+    decision, before `observe`)."""
+    feedback_k = int(getattr(drafter, "feedback_k", 0) or 0)
+    if feedback_k and scorer is None:
+        raise ValueError(f"{drafter.name}: replaying a drafter that learns from the verify forward needs a scorer "
+                         f"(engine.loop.TreeScorer(model))")
     c = Counters(serial_calls=1)          # the prefill decides G[0]
     drafter.reset(list(prompt))
     g, n = list(greedy), len(greedy)
@@ -63,10 +71,12 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
         ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo,
                            accepted_hidden=fresh)
         proposal = drafter.propose(ctx).clip(budget)
-        tree = build_tree(g[m], proposal.paths)
+        tree = build_tree(g[m], proposal.paths, proposal.scored)
         d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)
         c.record_step(len(proposal.paths[d.path]), d.accepted, len(tree.tokens))
         new = g[m + 1: m + 2 + d.accepted]
+        if feedback_k:
+            drafter.feedback(Feedback(tree, scorer.topk(ctx.tokens, tree, feedback_k)))
         drafter.observe(new)
         fresh = None if hidden is None else hidden[m + 1: m + 2 + d.accepted]
         m += d.accepted + 1

@@ -18,28 +18,36 @@ class Tree:
     parents: list[int]       # parent node index, -1 for the root
     depths: list[int]        # root = 0
     paths: list[list[int]]   # per draft: its node indices, root excluded
+    scored: tuple[int, ...] = ()   # scored-only nodes (Proposal.scored): after every draft node, never on a path
 
     @property
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
 
-def build_tree(root: int, drafts: list[list[int]]) -> Tree:
+def build_tree(root: int, drafts: list[list[int]], scored: list[list[int]] | None = None) -> Tree:
+    """The trie of `drafts` under `root`; `scored` paths form a second trie under the root, after every draft node,
+    never merged with the drafts' (a scored-only node must not become a candidate, nor a draft node lose its
+    index), so a proposal with scored paths verifies the same draft nodes at the same indices as without."""
     tokens, parents, depths, paths = [root], [-1], [0], []
-    children: dict[tuple[int, int], int] = {}
-    for draft in drafts:
-        node, path = 0, []
-        for tok in draft:
-            key = (node, tok)
-            if key not in children:
-                children[key] = len(tokens)
-                tokens.append(tok)
-                parents.append(node)
-                depths.append(depths[node] + 1)
-            node = children[key]
-            path.append(node)
-        paths.append(path)
-    return Tree(tokens, parents, depths, paths)
+    for group, out in ((drafts, paths), (scored or [], None)):
+        children: dict[tuple[int, int], int] = {}
+        for draft in group:
+            node, path = 0, []
+            for tok in draft:
+                key = (node, tok)
+                if key not in children:
+                    children[key] = len(tokens)
+                    tokens.append(tok)
+                    parents.append(node)
+                    depths.append(depths[node] + 1)
+                node = children[key]
+                path.append(node)
+            if out is not None:
+                out.append(path)
+        if out is not None:
+            first_scored = len(tokens)
+    return Tree(tokens, parents, depths, paths, tuple(range(first_scored, len(tokens))))
 
 
 _MASKS: dict[tuple[int, ...], torch.Tensor] = {}

@@ -28,11 +28,17 @@ class Proposal:
     A chain is a proposal with one path. Paths are token ids *after* the context's last token (which the base has
     already decided). `probs` (per path, the draft probability of each proposed token) and `dists` (per path, the
     draft distribution [len(path), V] at each position) are optional: greedy acceptance ignores them, speculative
-    sampling needs them. `lattice` is kept for analyses that look at the candidates behind the paths."""
+    sampling needs them. `lattice` is kept for analyses that look at the candidates behind the paths.
+    `scored`: extra paths from the context's last token that the drafter wants the verify forward to *score* (its
+    logits come back through `Drafter.feedback`) but that are never candidates: Lookahead decoding's Jacobi window.
+    They become tree nodes flagged scored-only (`Tree.scored`), placed after every draft node, so acceptance, KV
+    compaction and the draft nodes' indices are exactly what they would be without them; they do count in
+    `Counters.verified`, since the forward pays for them."""
     paths: list[list[int]] = field(default_factory=lambda: [[]])
     probs: list[list[float]] | None = None
     dists: list[torch.Tensor] | None = None
     lattice: Lattice | None = None
+    scored: list[list[int]] | None = None   # paths the forward scores but that can never be accepted (see below)
 
     def __post_init__(self) -> None:
         if not self.paths:
@@ -46,10 +52,28 @@ class Proposal:
         cut = max(budget, 0)
         return Proposal([p[:cut] for p in self.paths],
                         None if self.probs is None else [q[:cut] for q in self.probs],
-                        None if self.dists is None else [d[:cut] for d in self.dists], self.lattice)
+                        None if self.dists is None else [d[:cut] for d in self.dists], self.lattice, self.scored)
 
 
 EMPTY = Proposal()
+
+
+@dataclass(frozen=True)
+class Feedback:
+    """What a verify forward computed anyway, handed to drafters that learn from it (`feedback_k` > 0): the token
+    tree just verified (draft and scored-only nodes) and the base's top-k token ids after every node, best first.
+    Token Recycling refreshes its successor matrix from it; Lookahead reads its Jacobi window's next guesses."""
+    tree: Any               # engine.tree.Tree
+    topk: torch.Tensor      # [n_nodes, k] int64
+
+
+def forward_feedback(wrapper: Any, inner: Any) -> None:
+    """Make a wrapper that forwards propose/observe to `inner` (recorders, analyses) forward the feedback hook
+    too; a drafter without one stays without one, so the loop's costs for it are unchanged."""
+    k = int(getattr(inner, "feedback_k", 0) or 0)
+    if k:
+        wrapper.feedback_k = k
+        wrapper.feedback = inner.feedback
 
 
 @dataclass
@@ -90,6 +114,10 @@ class Drafter(Protocol):
 
     def observe(self, tokens: list[int]) -> None:
         """The tokens the last step decided (accepted draft tokens, then the base's bonus token)."""
+
+    # Optional: `feedback_k: int` > 0 and `feedback(fb: Feedback)`, called after every verify forward and before
+    # `observe` with the verified tree and the base's top-k ids at each node. Replay (engine.replay) then needs a
+    # scorer (engine.loop.TreeScorer) to compute what the verify forward would have computed off the greedy path.
 
 
 class EmptyDrafter:

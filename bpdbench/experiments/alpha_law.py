@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ConfigError, RunConfig
+from ..engine import forward_feedback
 from ..methods import parse
 from ..report.results import OutputLock, write_atomic
 from ..report.summary import to_markdown
@@ -39,6 +40,7 @@ class StepLog:
 
     def __init__(self, inner):
         self.inner, self.name = inner, inner.name
+        forward_feedback(self, inner)
         self.acceptance = None
         self.steps: list[tuple[int, int, list[float]]] = []
         self._open: tuple[int, int] | None = None

@@ -1,7 +1,8 @@
 """`auto` shape parameters: measured acceptance on held-out examples x this machine's cost of a forward.
 
 A method spelled with `auto` (`bpd:heads=auto`, `pld:tokens=auto`, `sps:gamma=auto`, `cascade:length=auto`,
-`hierarchy:candidates=auto,length=auto`, `medusa:nodes=auto`) is resolved by `Session.drafter` before it is built:
+`hierarchy:candidates=auto,length=auto`, `medusa:nodes=auto`, `recycling:nodes=auto`, `lookahead:guesses=auto`)
+is resolved by `Session.drafter` before it is built:
 1. the method is built at its largest shape (all heads, pld 16 tokens, sps gamma 8, cascade length 16, hierarchy
    length 8 at each candidate count, medusa's 63-node tree over the top-k lattice) and replayed, through the
    engine's own replay, along the greedy output of up to 8 held-out examples: the task's held-out slice; if it has
@@ -24,6 +25,9 @@ gamma=auto); drafting cost per drafted token. Cascade: the length at the given s
 optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
 Medusa's own. What a shorter shape would accept is read from the longer shape's replay (exact for chains, whose
 shorter drafts are prefixes; an estimate for candidates and trees, whose trajectories would differ slightly).
+Recycling and lookahead learn from their own verify forwards (the successor matrix, the n-gram pool), so each
+size is replayed on its own (recycling's template cut to 4..80 nodes, lookahead's 1..7 guesses) and compared by
+measured tokens per step against the mean cost of the forwards it verified, scored-only nodes included.
 """
 from __future__ import annotations
 
@@ -36,7 +40,7 @@ from typing import Any
 import tasks as task_registry
 from .. import paths
 from ..config import ConfigError
-from ..engine import EmptyDrafter, replay, teacher_forced
+from ..engine import EmptyDrafter, TreeScorer, forward_feedback, replay, teacher_forced
 from ..hardware import shapes
 from ..methods import Method, MethodError
 from ..methods.base import AUTO
@@ -45,6 +49,9 @@ N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
 PLD_MAX, SPS_MAX, CASCADE_MAX, HIERARCHY_LENGTH, MEDUSA_MAX = 16, 8, 16, 8, 64
 HIERARCHY_CANDIDATES = (1, 2, 3, 4, 6, 8)
+RECYCLING_NODES = (4, 8, 12, 16, 24, 32, 48, 64, 80)      # the template's breadth-first prefixes
+LOOKAHEAD_GUESSES = (1, 2, 3, 4, 5, 7)
+FEEDBACK_SIZES = {"recycling": ("nodes", RECYCLING_NODES), "lookahead": ("guesses", LOOKAHEAD_GUESSES)}
 VERSION = 1
 
 
@@ -79,6 +86,7 @@ class _Recorder:
 
     def __init__(self, drafter):
         self.drafter, self.name = drafter, drafter.name
+        forward_feedback(self, drafter)
         for attr in ("needs_reference", "use_reference"):
             if hasattr(drafter, attr):
                 setattr(self, attr, getattr(drafter, attr))
@@ -96,8 +104,9 @@ class _Recorder:
         self.seconds += time.perf_counter() - t0
         paths = [q[: max(ctx.budget, 0)] for q in p.paths]
         prefixes = {tuple(q[: i + 1]) for q in paths for i in range(len(q))}
-        depth = [0] * max(map(len, paths), default=0)
-        for pre in prefixes:
+        scored = {tuple(q[: i + 1]) for q in p.scored or [] for i in range(len(q))}   # their own trie, also paid
+        depth = [0] * max(map(len, [*paths, *(p.scored or [])]), default=0)
+        for pre in [*prefixes, *scored]:
             depth[len(pre) - 1] += 1
         self.nodes.append(depth)
         self.drafted += len(paths[0])
@@ -178,7 +187,8 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
         rec.truth = greedy
         if getattr(rec, "needs_reference", False):
             rec.use_reference(greedy)
-        c = replay(rec, prompt, greedy, hidden.get(ex.id), s.limits)
+        c = replay(rec, prompt, greedy, hidden.get(ex.id), s.limits,
+                   scorer=TreeScorer(s.model) if getattr(rec, "feedback_k", 0) else None)
         total = c if total is None else total.add(c)
     if total is None or not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
@@ -208,6 +218,9 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
         cands = HIERARCHY_CANDIDATES if "candidates" in auto else (method.get("candidates", 3),)
         length = HIERARCHY_LENGTH if "length" in auto else method.get("length", 5)
         return [(_with(method, candidates=c, length=length), {"candidates": c}) for c in cands]
+    if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:   # one replay per size: the matrix or
+        param, sizes = FEEDBACK_SIZES[name]                          # pool it learns depends on the size
+        return [(_with(method, **{param: n}), {param: n}) for n in sizes]
     if "nodes" in auto:
         m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
         return [(m, {})]
@@ -233,6 +246,8 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
         return meas.draft_ms_step / step_ms
 
     auto, name = set(method.auto), method.name
+    if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:
+        return shapes.pick(sized_options(runs, cost, per_step))
     if "nodes" in auto:
         (_, meas), = runs
         if not meas.ranks:
@@ -257,6 +272,18 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
         opts += shapes.chain_options(accept, cost, param, per_step(meas, meas.per_token), lengths=lengths,
                                      tree=meas.tree, fixed=fixed, steps=meas.nodes)
     return shapes.pick(opts)
+
+
+def sized_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, per_step) -> list[shapes.Option]:
+    """One option per replayed size (recycling's nodes, lookahead's guesses): its measured tokens per step, and the
+    mean cost of the forwards it verified (draft and scored-only nodes; they vary from step to step)."""
+    opts = []
+    for fixed, meas in runs:
+        sizes = [1 + sum(step) for step in meas.nodes] or [1]
+        size = sum(sizes) / len(sizes)
+        verify_cost = sum(float(cost.cost(n, tree=meas.tree)) for n in sizes) / len(sizes)
+        opts.append(shapes.Option(dict(fixed), 1.0 + sum(meas.accept), size, verify_cost, per_step(meas)))
+    return opts
 
 
 def _inputs(s, method: Method, examples) -> dict:

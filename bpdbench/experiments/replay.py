@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from ..engine import Counters, ratios, replay, teacher_forced
+from ..engine import Counters, TreeScorer, forward_feedback, ratios, replay, teacher_forced
 from ..methods import Method
 from ..report.results import AppendOnlyJsonl, resumable, write_atomic
 from .session import Session
@@ -39,7 +39,8 @@ def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden
     """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo)."""
     if getattr(drafter, "needs_reference", False):
         drafter.use_reference(greedy)
-    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo)
+    scorer = TreeScorer(s.model) if getattr(drafter, "feedback_k", 0) else None
+    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer)
 
 
 class DraftRepetition:
@@ -49,6 +50,7 @@ class DraftRepetition:
     def __init__(self, drafter):
         self.drafter, self.name = drafter, drafter.name
         self.pairs = self.same = 0
+        forward_feedback(self, drafter)
         for attr in ("needs_reference", "use_reference"):
             if hasattr(drafter, attr):
                 setattr(self, attr, getattr(drafter, attr))

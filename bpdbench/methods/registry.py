@@ -19,11 +19,14 @@ from .hierarchy import SPECS as HIERARCHY
 from .hf import SPECS as HF
 from .hydra import SPECS as HYDRA
 from .koala import SPECS as KOALA
+from .lookahead import SPECS as LOOKAHEAD
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
+from .recycling import SPECS as RECYCLING
 from .sps import SPECS as SPS
 
-REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF)
+REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF,
+                                                                  RECYCLING, LOOKAHEAD)
                                   for s in group}
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
 
