@@ -18,7 +18,9 @@ what it depends on (examples, heads, k, threshold, generation length); a cached 
 is recomputed (cheap) from the current calibration. The result keeps its `auto` label; the chosen shape is logged
 once and recorded in config.json under `resolved.methods.<label>.auto`.
 
-Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
+Sam: `tokens` from one replay at 16 (its fallback's drafts are capped at `tokens` too, so a shorter draft is a
+truncation; a fallback that drafts from hidden states is replayed with them). Rest: one replay per trie budget
+(`nodes` in 4, 8, 16, 32, 64), each priced at its own verify sizes. Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
 longest length; every length is a truncation of it). Sps: a fixed gamma (the heuristic schedule is refused with
 gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
 optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
@@ -45,6 +47,7 @@ N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
 PLD_MAX, SPS_MAX, CASCADE_MAX, HIERARCHY_LENGTH, MEDUSA_MAX = 16, 8, 16, 8, 64
 HIERARCHY_CANDIDATES = (1, 2, 3, 4, 6, 8)
+REST_NODES = (4, 8, 16, 32, 64)           # rest:nodes=auto: one replay per trie budget
 VERSION = 1
 
 
@@ -173,7 +176,8 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
         greedy, _ = s.reference.get(prompt, s.limits)
         if len(greedy) < 2:
             continue
-        if method.spec.family in ("heads", "cascade", "drafter") and ex.id not in hidden:
+        if ((method.spec.family in ("heads", "cascade", "drafter") or getattr(drafter, "needs_hidden", False))
+                and ex.id not in hidden):             # (sam's fallback may draft from hidden states)
             hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
         rec.truth = greedy
         if getattr(rec, "needs_reference", False):
@@ -208,6 +212,10 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
         cands = HIERARCHY_CANDIDATES if "candidates" in auto else (method.get("candidates", 3),)
         length = HIERARCHY_LENGTH if "length" in auto else method.get("length", 5)
         return [(_with(method, candidates=c, length=length), {"candidates": c}) for c in cands]
+    if name == "sam":                                    # the fallback's drafts are capped by tokens too
+        return [(_with(method, tokens=PLD_MAX), {})]
+    if name == "rest":
+        return [(_with(method, nodes=n), {"nodes": n}) for n in REST_NODES]
     if "nodes" in auto:
         m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
         return [(m, {})]
@@ -233,7 +241,7 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
         return meas.draft_ms_step / step_ms
 
     auto, name = set(method.auto), method.name
-    if "nodes" in auto:
+    if "nodes" in auto and name != "rest":
         (_, meas), = runs
         if not meas.ranks:
             raise MethodError(f"{method.label}: no lattice was drafted on the held-out examples")
@@ -241,9 +249,11 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
     opts = []
     for fixed, meas in runs:
         n = max([len(meas.accept)] + [len(d) for d in meas.nodes])
-        param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length"}.get(
-            name, "heads"), list(range(1, n + 1))
-        if name == "hierarchy" and "length" not in auto:
+        param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length",
+                          "sam": "tokens", "rest": "length"}.get(name, "heads"), list(range(1, n + 1))
+        if name == "rest":                               # the trie's depth stays as given: its budget is chosen
+            lengths = [method.get("length", 10)]
+        elif name == "hierarchy" and "length" not in auto:
             lengths = [method.get("length", 5)]
         elif method.spec.family == "drafter":
             param = "depth"

@@ -21,9 +21,12 @@ from .hydra import SPECS as HYDRA
 from .koala import SPECS as KOALA
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
+from .rest import SPECS as REST
+from .sam import SPECS as SAM
 from .sps import SPECS as SPS
 
-REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF)
+REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF,
+                                                                 SAM, REST)
                                   for s in group}
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
 
