@@ -18,11 +18,11 @@ what it depends on (examples, heads, k, threshold, generation length); a cached 
 is recomputed (cheap) from the current calibration. The result keeps its `auto` label; the chosen shape is logged
 once and recorded in config.json under `resolved.methods.<label>.auto`.
 
-Sam: `tokens` from one replay at 16 (its fallback's drafts are capped at `tokens` too, so a shorter draft is a
-truncation; a fallback that drafts from hidden states is replayed with them). Rest: one replay per trie budget
-(`nodes` in 4, 8, 16, 32, 64), each priced at its own verify sizes. Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
-longest length; every length is a truncation of it). Sps: a fixed gamma (the heuristic schedule is refused with
-gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
+Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
+longest length; every length is a truncation of it). Sam: `tokens` from one replay at 16 (its fallback's drafts are
+capped at `tokens` too, so a shorter draft is a truncation; a fallback that drafts from hidden states is replayed
+with them). Rest: one replay per trie budget (`nodes` in 4, 8, 16, 32, 64), each priced at its own verify sizes.
+Sps: a fixed gamma (the heuristic schedule is refused with gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
 optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
 Medusa's own. What a shorter shape would accept is read from the longer shape's replay (exact for chains, whose
 shorter drafts are prefixes; an estimate for candidates and trees, whose trajectories would differ slightly).

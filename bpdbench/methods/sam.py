@@ -143,7 +143,7 @@ def build(env: Env, method: Method) -> SamDrafter:
 
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     from .suffix_store import needs
-    return needs(model, ("corpus",)) + [("fallback=<method>: what that method needs", True)]
+    return needs(model, ("corpus",))              # a fallback needs what its own method needs
 
 
 SPECS = [MethodSpec("sam", "SAM-Decoding: the continuation of the longest suffix match in a suffix automaton over "
