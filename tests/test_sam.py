@@ -73,7 +73,7 @@ def test_suffix_index_matches_brute_force(tmp_path):
 
 def test_longer_match_wins_with_the_static_bias_and_threshold():
     static = SuffixIndex.build(stream([[9, 1, 2, 3, 4, 5, 6, 70, 71, 72]]))
-    ctx = [1, 2, 3, 4, 5, 6, 8, 8, 3, 4, 5, 6]            # dyn: "3 4 5 6" (4); static: "1..6"? no: "3 4 5 6" (4)
+    ctx = [1, 2, 3, 4, 5, 6, 8, 8, 3, 4, 5, 6]            # dyn and static both match "3 4 5 6" (4 tokens)
     d = SamDrafter("s", tokens=3, threshold=2, bias=0, static=static)
     d.reset(ctx[:3])
     assert d.propose(DraftContext(ctx, None, 100)).paths == [[8, 8, 3]] and d.source == "dyn"   # tie: dynamic
