@@ -96,6 +96,18 @@ def _lookup_tables(model_name):
          "source": {"kind": "test stand-in"}, "continuations": seqs}))
 
 
+def _suffix_indexes(monkeypatch, refs):
+    """Stand-ins for sam's corpus index (random documents) and rest's datastore (the greedy texts, so it accepts)."""
+    import random
+    from bpdbench.methods import suffix_store
+    from bpdbench.methods.lookup import stream
+    rng = random.Random(2)
+    corpus = suffix_store.SuffixIndex.build(stream([[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]))
+    store = suffix_store.SuffixIndex.build(stream([list(p) + g for p, g in refs.items()]))
+    monkeypatch.setattr(suffix_store, "corpus_index", lambda env: (corpus, {"tokens": len(corpus.tokens)}))
+    monkeypatch.setattr(suffix_store, "datastore_index", lambda env, profile: (store, {"tokens": len(store.tokens)}))
+
+
 def all_methods(model_dir) -> list[str]:
     out = []
     for name, spec in REGISTRY.items():
@@ -109,7 +121,8 @@ def all_methods(model_dir) -> list[str]:
                   "hierarchy:order=lsc,candidates=2,length=3", "hierarchy:order=c,ngram=1",
                   "eagle:tree=3", "hydra:tree=2",
                   "koala:base=hydra,adv=1,refine=ngram4", "recycling:nodes=8,k=2,persist=0",
-                  "lookahead:window=3,ngram=3,guesses=2"]
+                  "lookahead:window=3,ngram=3,guesses=2", "sam:threshold=2,fallback=hierarchy;order=c",
+                  "sam:fallback=bpd;heads=2", "rest:nodes=8,span=4"]
 
 
 @pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])
@@ -123,6 +136,7 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cach
     copy_cache(drafter_cache, tmp_path)
     refs = {tuple(p): generate(model, None, list(p), Limits(max_new)).tokens for p in PROMPTS}
     eos = frozenset() if eos_at is None else frozenset({refs[tuple(PROMPTS[0])][eos_at]})
+    _suffix_indexes(monkeypatch, refs)
     limits = Limits(max_new, eos)
     heads = PartlyRightHeads(refs)
     meta = {"heldout": {"top1": [0.6, 0.5, 0.4, 0.3], "top16": [0.9, 0.8, 0.7, 0.6]}}

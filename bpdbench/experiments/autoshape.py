@@ -20,8 +20,10 @@ is recomputed (cheap) from the current calibration. The result keeps its `auto` 
 once and recorded in config.json under `resolved.methods.<label>.auto`.
 
 Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
-longest length; every length is a truncation of it). Sps: a fixed gamma (the heuristic schedule is refused with
-gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
+longest length; every length is a truncation of it). Sam: `tokens` from one replay at 16 (its fallback's drafts are
+capped at `tokens` too, so a shorter draft is a truncation; a fallback that drafts from hidden states is replayed
+with them). Rest: one replay per trie budget (`nodes` in 4, 8, 16, 32, 64), each priced at its own verify sizes.
+Sps: a fixed gamma (the heuristic schedule is refused with gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
 optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
 Medusa's own. What a shorter shape would accept is read from the longer shape's replay (exact for chains, whose
 shorter drafts are prefixes; an estimate for candidates and trees, whose trajectories would differ slightly).
@@ -52,6 +54,7 @@ HIERARCHY_CANDIDATES = (1, 2, 3, 4, 6, 8)
 RECYCLING_NODES = (4, 8, 12, 16, 24, 32, 48, 64, 80)      # the template's breadth-first prefixes
 LOOKAHEAD_GUESSES = (1, 2, 3, 4, 5, 7)
 FEEDBACK_SIZES = {"recycling": ("nodes", RECYCLING_NODES), "lookahead": ("guesses", LOOKAHEAD_GUESSES)}
+REST_NODES = (4, 8, 16, 32, 64)           # rest:nodes=auto: one replay per trie budget
 VERSION = 1
 
 
@@ -182,7 +185,8 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
         greedy, _ = s.reference.get(prompt, s.limits)
         if len(greedy) < 2:
             continue
-        if method.spec.family in ("heads", "cascade", "drafter") and ex.id not in hidden:
+        if ((method.spec.family in ("heads", "cascade", "drafter") or getattr(drafter, "needs_hidden", False))
+                and ex.id not in hidden):             # (sam's fallback may draft from hidden states)
             hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
         rec.truth = greedy
         if getattr(rec, "needs_reference", False):
@@ -221,6 +225,10 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
     if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:   # one replay per size: the matrix or
         param, sizes = FEEDBACK_SIZES[name]                          # pool it learns depends on the size
         return [(_with(method, **{param: n}), {param: n}) for n in sizes]
+    if name == "sam":                                    # the fallback's drafts are capped by tokens too
+        return [(_with(method, tokens=PLD_MAX), {})]
+    if name == "rest":
+        return [(_with(method, nodes=n), {"nodes": n}) for n in REST_NODES]
     if "nodes" in auto:
         m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
         return [(m, {})]
@@ -248,7 +256,7 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
     auto, name = set(method.auto), method.name
     if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:
         return shapes.pick(sized_options(runs, cost, per_step))
-    if "nodes" in auto:
+    if "nodes" in auto and name != "rest":
         (_, meas), = runs
         if not meas.ranks:
             raise MethodError(f"{method.label}: no lattice was drafted on the held-out examples")
@@ -256,9 +264,11 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
     opts = []
     for fixed, meas in runs:
         n = max([len(meas.accept)] + [len(d) for d in meas.nodes])
-        param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length"}.get(
-            name, "heads"), list(range(1, n + 1))
-        if name == "hierarchy" and "length" not in auto:
+        param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length",
+                          "sam": "tokens", "rest": "length"}.get(name, "heads"), list(range(1, n + 1))
+        if name == "rest":                               # the trie's depth stays as given: its budget is chosen
+            lengths = [method.get("length", 10)]
+        elif name == "hierarchy" and "length" not in auto:
             lengths = [method.get("length", 5)]
         elif method.spec.family == "drafter":
             param = "depth"

@@ -136,12 +136,16 @@ class Session:
             raise ConfigError(f"{method.label} runs transformers' own loop: it can be timed with `bpdbench speed`, "
                               f"not decoded step by step or replayed")
         try:
-            if method.auto:                   # `auto` shape parameters: sized for this machine, then built
-                from .autoshape import resolve
-                return resolve(self, method)
-            return method.spec.build(self.env, method)
+            return self.build(method)
         except MethodError as e:
             raise ConfigError(str(e)) from None
+
+    def build(self, method: Method) -> Drafter:
+        """A method's drafter (MethodError when it cannot be built); also what `Env.build` calls for inner methods."""
+        if method.auto:                       # `auto` shape parameters: sized for this machine, then built
+            from .autoshape import resolve
+            return resolve(self, method)
+        return method.spec.build(self.env, method)
 
     def decode(self, drafter: Drafter, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> Generation:
         return generate(self.model, drafter, prompt_ids, self.limits, acceptance)
@@ -221,4 +225,6 @@ def open_session(cfg: RunConfig, log: Log = print, heldout: bool = False, per_ca
     env = Env(model, tok, cfg, limits, log)
     greedy = Path(cfg.greedy_dir) if cfg.greedy_dir else paths.greedy_dir()
     reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy, log)
-    return Session(cfg, task, examples, model, tok, limits, env, reference, threads, log)
+    session = Session(cfg, task, examples, model, tok, limits, env, reference, threads, log)
+    env.builder = session.build
+    return session

@@ -38,6 +38,8 @@ class Param:
             return AUTO
         try:
             value = self.type(raw)
+        except MethodError:               # a nested method spelling (sam's fallback) says itself what is wrong
+            raise
         except ValueError:
             also = " or auto" if self.auto else ""
             raise MethodError(f"{method}: {self.name}={raw!r} is not a {self.type.__name__}{also} "

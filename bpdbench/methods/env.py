@@ -26,6 +26,7 @@ class Env:
     resolved: dict = field(default_factory=dict)      # per method label: what was resolved (alpha, tree, ...)
     _heads: Any = None
     cache: dict = field(default_factory=dict)         # loaded artefacts shared by the session's methods (drafters)
+    builder: Callable[[Any], Any] | None = None       # the session's method -> drafter (resolves `auto` first)
 
     def __post_init__(self) -> None:
         """Methods build in the dtype the model runs in: an unresolved `auto` (a config that skipped validate) is
@@ -38,6 +39,16 @@ class Env:
         if self._heads is None:
             self._heads = resolve_heads(self.cfg, self.model, self.tok, self.log)
         return self._heads
+
+    def build(self, method) -> Any:
+        """Another method's drafter from inside a method's build (sam's fallback): through the session when there
+        is one, so an inner `auto` is sized for this machine exactly as at top level."""
+        if self.builder is not None:
+            return self.builder(method)
+        if method.auto:
+            from .base import MethodError
+            raise MethodError(f"{method.label}: auto parameters need an experiment session; pass concrete values")
+        return method.spec.build(self, method)
 
     @property
     def heads_meta(self) -> dict | None:

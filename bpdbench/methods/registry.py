@@ -23,10 +23,12 @@ from .lookahead import SPECS as LOOKAHEAD
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
 from .recycling import SPECS as RECYCLING
+from .rest import SPECS as REST
+from .sam import SPECS as SAM
 from .sps import SPECS as SPS
 
 REGISTRY: dict[str, MethodSpec] = {s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF,
-                                                                  RECYCLING, LOOKAHEAD)
+                                                                  RECYCLING, LOOKAHEAD, SAM, REST)
                                   for s in group}
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
 
