@@ -27,6 +27,8 @@ shorter drafts are prefixes; an estimate for candidates and trees, whose traject
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 from dataclasses import dataclass, field
@@ -208,6 +210,10 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
         cands = HIERARCHY_CANDIDATES if "candidates" in auto else (method.get("candidates", 3),)
         length = HIERARCHY_LENGTH if "length" in auto else method.get("length", 5)
         return [(_with(method, candidates=c, length=length), {"candidates": c}) for c in cands]
+    if method.spec.family == "drafter" and method.get("tree") == "dynamic":   # EAGLE-2 trees: one replay per budget
+        from ..methods.trained import DYNAMIC_BUDGETS
+        given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
+        return [(_with(given, nodes=b), {"nodes": b}) for b in DYNAMIC_BUDGETS]
     if "nodes" in auto:
         m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
         return [(m, {})]
@@ -233,6 +239,8 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
         return meas.draft_ms_step / step_ms
 
     auto, name = set(method.auto), method.name
+    if method.spec.family == "drafter" and method.get("tree") == "dynamic":
+        return shapes.pick(_dynamic_options(runs, cost, per_step))
     if "nodes" in auto:
         (_, meas), = runs
         if not meas.ranks:
@@ -257,6 +265,18 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
         opts += shapes.chain_options(accept, cost, param, per_step(meas, meas.per_token), lengths=lengths,
                                      tree=meas.tree, fixed=fixed, steps=meas.nodes)
     return shapes.pick(opts)
+
+
+def _dynamic_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, per_step) -> list[shapes.Option]:
+    """One option per replayed budget: its measured tokens per step against the mean cost of the trees it verified
+    (a dynamic tree's size varies per step; a smaller budget is not a prefix of a larger one, so each is replayed)."""
+    opts = []
+    for fixed, meas in runs:
+        n = max([len(meas.accept)] + [len(d) for d in meas.nodes] + [1])
+        accept = meas.accept + [0.0] * (n - len(meas.accept))
+        opts += [dataclasses.replace(o, params=dict(fixed)) for o in shapes.chain_options(
+            accept, cost, "depth", per_step(meas), lengths=[n], tree=True, fixed=fixed, steps=meas.nodes)]
+    return opts
 
 
 def _inputs(s, method: Method, examples) -> dict:
