@@ -188,6 +188,8 @@ def test_nodes_auto_plans_each_budget_and_picks_by_measured_speed():
     plans = autoshape._plans(None, m)
     assert [f for _, f in plans] == [{"nodes": b} for b in (4, 8, 16, 32, 64)]
     assert all(p.get("tree") == "dynamic" and p.get("depth") == 3 for p, _ in plans)
+    medusa = autoshape._plans(None, parse("medusa:tree=dynamic,nodes=auto"))
+    assert [p.get("nodes") for p, _ in medusa] == [4, 8, 16, 32, 64]
 
     class Cost:
         step_ms = 0.0
@@ -201,3 +203,38 @@ def test_nodes_auto_plans_each_budget_and_picks_by_measured_speed():
             ({"nodes": 64}, meas([0.92, 0.75, 0.55], 64))]
     shape = autoshape.choose(m, runs, Cost())
     assert shape.params == {"nodes": 16}           # 3.1 tokens at cost 1.85 beats 2.0/1.25 and 3.22/4.25
+
+
+def test_lattice_tree_is_the_top_lattice_prefixes_by_summed_log_probs():
+    from bpdbench.engine import Lattice
+    from bpdbench.methods.dynamic import LatticeTree
+    torch.manual_seed(0)
+    h, k = 4, 3
+    lps = torch.log_softmax(torch.randn(h, 8), -1).topk(k)
+    lat = Lattice(lps.indices + 100, lps.values)
+    score = {}
+    for d in range(1, h + 1):
+        for ranks in itertools.product(range(k), repeat=d):
+            score[tuple(int(lat.ids[i, r]) for i, r in enumerate(ranks))] = sum(float(lat.logprobs[i, r])
+                                                                               for i, r in enumerate(ranks))
+    for nodes in (1, 5, 17, 40):
+        paths = LatticeTree(nodes).refine(lat, [1, 2])
+        prefixes = {tuple(p[:i]) for p in paths for i in range(1, len(p) + 1)}
+        assert prefixes == set(sorted(score, key=lambda c: -score[c])[:nodes]), nodes
+
+
+def test_medusa_dynamic_is_lossless_and_replays(tiny_model_dir):
+    torch.set_num_threads(1)
+    model, tok = models.load(str(tiny_model_dir), "float32")
+    limits = Limits(16)
+    env = Env(model, tok, RunConfig(model=str(tiny_model_dir), k=4, heads=4, heads_profile="init"), limits,
+              log=lambda m: None)
+    method = parse("medusa:tree=dynamic,nodes=10")
+    drafter = method.spec.build(env, method)
+    assert env.resolved[method.label]["nodes"] == 10
+    for prompt in PROMPTS:
+        greedy = generate(model, None, list(prompt), limits).tokens
+        real = generate(model, drafter, list(prompt), limits)
+        assert real.tokens == greedy
+        hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)
+        assert replay(drafter, list(prompt), greedy, hidden, limits, memo={}).to_dict() == real.counters.to_dict()

@@ -210,7 +210,7 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
         cands = HIERARCHY_CANDIDATES if "candidates" in auto else (method.get("candidates", 3),)
         length = HIERARCHY_LENGTH if "length" in auto else method.get("length", 5)
         return [(_with(method, candidates=c, length=length), {"candidates": c}) for c in cands]
-    if method.spec.family == "drafter" and method.get("tree") == "dynamic":   # EAGLE-2 trees: one replay per budget
+    if method.get("tree") == "dynamic":                  # EAGLE-2 trees: one replay per budget
         from ..methods.trained import DYNAMIC_BUDGETS
         given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
         return [(_with(given, nodes=b), {"nodes": b}) for b in DYNAMIC_BUDGETS]
@@ -239,7 +239,7 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
         return meas.draft_ms_step / step_ms
 
     auto, name = set(method.auto), method.name
-    if method.spec.family == "drafter" and method.get("tree") == "dynamic":
+    if method.get("tree") == "dynamic":
         return shapes.pick(_dynamic_options(runs, cost, per_step))
     if "nodes" in auto:
         (_, meas), = runs

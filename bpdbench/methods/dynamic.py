@@ -21,8 +21,9 @@ Expand = Callable[[list[list[int]], int], tuple[Sequence[Sequence[float]], Seque
 Node = tuple[tuple[int, ...], float]
 
 
-def generate(expand: Expand, depth: int, topk: int) -> list[Node]:
-    """Every node the expansion generates (path, cumulative log-probability), in generation order."""
+def generate(expand: Expand, depth: int, topk: int, frontier_size: int | None = None) -> list[Node]:
+    """Every node the expansion generates (path, cumulative log-probability), in generation order. The frontier
+    keeps `topk` nodes per depth unless `frontier_size` says otherwise (lattices keep `nodes`: exact top-N)."""
     frontier: list[Node] = [((), 0.0)]
     generated: list[Node] = []
     for _ in range(depth):
@@ -32,7 +33,7 @@ def generate(expand: Expand, depth: int, topk: int) -> list[Node]:
         if not children:
             break
         generated += children
-        frontier = sorted(children, key=lambda c: (-c[1], c[0]))[:topk]
+        frontier = sorted(children, key=lambda c: (-c[1], c[0]))[:frontier_size or topk]
     return generated
 
 
@@ -53,6 +54,28 @@ def leaves(kept: list[Node]) -> list[list[int]]:
     return [list(p) for p, _ in sorted(kept, key=lambda c: (-c[1], c[0])) if p not in inner]
 
 
-def dynamic_tree(expand: Expand, depth: int, topk: int, nodes: int) -> list[list[int]]:
+def dynamic_tree(expand: Expand, depth: int, topk: int, nodes: int, frontier_size: int | None = None
+                 ) -> list[list[int]]:
     """EAGLE-2's tree: expansion then rerank, as the paths to its leaves."""
-    return leaves(rerank(generate(expand, depth, topk), nodes))
+    return leaves(rerank(generate(expand, depth, topk, frontier_size), nodes))
+
+
+class LatticeTree:
+    """The dynamic tree of independent heads (medusa:tree=dynamic): every node of depth d has head d's top-k, so
+    the tree is the `nodes` best lattice paths (prefixes) by summed head log-probs. The frontier keeps `nodes`
+    per depth, which makes the top-`nodes` exact (a kept node's ancestors are kept and outscore it). A lattice
+    refiner (reset/refine) so it replaces Medusa's fixed tree in the heads drafter."""
+
+    def __init__(self, nodes: int):
+        self.nodes = self.p = nodes
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        pass
+
+    def refine(self, lattice, tokens: list[int]) -> list[list[int]]:
+        ids, lps = lattice.ids.tolist(), lattice.logprobs.tolist()
+
+        def expand(paths, k):
+            d = len(paths[0])
+            return [lps[d][:k]] * len(paths), [ids[d][:k]] * len(paths)
+        return dynamic_tree(expand, len(ids), len(ids[0]), self.nodes, self.nodes)
