@@ -5,8 +5,10 @@ path (sequential models condition each depth on the tokens drafted before it; pa
 one call) and kept as a lattice (top-k per depth), on which the paper's refiners apply (`refine=ngram4`,
 `16best-ngram4`, `medusa`); a tree (`tree=W`) keeps, at every depth, the W best nodes by cumulative draft
 log-probability among the children (top-W) of the previous depth's nodes, every node conditioned on its own path,
-all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed width). Verification is the base's, so
-any draft is lossless.
+all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed width). `tree=dynamic` is EAGLE-2's
+whole policy (methods/dynamic.py): `topk` frontier nodes expanded with `topk` children each, for `depth` levels,
+then the `nodes` best of all generated nodes kept (nodes=auto: the budget fastest on this machine). Verification
+is the base's, so any draft is lossless.
 
 Each family's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here.
 """
