@@ -33,6 +33,8 @@ measured tokens per step against the mean cost of the forwards it verified, scor
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import time
 from dataclasses import dataclass, field
@@ -229,6 +231,10 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
         return [(_with(method, tokens=PLD_MAX), {})]
     if name == "rest":
         return [(_with(method, nodes=n), {"nodes": n}) for n in REST_NODES]
+    if method.get("tree") == "dynamic":                  # EAGLE-2 trees: one replay per budget
+        from ..methods.trained import DYNAMIC_BUDGETS
+        given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
+        return [(_with(given, nodes=b), {"nodes": b}) for b in DYNAMIC_BUDGETS]
     if "nodes" in auto:
         m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
         return [(m, {})]
@@ -256,6 +262,8 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
     auto, name = set(method.auto), method.name
     if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:
         return shapes.pick(sized_options(runs, cost, per_step))
+    if method.get("tree") == "dynamic":
+        return shapes.pick(_dynamic_options(runs, cost, per_step))
     if "nodes" in auto and name != "rest":
         (_, meas), = runs
         if not meas.ranks:
@@ -293,6 +301,18 @@ def sized_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, per
         size = sum(sizes) / len(sizes)
         verify_cost = sum(float(cost.cost(n, tree=meas.tree)) for n in sizes) / len(sizes)
         opts.append(shapes.Option(dict(fixed), 1.0 + sum(meas.accept), size, verify_cost, per_step(meas)))
+    return opts
+
+
+def _dynamic_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, per_step) -> list[shapes.Option]:
+    """One option per replayed budget: its measured tokens per step against the mean cost of the trees it verified
+    (a dynamic tree's size varies per step; a smaller budget is not a prefix of a larger one, so each is replayed)."""
+    opts = []
+    for fixed, meas in runs:
+        n = max([len(meas.accept)] + [len(d) for d in meas.nodes] + [1])
+        accept = meas.accept + [0.0] * (n - len(meas.accept))
+        opts += [dataclasses.replace(o, params=dict(fixed)) for o in shapes.chain_options(
+            accept, cost, "depth", per_step(meas), lengths=[n], tree=True, fixed=fixed, steps=meas.nodes)]
     return opts
 
 

@@ -32,16 +32,19 @@ class Param:
     high: float | None = None     # exclusive upper bound for numbers
     choices: tuple[str, ...] = ()
     auto: bool = False            # also takes `auto`: the shape that is fastest on this machine (autoshape.py)
+    words: tuple[str, ...] = ()   # words a number parameter also takes (tree=dynamic)
 
     def parse(self, method: str, raw: str) -> Any:
         if self.auto and raw == AUTO:
             return AUTO
+        if raw in self.words:
+            return raw
         try:
             value = self.type(raw)
         except MethodError:               # a nested method spelling (sam's fallback) says itself what is wrong
             raise
         except ValueError:
-            also = " or auto" if self.auto else ""
+            also = "".join(f" or {w}" for w in (AUTO,) * self.auto + self.words)
             raise MethodError(f"{method}: {self.name}={raw!r} is not a {self.type.__name__}{also} "
                               f"({self.help})") from None
         if isinstance(value, float) and not math.isfinite(value):

@@ -120,7 +120,12 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     k = k if refiner is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
     env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
                                   "alpha": alpha, "alpha_source": source}
-    if isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes
+    if method.get("tree") == "dynamic":             # EAGLE-2's rerank over the lattice replaces the fixed tree
+        from .dynamic import LatticeTree
+        from .trained import DYNAMIC_NODES
+        refiner = LatticeTree(method.concrete("nodes", DYNAMIC_NODES))
+        env.resolved[method.label].update(tree="dynamic", nodes=refiner.nodes)
+    elif isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes
         tree, nodes = getattr(refiner, "tree", refiner), method.params["nodes"]
         if spec.tree == "auto":           # Medusa's greedy search stopped at N nodes (its list is sorted by depth)
             from rescorers.medusa import tree_from_report
@@ -149,8 +154,9 @@ _P = (HEADS, THRESHOLD, K, ALPHA)
 HEADS_AUTO = replace(HEADS, help="use the first N heads (auto: the count fastest on this machine)", auto=True)
 SPECS = [MethodSpec("bpd", "blockwise parallel decoding: the heads' top-1 draft, verified in one forward",
                     lambda env, m: build(env, m), (HEADS_AUTO, THRESHOLD), _needs_heads, family="heads")]
-TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, or auto (built from the heads' held-out accuracy)",
-             choices=("mc_sim_7b_63", "auto"))
+TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, auto (built from the heads' held-out accuracy), or dynamic "
+             "(the nodes= best lattice paths by summed head log-probs, per step)", choices=("mc_sim_7b_63", "auto",
+                                                                                             "dynamic"))
 NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (auto: the size and tree "
               "fastest on this machine, from per-rank acceptance on held-out examples)", low=1, auto=True)
 for _r in rescorers.RESCORERS.values():

@@ -5,8 +5,10 @@ path (sequential models condition each depth on the tokens drafted before it; pa
 one call) and kept as a lattice (top-k per depth), on which the paper's refiners apply (`refine=ngram4`,
 `16best-ngram4`, `medusa`); a tree (`tree=W`) keeps, at every depth, the W best nodes by cumulative draft
 log-probability among the children (top-W) of the previous depth's nodes, every node conditioned on its own path,
-all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed width). Verification is the base's, so
-any draft is lossless.
+all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed width). `tree=dynamic` is EAGLE-2's
+whole policy (methods/dynamic.py): `topk` frontier nodes expanded with `topk` children each, for `depth` levels,
+then the `nodes` best of all generated nodes kept (nodes=auto: the budget fastest on this machine). Verification
+is the base's, so any draft is lossless.
 
 Each family's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here.
 """
@@ -23,13 +25,20 @@ from ..drafters.base import DraftModel, DrafterFileError, load as load_drafter, 
 from ..engine import DraftContext, Lattice, Proposal
 from ..train.pacing import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
+from .dynamic import dynamic_tree
 from .env import Env
 
 PROFILES = ("quick", "full", "ci")
 DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
               "machine)", low=1, auto=True)
 TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain; auto: the width, and the depth "
-             "unless given, fastest on this machine)", low=0, auto=True)
+             "unless given, fastest on this machine; dynamic: EAGLE-2's tree of nodes=/topk=)", low=0, auto=True,
+             words=("dynamic",))
+NODES = Param("nodes", int, "tree=dynamic: draft nodes verified per step (auto: the budget fastest on this machine)",
+              low=1, high=257, auto=True)
+TOPK = Param("topk", int, "tree=dynamic: frontier nodes per depth and children per node", low=1, high=65)
+DYNAMIC_BUDGETS = (4, 8, 16, 32, 64)  # nodes=auto chooses among these verify budgets (experiments/autoshape.py)
+DYNAMIC_NODES, DYNAMIC_TOPK = 16, 4   # tree=dynamic defaults (EAGLE-2 uses 60 and 10 on a GPU; a CPU verifies fewer)
 AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (experiments/autoshape.py)
 REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
                choices=tuple(n for n in rescorers.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
@@ -38,7 +47,7 @@ SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the t
 PROFILE = Param("profile", str, "training profile of the cached drafter (default: --heads-profile)",
                 choices=PROFILES)
 PATH = Param("path", str, "a drafter folder (bpdbench train-drafter --out), instead of the cached profile")
-COMMON = (DEPTH, TREE, K, REFINE, ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
+COMMON = (DEPTH, TREE, NODES, TOPK, K, REFINE, ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
 
 
 class TrainedDrafter:
@@ -46,9 +55,10 @@ class TrainedDrafter:
     (fed from DraftContext.accepted_hidden for feature models); `threshold` > 0 stops a chain before the first depth
     whose top-1 probability is below it (fewer tokens to draft and to verify)."""
 
-    def __init__(self, name: str, model: DraftModel, depth: int, tree: int = 0, k: int = 1, threshold: float = 0.0,
-                 refiner=None):
+    def __init__(self, name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1,
+                 threshold: float = 0.0, refiner=None, nodes: int = DYNAMIC_NODES, topk: int = DYNAMIC_TOPK):
         self.name, self.model, self.depth, self.tree = name, model, depth, tree
+        self.nodes, self.topk = nodes, topk
         self.k, self.threshold, self.refiner = k, threshold, refiner
         self.session = None
 
@@ -65,6 +75,9 @@ class TrainedDrafter:
         if n <= 0:
             return Proposal()
         expand = self._expansion(ctx, n)
+        if self.tree == "dynamic":
+            paths = dynamic_tree(lambda ps, k: self._top(expand, ps, k), n, self.topk, self.nodes)
+            return Proposal(paths, probs=[[1.0] * len(p) for p in paths])   # q: point masses on the tree
         if self.tree:
             return Proposal(self._tree(expand, n))
         lat = self._chain(expand, n)
@@ -82,6 +95,12 @@ class TrainedDrafter:
         if self.session is not None:
             return self.session.expansion(ctx.tokens[-1])
         return _Parallel(self.model.parallel_logits(ctx.hidden, ctx.tokens[-1], n))
+
+    def _top(self, expand, paths: list[list[int]], k: int) -> tuple[list[list[float]], list[list[int]]]:
+        """Per path, the top-k next-token log-probs and ids (the dynamic tree's expansion)."""
+        logits = expand.logits(paths).float()
+        lp, ix = torch.log_softmax(logits, -1).topk(min(k, logits.shape[-1]))
+        return lp.tolist(), self.model.to_token_ids(ix).tolist()
 
     def _chain(self, expand, n: int) -> Lattice | None:
         path, ids, lps = [], [], []
@@ -175,6 +194,12 @@ def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width:
     if tree and refine:
         raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
     k = method.get("k", cfg.k) if refine else 1
+    if tree != "dynamic" and any(n in method.params for n in ("nodes", "topk")):
+        raise MethodError(f"{method.label}: nodes=/topk= shape a dynamic tree; add tree=dynamic")
+    if tree == "dynamic":
+        if method.get("depth") == "auto":
+            raise MethodError(f"{method.label}: depth=auto does not apply to tree=dynamic; give depth=N or drop it")
+        tree = method.get("topk", DYNAMIC_TOPK)
     tree = 0 if tree == "auto" else tree                  # auto tries only widths the shortlist holds
     if width and max(k, tree) > width:
         raise MethodError(f"{method.label}: k/tree {max(k, tree)} exceeds the drafting shortlist ({width} ids); "
@@ -226,7 +251,11 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDr
         "heldout": training.get("heldout")}
     if training.get("quality_warning"):
         env.resolved[method.label]["quality_warning"] = training["quality_warning"]
-    return TrainedDrafter(method.label, model, depth, tree, k, threshold, refiner)
+    if tree == "dynamic":
+        env.resolved[method.label].update(nodes=method.concrete("nodes", DYNAMIC_NODES),
+                                          topk=method.get("topk", DYNAMIC_TOPK))
+    return TrainedDrafter(method.label, model, depth, tree, k, threshold, refiner,
+                          method.concrete("nodes", DYNAMIC_NODES), method.get("topk", DYNAMIC_TOPK))
 
 
 class _Defaults:
