@@ -246,3 +246,15 @@ def test_prediction_and_bootstrap_on_hand_made_records():
     lo, hi = bootstrap_ratio([1.0, 3.0, 2.0, 2.5], [1.0, 1.0, 1.0, 1.0])
     assert lo < 2.125 < hi
     assert bootstrap_ratio([1.0], [1.0]) != bootstrap_ratio([1.0], [1.0])        # nan: one prompt has no interval
+
+
+def test_a_peer_that_diverges_is_left_out_but_only_our_methods_fail_the_run():
+    records = [_rec("a", "ar", 4.0), _rec("b", "ar", 6.0),
+               _rec("a", "hf-pld", 8.0, identical=False, certificate="lost"), _rec("b", "hf-pld", 3.0),
+               _rec("a", "bpd", 2.0, identical=False, certificate="lost"), _rec("b", "bpd", 2.0)]
+    summary = speed.summarize(records)
+    assert summary.set_index("method").loc["hf-pld", "n_counted"] == 1          # left out of its numbers
+    logs = []
+    lost = speed.report_divergence(summary, records, logs.append, peers=frozenset({"hf-pld"}))
+    assert lost == ["bpd a@3 (lost reason)"]                                     # ours still fails the run
+    assert any(line.startswith("PEER DIVERGED: hf-pld a@3") for line in logs)
