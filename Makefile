@@ -36,8 +36,9 @@ test: install kenlm
 test-heavy: install kenlm
 	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m heavy
 
+# Tiers (tests/conftest.py): unit, integration, slow (real model), heavy (also slow); `-m unit` is the quickest.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not heavy"
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
 # `make regress BASELINE=other.json` checks against another file (scripts/regress_demo.sh shows a failing one).

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Callable
 
 import torch
@@ -70,7 +71,7 @@ class Generation:
 class Verified:
     tree: Tree
     hidden: torch.Tensor        # [n_nodes, d] final hidden states
-    targets: list[int]          # what each node's child must equal (greedy: the base's argmax after the node)
+    targets: Sequence[int]      # what each node's child must equal (greedy: the base's argmax after the node)
     past: int                   # cache length before the verify forward
     topk: torch.Tensor | None = None   # [n_nodes, k] the base's top-k ids per node, for drafters with feedback_k
 
@@ -102,9 +103,46 @@ def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GRE
     past = state.cache.get_seq_length()
     out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
     hidden = out.last_hidden_state[0]
+    if getattr(acceptance, "argmax_only", False) and not feedback_k and _lazy_pays(tree):
+        return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, tree.inner), past)
     logits = model.lm_head(hidden)
     topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu() if feedback_k else None
     return Verified(tree, hidden, acceptance.targets(logits), past, topk)
+
+
+LAZY_MIN_LEAVES = 8   # below this, the leaves' rows cost less than the rare second pass over the output matrix
+
+
+def _lazy_pays(tree: Tree) -> bool:
+    """The output projection (V x d, a quarter of a 0.5B model's weights) dominates a wide tree's verify. Greedy
+    acceptance reads the argmax only at nodes with children, plus the node the walk ends on; so a tree with many
+    leaves projects its inner nodes in one matmul and a leaf only if the walk ends there (one extra row, which
+    re-reads the matrix, hence the threshold). Chains and scored-only nodes keep the full projection."""
+    return not tree.is_chain and not tree.scored and len(tree.tokens) - len(tree.inner) >= LAZY_MIN_LEAVES
+
+
+class LazyArgmax(Sequence[int]):
+    """The greedy targets of a verify forward, computed in one matmul for `rows` and on demand for any other node.
+    The same projection and argmax as the full path, so the same tokens up to the kernel's row-blocking rounding
+    (which the certificates already cover, as verify and 1-token decoding differ in the same way)."""
+
+    def __init__(self, head, hidden: torch.Tensor, rows: list[int]):
+        self.head, self.hidden, self.n = head, hidden, hidden.shape[0]
+        ids = head(hidden[rows]).argmax(-1).tolist() if rows else []
+        self.known = dict(zip(rows, ids))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        i = i + self.n if i < 0 else i
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if i not in self.known:
+            self.known[i] = int(self.head(self.hidden[i: i + 1]).argmax(-1))
+        return self.known[i]
 
 
 class TreeScorer:
@@ -203,5 +241,9 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
 
 
 def _lap(since: float) -> tuple[float, float]:
+    """Stage clock. A GPU runs ahead of the host, so the stage split (drafting vs verifying ms per step) is only
+    true after a synchronise; on a CPU this is a plain read of the clock."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     now = time.perf_counter()
     return now - since, now
