@@ -12,13 +12,13 @@ import copy
 import time
 from dataclasses import dataclass, field
 from collections.abc import Sequence
-from typing import Callable
 
 import torch
 from transformers import DynamicCache
 
 from .acceptance import GREEDY, Acceptance, Decision
 from .counters import Counters
+from .events import OnStep, StepEvent
 from .tree import Tree, build_tree, compact_cache, model_inputs
 from .types import DraftContext, Drafter, EmptyDrafter, Feedback, Proposal
 
@@ -198,9 +198,10 @@ def step_decision(tree: Tree, targets: list[int], proposal: Proposal, limits: Li
 
 @torch.inference_mode()
 def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limits,
-             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None,
+             acceptance: Acceptance = GREEDY, on_step: OnStep | None = None,
              memo: dict | None = None) -> Generation:
     """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method.
+    `on_step`: called once per verify step with its `StepEvent` (replay calls it at the same point).
     `memo`: see `prefill`."""
     drafter = drafter or EmptyDrafter()
     counters = Counters()
@@ -234,7 +235,7 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         gen.seconds["draft"] += t_draft
         gen.seconds["verify"] += t_verify
         if on_step:
-            on_step(len(out))
+            on_step(StepEvent(ctx, proposal, verified.tree, d, new, len(out), t_draft))
     gen.tokens = limits.truncate(out)
     counters.new_tokens = len(gen.tokens)
     return gen

@@ -16,7 +16,7 @@ import torch
 import tasks as task_registry
 from .. import models, paths
 from ..config import ConfigError, RunConfig, environment
-from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, SpeculativeSampling, generate
+from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError, parse, parse_list
 from ..methods.registry import canonical
 from . import artefacts
@@ -147,8 +147,9 @@ class Session:
             return resolve(self, method)
         return method.spec.build(self.env, method)
 
-    def decode(self, drafter: Drafter, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> Generation:
-        return generate(self.model, drafter, prompt_ids, self.limits, acceptance)
+    def decode(self, drafter: Drafter, prompt_ids: list[int], acceptance: Acceptance = GREEDY,
+               on_step: OnStep | None = None) -> Generation:
+        return generate(self.model, drafter, prompt_ids, self.limits, acceptance, on_step=on_step)
 
     def seed(self, index: int) -> int:
         """Example `index` of the selection (0-based) draws from seed + offset + index: the same example gets the
