@@ -53,7 +53,7 @@ def methods(model: str = _M, heads_profile: str = _HP, heads_path: Optional[str]
         params = ",".join(p.name + ("~" if p.auto else "") for p in spec.params)
         print(f"{spec.name:16s} {('[' + params + ']') if params else '':28s} {spec.description}")
         print(f"{'':16s} needs: {state}{'; timed with speed only' if spec.external else ''}")
-    print("~: the parameter also takes `auto`, the shape fastest on this machine (README: draft shapes)")
+    print("~: the parameter also takes `auto`, the shape fastest on this machine (docs/methods.md, draft shapes)")
 
 
 @app.command()
