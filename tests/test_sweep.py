@@ -134,6 +134,14 @@ def test_sweep_equals_serial_recovers_a_killed_worker_and_reruns_nothing(tiny_mo
     assert again["counts"] == {"finished": 11} and not again["failed"]
     assert before == {p: p.stat().st_mtime_ns for p in before}
 
+    import shutil
+    from bpdbench.sweep import kinds
+    moved = tmp_path / "elsewhere" / "results"          # the same tree in another checkout: nothing to rerun
+    shutil.copytree(plan.results, moved)
+    elsewhere = tmp_path / "elsewhere" / "grid.toml"
+    elsewhere.write_text(grid_text(tiny_model_dir, moved, data, tmp_path / "cache"))
+    assert all(kinds.finished(c, moved) for c in grid.load(elsewhere).cells)
+
 
 @needs_ray
 def test_failing_cell_is_retried_reported_and_exits_nonzero(tiny_model_dir, data, tmp_path):

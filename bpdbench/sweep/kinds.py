@@ -177,6 +177,11 @@ def _norm(d: dict) -> dict:
     return json.loads(json.dumps(d, default=str))
 
 
+# Where a cell ran and on how many threads, not what it computed: a results tree copied to another checkout (or a
+# data folder mounted elsewhere) still holds finished cells.
+PLACE = ("threads", "resume", "out", "data_dir", "greedy_dir")
+
+
 def _matches(cell, meta: dict) -> bool:
     from ..experiments.speed import UNUSED
     from ..methods import canonical
@@ -185,7 +190,7 @@ def _matches(cell, meta: dict) -> bool:
         want = {k: v for k, v in want.items() if k not in UNUSED}
     # a field an older config.json lacks was added since with its default, which is what that run did
     have = {**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})}
-    if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in ("threads", "resume")):
+    if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in PLACE):
         return False
     labels = [m.label for m in methods_of(cell.kind, cell.config, cell.options)]
     recorded = [canonical(m) for m in meta.get("methods", [])]
