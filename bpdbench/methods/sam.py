@@ -147,7 +147,8 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
 
 
 SPECS = [MethodSpec("sam", "SAM-Decoding: the continuation of the longest suffix match in a suffix automaton over "
-                    "the text so far and a suffix array over the corpus; below `threshold`, another method drafts",
+                    "the text so far and a suffix array over the corpus; below `threshold`, another method drafts "
+                    "(fallback=<method>, which needs what that method needs)",
                     build,
                     (Param("tokens", int, "draft length (auto: the length fastest on this machine)", low=1, auto=True),
                      Param("threshold", int, "shortest match drafted from; shorter ones go to the fallback", low=1),

@@ -276,6 +276,7 @@ def spec(name: str, description: str, trained_name, family, extra: tuple[Param, 
         where = folder(m, cfg.replace(model=model), name_of(m))
         return [(f"{name_of(m)} drafter ({profile_of(m, cfg)})", (where / "config.json").exists())]
 
+    description += "; tree=dynamic grows an EAGLE-2 tree each step (nodes, topk, depth)"
     s = MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), family_of(m)), extra + COMMON,
                    needs, family="drafter")
     CHECKS[name] = lambda m, cfg: check(m, cfg, name_of(m), family_of(m))
