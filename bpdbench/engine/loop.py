@@ -63,7 +63,8 @@ class Generation:
     tokens: list[int]
     counters: Counters
     step_log: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
-    verify_log: list[tuple[int, bool]] = field(default_factory=list)  # (tokens scored, tree mask?) per verify forward
+    # (tokens scored, tree mask?, rows through the output projection) per verify forward
+    verify_log: list[tuple[int, bool, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify"), 0.0))
 
 
@@ -95,15 +96,16 @@ def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo:
     return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden)
 
 
-def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY, feedback_k: int = 0
-           ) -> Verified:
+def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY, feedback_k: int = 0,
+           lazy: bool = True) -> Verified:
     """One serial call: the base scores [next token] + every proposed path (a chain, or a trie of several), plus
-    the proposal's scored-only paths. `feedback_k`: also the top-k ids per node, from the same logits."""
+    the proposal's scored-only paths. `feedback_k`: also the top-k ids per node, from the same logits. `lazy=False`
+    projects every node (the calibration's reference cost, which `projected_rows` then corrects)."""
     tree = build_tree(state.context[-1], proposal.paths, proposal.scored)
     past = state.cache.get_seq_length()
     out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
     hidden = out.last_hidden_state[0]
-    if getattr(acceptance, "argmax_only", False) and not feedback_k and _lazy_pays(tree):
+    if lazy and getattr(acceptance, "argmax_only", False) and not feedback_k and _lazy_pays(tree):
         return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, tree.inner), past)
     logits = model.lm_head(hidden)
     topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu() if feedback_k else None
@@ -118,7 +120,21 @@ def _lazy_pays(tree: Tree) -> bool:
     acceptance reads the argmax only at nodes with children, plus the node the walk ends on; so a tree with many
     leaves projects its inner nodes in one matmul and a leaf only if the walk ends there (one extra row, which
     re-reads the matrix, hence the threshold). Chains and scored-only nodes keep the full projection."""
-    return not tree.is_chain and not tree.scored and len(tree.tokens) - len(tree.inner) >= LAZY_MIN_LEAVES
+    return not tree.scored and lazy_rows(tree.parents) is not None
+
+
+def projected_rows(verified: "Verified") -> int:
+    """Rows the verify forward sent through the output projection (the nodes, or the lazily projected ones)."""
+    t = verified.targets
+    return len(t.known) if isinstance(t, LazyArgmax) else len(verified.tree.tokens)
+
+
+def lazy_rows(parents: list[int]) -> int | None:
+    """Rows a greedy verify of a tree with these parents projects up front, or None where it projects every node
+    (for cost models: the shape's inner nodes when it has enough leaves)."""
+    inner = len({p for p in parents if p >= 0})
+    is_chain = all(p == i - 1 for i, p in enumerate(parents))
+    return inner if not is_chain and len(parents) - inner >= LAZY_MIN_LEAVES else None
 
 
 class LazyArgmax(Sequence[int]):
@@ -230,7 +246,7 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         drafted = len(proposal.paths[d.path])
         counters.record_step(drafted, d.accepted, len(verified.tree.tokens))
         gen.step_log.append((drafted, d.accepted))
-        gen.verify_log.append((len(verified.tree.tokens), not verified.tree.is_chain))
+        gen.verify_log.append((len(verified.tree.tokens), not verified.tree.is_chain, projected_rows(verified)))
         t_verify, clock = _lap(clock)
         gen.seconds["draft"] += t_draft
         gen.seconds["verify"] += t_verify
