@@ -303,8 +303,9 @@ def _cap_options(options: dict, limit: int | None) -> dict:
 def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ctx: dict, threads: int,
           gpus: float) -> Cell:
     from .kinds import check
-    if cfg.data_file:
-        cfg = cfg.replace(data_file=_root(cfg.data_file, ctx["grid"].parent))
+    for name in ("data_file", "heads_path"):    # `~` and paths relative to the grid, as a shell and cwd would
+        if getattr(cfg, name):
+            cfg = cfg.replace(**{name: _root(getattr(cfg, name), ctx["grid"].parent)})
     if gpus and cfg.device == "cpu":
         raise GridError(f"{where}: gpus = {gpus:g} but device = \"cpu\"; set device = \"cuda\" (or gpus = 0)")
     if not gpus and cfg.device.startswith("cuda"):     # Ray hides every GPU from a task that asks for none
