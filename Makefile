@@ -51,7 +51,9 @@ regress-update: install kenlm
 
 # The CPU-scale grid behind results/ (grids/reference.toml through `bpdbench sweep` on a local Ray instance;
 # resumable; about 2 hours on 2 cores). `make reproduce SWEEP="--dry-run"` lists its cells;
-# SWEEP="--limit 5 --results /tmp/quick" is a quick pass written elsewhere.
+# SWEEP="--limit 5 --results /tmp/quick" is a quick pass written elsewhere. The other committed results have grids of
+# their own (grids/certificates.toml, peers, drafters, sampling, hardware, field; docs/sweeps.md): `bpdbench sweep
+# grids/<name>.toml --dry-run` lists the cells behind their folders.
 reproduce: install kenlm
 	$(BIN)/bpdbench sweep grids/reference.toml $(SWEEP)
 

@@ -2,14 +2,17 @@
 
 run, replay, oracle, analyze, tune, speed and regress all start here, so they share one example selection, one EOS
 set and generation limit, one alpha rule (methods.heads.alpha_for), one greedy reference and one config.json
-layout: {"config": the RunConfig, "methods": labels, "resolved": what was resolved, "environment": versions,
-machine, threads, device, dtype, commit}. Everything that can be checked is checked before the model loads.
+layout: {"config": the RunConfig, "methods": labels, "resolved": what was resolved, "sweep": the grid and cell
+that ran it (sweep cells only), "environment": versions, machine, threads, device, dtype, commit}. Everything that
+can be checked is checked before the model loads.
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -23,6 +26,22 @@ from . import artefacts
 from .reference import GreedyReference
 
 Log = Callable[[str], None]
+
+
+# The grid and cell a sweep runs (sweep/kinds.py sets it around the command it calls): carried beside the commands
+# rather than through them, so their signatures stay the CLI's and a command line records nothing extra.
+_MADE_BY: ContextVar[dict | None] = ContextVar("made_by", default=None)
+
+
+@contextlib.contextmanager
+def made_by(grid: str, cell: str) -> Iterator[None]:
+    """Every config.json written inside records {"sweep": {"grid": grid, "cell": cell}}: the recipe of the result.
+    Outside config["config"], so it never decides whether a folder is finished or resumable."""
+    token = _MADE_BY.set({"grid": grid, "cell": cell})
+    try:
+        yield
+    finally:
+        _MADE_BY.reset(token)
 
 
 def resolve_method(cfg: RunConfig) -> Method:
@@ -182,7 +201,8 @@ class Session:
         from ..hardware.calibration import meta as calibration
         return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
                 "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
-                **extra, "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
+                **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
+                "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
 
 
 def certify_command(cfg: RunConfig, method: str) -> str:

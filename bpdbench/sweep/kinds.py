@@ -7,7 +7,9 @@ the rest).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -29,8 +31,11 @@ def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dic
     """(RunConfig fields, command options) per cell of one (model, task): run and tune make one cell per method."""
     methods = merged.get("methods", merged.get("method"))
     if kind == "run":
+        private = merged.get("private_greedy", False)
+        if not isinstance(private, bool):
+            raise ConfigError(f"{where}: private_greedy must be true or false, got {private!r}")
         for m in _spellings(methods, where):
-            yield {"method": m}, {}
+            yield {"method": m}, ({"private_greedy": True} if private else {})
     elif kind == "tune":
         for m in _spellings(methods, where):
             yield {"offset": 0}, {"rescorer": m}          # tune reads the held-out slice from its start
@@ -100,14 +105,26 @@ def tuned_keys(cell) -> list[str]:
 
 
 def execute(cell, log: Log) -> dict:
-    """Run one cell through the CLI's own function; returns what the report keeps about it."""
+    """Run one cell through the CLI's own function, its config.json naming the grid and cell (session.made_by);
+    returns what the report keeps about it."""
+    from ..experiments.session import made_by
+    with made_by(cell.grid, cell.id):
+        return _execute(cell, cell.config.replace(resume=True), log)
+
+
+def _execute(cell, cfg: RunConfig, log: Log) -> dict:
     from ..experiments import commands
     from ..experiments.run import run
-    cfg = cell.config.replace(resume=True)
     if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
         raise RuntimeError("test hook: failing on purpose")
     if cell.kind == "run":
-        row = run(cfg, log=log, progress=_hook(cell))
+        with contextlib.ExitStack() as stack:
+            if cell.options.get("private_greedy"):
+                # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
+                # no time); where the reference lives never changes a result (PLACE): the folder stays finished
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-"))
+                cfg = cfg.replace(greedy_dir=tmp)
+            row = run(cfg, log=log, progress=_hook(cell))
         return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
     if cell.kind == "replay":
         return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log))}
