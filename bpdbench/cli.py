@@ -286,7 +286,9 @@ def calibrate(model: str = _M, dtype: str = _D, device: str = _DEV, threads: Opt
     cfg = RunConfig(model=model, dtype=dtype, device=device, threads=threads).validate()
     check_model_files(cfg.model, cfg.dtype)
     _threads(threads)
-    cal = lib.ensure(cfg.model, cfg.dtype, resolve_device(cfg.device), threads, log=_log, force=force)
+    from .models import load
+    cal = lib.ensure(cfg.model, cfg.dtype, resolve_device(cfg.device), threads, log=_log, force=force,
+                     loader=lambda dt, dev: load(cfg.model, dt, dev)[0])
     path = lib.cache_path(cal.model, cal.dtype, cal.device, cal.threads)
     if not (show or out):
         print(f"{cal.model} {cal.dtype}: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps, "

@@ -137,7 +137,7 @@ def heldout(s, n: int | None = None) -> tuple[list[tuple[Any, list[int]]], dict]
     of where they came from."""
     n = n or N_EXAMPLES
     evaluated = {ex.id for ex in s.examples}
-    from .session import select_examples
+    from .examples import select_examples
     try:
         chosen = select_examples(s.cfg.replace(offset=0, limit=n), heldout=True)
         return [(ex, s.prompt(ex)) for ex in chosen], {"source": f"{s.cfg.task} held-out slice",

@@ -23,6 +23,7 @@ from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, Sp
 from ..methods import Env, Method, MethodError, parse, parse_list
 from ..methods.registry import canonical
 from . import artefacts
+from .examples import select_examples
 from .reference import GreedyReference
 
 Log = Callable[[str], None]
@@ -76,32 +77,6 @@ def out_dir(cfg: RunConfig, kind: str = "runs") -> Path:
     if not cfg.sampling.greedy:
         label += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
     return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
-
-
-def select_examples(cfg: RunConfig, heldout: bool = False, per_category: int | None = None) -> list:
-    """The task's eval slice (or held-out slice), then --offset/--limit, or the first N per category."""
-    task = task_registry.get_task(cfg.task)
-    data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
-    examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
-    evaluated, held = task_registry.split(task, examples)
-    pool = held if heldout else evaluated
-    if per_category is not None:
-        seen: dict = {}
-        chosen = []
-        for ex in pool:
-            seen[ex.category] = seen.get(ex.category, 0) + 1
-            if seen[ex.category] <= per_category:
-                chosen.append(ex)
-        return chosen
-    if heldout and not pool:
-        raise ConfigError(f"{cfg.task} has no held-out examples ({len(examples)} examples, all evaluated); tune on "
-                          f"a task with a held-out slice, or pass --alpha / alpha= instead of tuning")
-    chosen = task_registry.select(pool, cfg.offset, cfg.limit)
-    if not chosen:
-        which = "held-out" if heldout else "evaluated"
-        raise ConfigError(f"{cfg.task}: no examples selected ({len(pool)} {which} examples, --offset "
-                          f"{cfg.offset}); lower --offset or add data")
-    return chosen
 
 
 def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = None,

@@ -241,7 +241,7 @@ def _load_average() -> list[float] | None:
 
 def _device_tag(device: str) -> str:
     """One spelling per device, so `cuda`, `cuda:0` and a model's `cuda:0` share a cache file."""
-    from ..models import resolve_device
+    from .fingerprint import resolve_device
     device = resolve_device(str(device))
     return "cuda:0" if device == "cuda" else device
 
@@ -327,12 +327,12 @@ def results_dir(cal: Calibration) -> Path:
 
 
 def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=None, log: Log = print,
-           force: bool = False) -> Calibration:
+           force: bool = False, loader: Callable[[str, str], object] | None = None) -> Calibration:
     """The cached calibration, or (missing, or `force`) measured now, said before it starts with its expected
-    duration, and cached. The model is loaded only when it must be measured and was not given."""
+    duration, and cached. Without a `model`, `loader(dtype, device)` loads it, only when it must be measured (the
+    hardware layer sits below the model registry, so the caller says how)."""
     import torch
 
-    from ..models import load
     from .dtype import resolve
     device = _device_tag(device)
     dtype = resolve(dtype, device, threads, log)
@@ -341,7 +341,10 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     if cal is not None:
         return cal
     if model is None:
-        model, _ = load(model_name, dtype, device)
+        if loader is None:
+            raise ValueError(f"no calibration of {model_name} {dtype} is cached here and no model was given to "
+                             f"measure it with")
+        model = loader(dtype, device)
     plan = {"ns": NS, "contexts": CONTEXTS, "tree_ns": TREE_NS, "repeats": REPEATS}
     at_default = estimate_seconds(model, device, threads, **plan)
     repeats, long_repeats = plan_repeats(at_default)

@@ -39,7 +39,7 @@ HIDDEN_FAMILIES = ("heads", "cascade", "drafter")     # fallbacks that draft fro
 def fallback_spelling(raw: str) -> str:
     """`hydra;tree=4` -> the inner method's canonical label with ';' between its parameters (a MethodError from the
     inner spelling passes through as it is: it names what is wrong)."""
-    from .registry import parse
+    from .spelling import parse
     text = _inner(raw)
     if text.partition(":")[0].strip() == "sam":
         raise MethodError(f"sam: fallback={raw} is sam itself; name another method (e.g. fallback=hierarchy)")
@@ -117,7 +117,7 @@ def _fallback(method: Method) -> Method | None:
     spelling = method.get("fallback")
     if spelling is None:
         return None
-    from .registry import parse
+    from .spelling import parse
     return parse(_inner(spelling))
 
 

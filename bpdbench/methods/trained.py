@@ -21,11 +21,12 @@ import torch
 import rescorers
 from .. import paths
 from ..config import RunConfig
-from ..drafters.base import DraftModel, DrafterFileError, load as load_drafter, read_config
+from ..drafters.base import DraftModel, DrafterFileError
+from ..drafters.store import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
 from ..train.pacing import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
-from .dynamic import dynamic_tree
+from .dynamic import DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree
 from .env import Env
 
 PROFILES = ("quick", "full", "ci")
@@ -38,7 +39,6 @@ NODES = Param("nodes", int, "tree=dynamic: draft nodes verified per step (auto: 
               low=1, high=257, auto=True)
 TOPK = Param("topk", int, "tree=dynamic: frontier nodes per depth and children per node", low=1, high=65)
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 64)  # nodes=auto chooses among these verify budgets (experiments/autoshape.py)
-DYNAMIC_NODES, DYNAMIC_TOPK = 16, 4   # tree=dynamic defaults (EAGLE-2 uses 60 and 10 on a GPU; a CPU verifies fewer)
 AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (experiments/autoshape.py)
 REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
                choices=tuple(n for n in rescorers.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))

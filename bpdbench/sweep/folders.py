@@ -18,6 +18,9 @@ from .. import paths
 from ..config import ConfigError, RunConfig
 
 # where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
+# the file a finished cell of each kind leaves (written last, after config.json)
+SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
+           "speed": "speed.csv"}
 FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed"}
 # the separators of a method spelling that a folder name replaces (scripts/certify.sh: tr ':,=' '---')
 SEPARATORS = re.compile(r"[:,=]")

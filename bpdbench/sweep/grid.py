@@ -25,8 +25,6 @@ from .artefacts import Artefact, artefacts_for
 from .folders import place
 
 KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed")
-SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
-           "speed": "speed.csv"}
 # what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "run": {"limit": 10, "methods": ["bpd"]},

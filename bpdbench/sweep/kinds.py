@@ -71,7 +71,7 @@ def check(kind: str, cfg: RunConfig, options: dict, ctx: dict) -> list[Method]:
     """What the CLI checks before loading, on the driver: values, method spellings, model name, data selection."""
     from .. import models
     from ..experiments.artefacts import check_model_files
-    from ..experiments.session import select_examples
+    from ..experiments.examples import select_examples
     checked = cfg.replace(device="cpu") if cfg.device.startswith("cuda") else cfg   # the GPU is on the workers
     checked = checked.validate()
     methods = methods_of(kind, cfg, options)
@@ -162,7 +162,7 @@ def _hook(cell):
 def finished(cell, root: Path) -> bool:
     """The cell's summary exists, was written after its config.json (a crash after a new config.json leaves an older
     summary behind), and config.json records the cell's settings and methods. Folders the CLI wrote count too."""
-    from .grid import SUMMARY
+    from .folders import SUMMARY
     if cell.kind == "tune":
         return _tuned(cell, root)
     out = root / cell.rel
