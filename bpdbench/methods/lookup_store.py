@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import paths
+from ..artefacts import Need
 from ..train import history as history_lib
 from .env import Env
 from .lookup import FrequencyTable, bigram_table, stream
@@ -69,13 +70,10 @@ def history_table(env: Env, profile: str) -> tuple[FrequencyTable, dict]:
     """The model-history table of a profile, built from the cached continuations (generated on first use)."""
     path = history_lib.history_file(env.cfg.model, profile)
     if not path.exists():
-        minutes = history_lib.MINUTES[profile]
-        if minutes > 1 and not env.cfg.auto_train:
-            raise FileNotFoundError(f"no '{profile}' model history for {env.cfg.model} and --no-auto-train: run "
-                                    f"`bpdbench build-history --profile {profile}` (about {minutes} min)")
-        env.log(f"no '{profile}' model history cached for {env.cfg.model}: generating it now, about {minutes} min "
-                f"(`bpdbench build-history --profile {profile}`; --no-auto-train refuses) into {path}")
-        history_lib.build(env.cfg.model, profile, env.model, env.tok, env.log)
+        need = Need(f"'{profile}' model history for {env.cfg.model}", f"bpdbench build-history --profile {profile}",
+                    history_lib.MINUTES[profile])
+        need.build(env.cfg.auto_train, lambda: history_lib.build(env.cfg.model, profile, env.model, env.tok,
+                                                                 env.log), env.log, path)
     return _history(str(path), path.stat().st_mtime)
 
 

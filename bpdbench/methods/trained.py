@@ -20,6 +20,7 @@ import torch
 
 import rescorers
 from .. import paths
+from ..artefacts import MINUTES, Need
 from ..config import RunConfig
 from ..drafters.base import DraftModel, DrafterFileError
 from ..drafters.store import load as load_drafter, read_config
@@ -162,14 +163,10 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-drafter "
                               f"{trained_name} --out {where}`")
-        minutes = {"quick": 10, "full": 60, "ci": 1}[profile]
-        if minutes > 1 and not env.cfg.auto_train:
-            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {env.cfg.model} and "
-                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
-        env.log(f"no '{profile}' {trained_name} drafter cached for {env.cfg.model}: training it now, up to about "
-                f"{minutes} min (bpdbench train-drafter {trained_name} --profile {profile}; --no-auto-train refuses)")
         from ..train.drafter import train
-        train(trained_name, profile, env.cfg.model, env.model, env.tok, log=env.log)
+        drafter_need(method, env.cfg.model, trained_name, profile).build(
+            env.cfg.auto_train, lambda: train(trained_name, profile, env.cfg.model, env.model, env.tok, log=env.log),
+            env.log, where, MethodError)
     try:
         config = read_config(where)
         if config["drafter"] != family:
@@ -214,10 +211,7 @@ def check(method: Method, cfg: RunConfig, trained_name: str, family: str) -> Non
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where} (no config.json); train one with "
                               f"`bpdbench train-drafter {trained_name} --out {where}`")
-        profile = profile_of(method, cfg)
-        if profile != "ci" and not cfg.auto_train:
-            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {cfg.model} and "
-                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
+        drafter_need(method, cfg.model, trained_name, profile_of(method, cfg)).check(cfg.auto_train, MethodError)
         return
     config = read_config(where)
     if config["drafter"] != family:
@@ -281,6 +275,11 @@ def spec(name: str, description: str, trained_name, family, extra: tuple[Param, 
                    needs, family="drafter")
     CHECKS[name] = lambda m, cfg: check(m, cfg, name_of(m), family_of(m))
     return s
+
+
+def drafter_need(method: Method, model: str, trained_name: str, profile: str) -> Need:
+    return Need(f"'{profile}' {trained_name} drafter for {model}",
+                f"bpdbench train-drafter {trained_name} --profile {profile}", MINUTES[profile], method.label)
 
 
 CHECKS: dict = {}        # method name -> preflight check (experiments.artefacts.check_drafters)
