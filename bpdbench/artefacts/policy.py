@@ -14,6 +14,23 @@ from typing import Callable
 
 MINUTES = {"quick": 10, "full": 60, "ci": 1}     # a trained profile's expected minutes on 2 CPU cores
 
+# kind -> the function that builds it. Training code registers them (bpdbench/train/__init__.py), so decoding code
+# asks for a build by kind and never imports a trainer; whatever runs a command imports `bpdbench.train` first.
+BUILDERS: dict[str, Callable[..., object]] = {}
+
+
+def register(kind: str, fn: Callable[..., object]) -> None:
+    BUILDERS[kind] = fn
+
+
+def builder(kind: str) -> Callable[..., object]:
+    """The registered builder of `kind`; a missing one means no command imported the training package."""
+    try:
+        return BUILDERS[kind]
+    except KeyError:
+        raise RuntimeError(f"no builder for {kind} is registered: import bpdbench.train before decoding (the "
+                           f"commands do)") from None
+
 
 @dataclass(frozen=True)
 class Need:
@@ -42,3 +59,10 @@ class Need:
         log(f"no {self.what} cached: building it now, about {self.minutes:g} min ({self.command}; "
             f"--no-auto-train refuses){into}")
         make()
+
+
+def warn_use(warning: str | None, where: str, log: Callable[[str], None]) -> None:
+    """A run that loads a flagged artefact (held-out quality under its floor) says so: never used silently (loading
+    happens once per run: Env caches it)."""
+    if warning:
+        log(f"WARNING: {where}: {warning} (recorded in the run's config.json and summary as quality_warning)")

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 import tasks as task_registry
-from .. import models, paths
+from .. import models, paths, train  # noqa: F401  (train: registers the artefact builders a first use calls)
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError, parse, parse_list

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import rescorers
-from ..artefacts import Need
+from ..artefacts import Need, builder
 from ..config import RunConfig
 
 
@@ -35,6 +35,5 @@ def ensure(spec: rescorers.RescorerSpec, cfg: RunConfig, tok, log) -> None:
         train_ngram(spec.order, lambda s: tok(s, add_special_tokens=False)["input_ids"], corpus, path.parent,
                     discount_fallback=True)   # only used when the corpus is too small to estimate discounts
         return
-    from ..train.rescorer import train_neural
     need = Need(f"{tag} for {cfg.model}", f"bpdbench train-rescorer neural --size {spec.size}", 15, spec.name)
-    need.build(cfg.auto_train, lambda: train_neural(spec.size, cfg.model, minutes=15.0, log=log), log, path)
+    need.build(cfg.auto_train, lambda: builder("neural-rescorer")(spec.size, cfg.model, 15.0, log), log, path)

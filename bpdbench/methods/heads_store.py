@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths
-from ..artefacts import MINUTES, Need
+from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
 from ..heads import Heads, load as load_heads
-from ..train.pacing import warn_use
+from ..artefacts.policy import warn_use
 
 
 def heads_need(model: str, profile: str) -> Need:
@@ -16,8 +16,6 @@ def heads_need(model: str, profile: str) -> Need:
 
 def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
     """The heads a config names, with their metadata (path, training profile, held-out agreement)."""
-    from ..train import heads as train_heads
-
     if cfg.heads_profile == "init" and not cfg.heads_path:  # untrained (zero-init) heads: smoke tests, ablations
         heads = Heads(model.config.hidden_size, cfg.heads).to(model.dtype).eval().requires_grad_(False)
         heads.pack(model.lm_head)
@@ -28,7 +26,7 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
             raise FileNotFoundError(f"no heads at {path} (expected config.json + medusa_lm_head.pt); "
                                     f"train them with `bpdbench train-heads`")
         heads_need(cfg.model, cfg.heads_profile).build(
-            cfg.auto_train, lambda: train_heads.train(cfg.model, cfg.heads_profile, model, tok, log=log), log, path)
+            cfg.auto_train, lambda: builder("heads")(cfg.model, cfg.heads_profile, model, tok, log=log), log, path)
     heads, hcfg = load_heads(path, model.config.hidden_size, model.dtype, str(model.device))
     if cfg.heads > heads.num_heads:
         raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")

@@ -16,7 +16,8 @@ import numpy as np
 
 from .. import paths
 from ..artefacts import Need
-from ..train import history as history_lib
+from ..artefacts import builder
+from ..artefacts import history as history_lib
 from .env import Env
 from .lookup import FrequencyTable, bigram_table, stream
 
@@ -37,7 +38,7 @@ def bigram_file(model: str, source: str, profile: str = "quick") -> Path:
 def _corpus(env: Env) -> tuple[np.ndarray, list[str]]:
     """The corpus as one token stream; its tokenization is cached with the neural LMs' (same files, same key)."""
     from tasks import corpus_files
-    from ..train.rescorer import corpus_cache, default_corpus_files, tokenized_corpus
+    from ..artefacts.corpus import corpus_cache, default_corpus_files, tokenized_corpus
     if env.cfg.data_dir:
         files, cache = corpus_files(Path(env.cfg.data_dir)), None
     else:
@@ -54,7 +55,7 @@ def _load_table(path: str, mtime: float) -> FrequencyTable:
 def static_table(env: Env) -> tuple[FrequencyTable, dict]:
     """The corpus n-gram table, rebuilt when missing or built from other corpus files than the current ones."""
     from tasks import corpus_files
-    from ..train.rescorer import default_corpus_files
+    from ..artefacts.corpus import default_corpus_files
     path = static_file(env.cfg.model)
     files = [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
     table = _load_table(str(path), path.stat().st_mtime) if path.exists() else None
@@ -72,7 +73,7 @@ def history_table(env: Env, profile: str) -> tuple[FrequencyTable, dict]:
     if not path.exists():
         need = Need(f"'{profile}' model history for {env.cfg.model}", f"bpdbench build-history --profile {profile}",
                     history_lib.MINUTES[profile])
-        need.build(env.cfg.auto_train, lambda: history_lib.build(env.cfg.model, profile, env.model, env.tok,
+        need.build(env.cfg.auto_train, lambda: builder("history")(env.cfg.model, profile, env.model, env.tok,
                                                                  env.log), env.log, path)
     return _history(str(path), path.stat().st_mtime)
 

@@ -20,12 +20,12 @@ import torch
 
 import rescorers
 from .. import paths
-from ..artefacts import MINUTES, Need
+from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
 from ..drafters.base import DraftModel, DrafterFileError
 from ..drafters.store import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
-from ..train.pacing import warn_use
+from ..artefacts.policy import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .dynamic import DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree
 from .env import Env
@@ -163,9 +163,8 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-drafter "
                               f"{trained_name} --out {where}`")
-        from ..train.drafter import train
         drafter_need(method, env.cfg.model, trained_name, profile).build(
-            env.cfg.auto_train, lambda: train(trained_name, profile, env.cfg.model, env.model, env.tok, log=env.log),
+            env.cfg.auto_train, lambda: builder("drafter")(trained_name, profile, env.cfg.model, env.model, env.tok, env.log),
             env.log, where, MethodError)
     try:
         config = read_config(where)

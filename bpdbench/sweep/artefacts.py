@@ -114,7 +114,7 @@ def collect(cells: list, methods_of) -> list[Artefact]:
 
 def build(a: Artefact, auto_train: bool, log: Log) -> str:
     """Build one artefact unless it is already there; returns what was done. The same functions a first use calls."""
-    from .. import models, paths
+    from .. import models, paths, train  # noqa: F401  (train: registers the artefact builders)
     if a.kind == "model":
         if (paths.dense_model_dir(a.model, a.detail) / "config.json").exists():
             return "present"
