@@ -269,6 +269,7 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
     capped = grid.load(path, data=str(data), limit=2, threads=3, results=str(tmp_path / "quick"))
     assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
     assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
+    assert "per_category" not in next(c for c in capped.cells if c.kind == "replay").options
     assert {c.threads for c in capped.cells} == {3}
 
 
@@ -293,6 +294,7 @@ GRID_CASES = [
     ("sweep-key", "[sweep]\nworkers = 2\n[[run]]\ntasks = [\"xsum\"]", ["[sweep]", "unknown key 'workers'"]),
     ("not-array", "[run]\ntasks = [\"xsum\"]", ["[[run]] blocks"]),
     ("speed-repeats", "[[speed]]\ntasks = [\"mt_bench\"]\nrepeats = 0", ["repeats must be an integer >= 1"]),
+    ("replay-per-category", "[[replay]]\ntasks = [\"xsum\"]\nper_category = 0", ["per_category must be an integer"]),
     ("gpu-on-cpu", "[sweep]\ngpus = 1\n[[run]]\ntasks = [\"xsum\"]", ["gpus = 1", "device"]),
     ("cuda-no-gpu", "[[run]]\ntasks = [\"xsum\"]\ndevice = \"cuda\"", ["needs gpus = 1"]),
     ("data-file", "[[run]]\ntasks = [\"prompts\"]\ndata_file = \"none.jsonl\"", ["data file not found"]),

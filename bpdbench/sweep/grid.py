@@ -32,7 +32,7 @@ CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "oracle": {"limit": 30}, "analyze": {"limit": 30}, "tune": {"limit": 20},
     "speed": {"limit": 20, "max_new_tokens": 128, "repeats": 3,
               "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]}}
-KIND_KEYS = {"run": {"methods", "out", "private_greedy"}, "replay": {"methods", "folder", "out"},
+KIND_KEYS = {"run": {"methods", "out", "private_greedy"}, "replay": {"methods", "per_category", "folder", "out"},
              "oracle": {"folder", "out"}, "analyze": {"folder", "out"}, "tune": {"methods", "out"},
              "speed": {"methods", "repeats", "per_category", "folder", "out"}}
 SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads": int, "gpus": (int, float),

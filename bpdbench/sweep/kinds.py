@@ -27,6 +27,12 @@ def _spellings(value: Any, where: str) -> list[str]:
     return [s for x in items for s in split_list(x)]
 
 
+def _count(v: Any, name: str, where: str) -> Any:
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        raise ConfigError(f"{where}: {name} must be an integer >= 1, got {v!r}")
+    return v
+
+
 def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dict]]:
     """(RunConfig fields, command options) per cell of one (model, task): run and tune make one cell per method."""
     methods = merged.get("methods", merged.get("method"))
@@ -40,12 +46,12 @@ def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dic
         for m in _spellings(methods, where):
             yield {"offset": 0}, {"rescorer": m}          # tune reads the held-out slice from its start
     elif kind == "replay":
-        yield {}, {"methods": ",".join(_spellings(methods, where))}
+        per_category = _count(merged.get("per_category"), "per_category", where)
+        yield {}, {"methods": ",".join(_spellings(methods, where)),
+                   **({"per_category": per_category} if per_category else {})}
     elif kind == "speed":
-        repeats, per_category = merged.get("repeats", 3), merged.get("per_category")
-        for name, v in (("repeats", repeats), ("per_category", per_category)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ConfigError(f"{where}: {name} must be an integer >= 1, got {v!r}")
+        repeats = _count(merged.get("repeats", 3), "repeats", where)
+        per_category = _count(merged.get("per_category"), "per_category", where)
         yield {}, {"methods": ",".join(_spellings(methods, where)), "repeats": repeats, "per_category": per_category}
     else:
         yield {}, {}
@@ -127,7 +133,8 @@ def _execute(cell, cfg: RunConfig, log: Log) -> dict:
             row = run(cfg, log=log, progress=_hook(cell))
         return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
     if cell.kind == "replay":
-        return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log))}
+        return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log,
+                                            cell.options.get("per_category")))}
     if cell.kind == "oracle":
         return {"rows": len(commands.oracle(cfg, cfg.k, True, log))}
     if cell.kind == "analyze":
@@ -217,6 +224,8 @@ def _matches(cell, meta: dict) -> bool:
                 and meta.get("per_category") == cell.options["per_category"])
     if cell.kind == "analyze":          # always plain and 2-gram drafts: its config is all there is to match
         return True
+    if cell.kind == "replay" and meta.get("per_category") != cell.options.get("per_category"):
+        return False
     return recorded == labels
 
 
