@@ -36,8 +36,9 @@ test: install kenlm
 test-heavy: install kenlm
 	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m heavy
 
+# Tiers (tests/conftest.py): unit, integration, slow (real model), heavy (also slow); `-m unit` is the quickest.
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not slow and not heavy"
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
 # `make regress BASELINE=other.json` checks against another file (scripts/regress_demo.sh shows a failing one).
@@ -50,7 +51,9 @@ regress-update: install kenlm
 
 # The CPU-scale grid behind results/ (grids/reference.toml through `bpdbench sweep` on a local Ray instance;
 # resumable; about 2 hours on 2 cores). `make reproduce SWEEP="--dry-run"` lists its cells;
-# SWEEP="--limit 5 --results /tmp/quick" is a quick pass written elsewhere.
+# SWEEP="--limit 5 --results /tmp/quick" is a quick pass written elsewhere. The other committed results have grids of
+# their own (grids/certificates.toml, peers, drafters, sampling, hardware, field; docs/sweeps.md): `bpdbench sweep
+# grids/<name>.toml --dry-run` lists the cells behind their folders.
 reproduce: install kenlm
 	$(BIN)/bpdbench sweep grids/reference.toml $(SWEEP)
 

@@ -53,7 +53,7 @@ def methods(model: str = _M, heads_profile: str = _HP, heads_path: Optional[str]
         params = ",".join(p.name + ("~" if p.auto else "") for p in spec.params)
         print(f"{spec.name:16s} {('[' + params + ']') if params else '':28s} {spec.description}")
         print(f"{'':16s} needs: {state}{'; timed with speed only' if spec.external else ''}")
-    print("~: the parameter also takes `auto`, the shape fastest on this machine (README: draft shapes)")
+    print("~: the parameter also takes `auto`, the shape fastest on this machine (docs/methods.md, draft shapes)")
 
 
 @app.command()
@@ -286,7 +286,9 @@ def calibrate(model: str = _M, dtype: str = _D, device: str = _DEV, threads: Opt
     cfg = RunConfig(model=model, dtype=dtype, device=device, threads=threads).validate()
     check_model_files(cfg.model, cfg.dtype)
     _threads(threads)
-    cal = lib.ensure(cfg.model, cfg.dtype, resolve_device(cfg.device), threads, log=_log, force=force)
+    from .models import load
+    cal = lib.ensure(cfg.model, cfg.dtype, resolve_device(cfg.device), threads, log=_log, force=force,
+                     loader=lambda dt, dev: load(cfg.model, dt, dev)[0])
     path = lib.cache_path(cal.model, cal.dtype, cal.device, cal.threads)
     if not (show or out):
         print(f"{cal.model} {cal.dtype}: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps, "

@@ -55,11 +55,11 @@ cache_root = paths.cache_root
 
 
 def resolve_device(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ModelError(f"unknown device '{device}'; valid: cpu, cuda, auto")
-    return device
+    from .hardware.fingerprint import resolve_device as resolve
+    try:
+        return resolve(device)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
 
 
 def resolve_dtype(dtype: str, device: str = "cpu") -> torch.dtype:

@@ -36,7 +36,8 @@ RESCORERS: dict[str, RescorerSpec] = {s.name: s for s in (
     RescorerSpec("16best-0gram", "16 best paths by head scores, verified in one forward", "kbest", p=16),
     RescorerSpec("16best-ngram4", "16 best paths under heads + 4-gram, verified in one forward", "ngram", p=16,
                  order=4, default_alpha=0.5),
-    RescorerSpec("medusa", "Medusa tree (mc_sim_7b_63, 63 nodes) over the top-10 lattice, one tree-masked forward",
+    RescorerSpec("medusa", "Medusa tree (mc_sim_7b_63, 63 nodes) over the top-10 lattice, one tree-masked forward; "
+                 "tree=auto sizes it to this machine, tree=dynamic grows an EAGLE-2 tree per step",
                  "tree", p=63),
     RescorerSpec("medusa-auto", "Medusa tree of 63 nodes built from the heads' held-out per-rank accuracy "
                  "(Medusa's greedy tree search, independent heads)", "tree", p=63, tree="auto"),

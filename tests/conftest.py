@@ -9,6 +9,28 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# The cost tier of each test module that is not plain unit (pyproject.toml lists the markers).
+INTEGRATION = {"test_bad_input", "test_calibration", "test_cli", "test_crash_safety", "test_distill",
+               "test_refinement_cli", "test_regress", "test_replay_resume", "test_sampling_cli", "test_speed",
+               "test_sweep", "test_sweep_grids"}
+# (test_sweep marks only its tests that start Ray: its grid checks need none, and `-m "not ray"` keeps them)
+NEEDS = {"test_heads": ("train",), "test_drafters": ("train",), "test_distill": ("train",), "test_neural": ("train",)}
+
+
+def pytest_collection_modifyitems(config, items):
+    """One tier per test, so `-m unit`, `-m "not slow"` select by cost: heavy implies slow; slow wins over the
+    module's tier."""
+    for item in items:
+        module = item.module.__name__.rsplit(".", 1)[-1]
+        marks = {m.name for m in item.iter_markers()}
+        if "heavy" in marks and "slow" not in marks:
+            item.add_marker(pytest.mark.slow)
+            marks.add("slow")
+        if "slow" not in marks:
+            item.add_marker(pytest.mark.integration if module in INTEGRATION else pytest.mark.unit)
+        for name in NEEDS.get(module, ()):
+            item.add_marker(getattr(pytest.mark, name))
+
 
 def make_tiny_model(vocab: int = 96, seed: int = 0):
     from transformers import Qwen2Config, Qwen2ForCausalLM

@@ -17,7 +17,7 @@ def hand_made() -> Calibration:
     tree = {128: {4: 1.6, 8: 2.4}, 512: {4: 2.0, 8: 3.4}}
     return Calibration(model="m", dtype="float32", device="cpu", threads=2, fingerprint={"key": "abc"},
                        step_ms=40.0, contexts=[128, 512], chain=chain, tree=tree, prefill_tok_per_s=100.0,
-                       step_ms_by_context={128: 20.0, 512: 40.0})
+                       step_ms_by_context={128: 20.0, 512: 40.0}, head={1: 0.05, 8: 0.15, 64: 1.0})
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +70,7 @@ def test_measure_on_tiny_model_and_cache_round_trip(tiny_model, monkeypatch):
         assert set(cal.chain[ctx]) == {1, 2, 4, 8} and set(cal.tree[ctx]) == {4, 8}
         for row in (cal.chain[ctx], cal.tree[ctx]):
             assert all(math.isfinite(v) and v > 0 for v in row.values())
+    assert set(cal.head) == set(lib.HEAD_ROWS) and all(v > 0 for v in cal.head.values())
     assert lib.cached("tiny", "float32", "cpu", 1) is None
     path = lib.save(cal)
     assert path == lib.cache_path("tiny", "float32", "cpu", 1) and path.name == "tiny-float32-cpu.json"
@@ -161,3 +162,18 @@ def test_a_fast_machine_spends_its_calibration_time_on_more_rounds():
     assert plan_repeats(60.0) == (REPEATS, 1)           # a slow machine: the minute it needs anyway
     assert plan_repeats(27.0) == (5, 1)                 # 45 s / 27 s x 3 rounds
     assert plan_repeats(0.5) == (MAX_REPEATS, MAX_REPEATS // 3)
+
+
+def test_a_lazily_projected_tree_costs_the_full_tree_less_the_rows_it_skips(tmp_path):
+    """A wide tree's greedy verify projects only its inner nodes: the calibrated full-tree cost less the measured
+    projection of the skipped rows; a calibration cached before the projection was measured is measured again."""
+    cal = hand_made()
+    full = cal.cost(8, tree=True)
+    assert cal.cost(8, tree=True, rows=8) == full and cal.cost(8, tree=True, rows=None) == full
+    assert cal.cost(8, tree=True, rows=1) == pytest.approx(full - 0.15 + 0.05)
+    assert cal.cost(8, tree=True, rows=4) == pytest.approx(full - 0.15 + 0.05 + 3 / 7 * 0.10)
+    lib.save(cal, lib.cache_path("m", "float32", "cpu", 2))
+    assert lib.cached("m", "float32", "cpu", 2) == cal
+    old = Calibration.from_dict({**cal.to_dict(), "head": {}})
+    lib.save(old, lib.cache_path("m", "float32", "cpu", 2))
+    assert lib.cached("m", "float32", "cpu", 2) is None

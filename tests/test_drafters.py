@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 from bpdbench import heads as heads_lib, models
 from bpdbench.cli import app
 from bpdbench.config import RunConfig
-from bpdbench.drafters import base as drafters
+from bpdbench.drafters import store as drafters
 from bpdbench.drafters.base import DraftModel
 from bpdbench.drafters.eagle import Eagle
 from bpdbench.drafters.hydra import Hydra

@@ -194,7 +194,7 @@ def test_nodes_auto_plans_each_budget_and_picks_by_measured_speed():
     class Cost:
         step_ms = 0.0
 
-        def cost(self, n, tree=False):
+        def cost(self, n, tree=False, rows=None):
             return 1.0 + 0.05 * n
 
     def meas(accept, size):

@@ -9,7 +9,7 @@ import torch
 from test_sampling import N_CONTROL, PARAMS, PROMPT, TARGET, V, MarkovLM, exact_joint
 from test_shapes import session_for  # noqa: F401  (the tiny-model session fixture)
 
-from bpdbench.engine import (EmptyDrafter, Feedback, Limits, SpeculativeSampling, TreeScorer, forward_feedback,
+from bpdbench.engine import (EmptyDrafter, Feedback, Limits, SpeculativeSampling, TreeScorer,
                              generate, replay)
 from bpdbench.engine.tree import build_tree
 from bpdbench.methods import MethodError, parse
@@ -56,11 +56,11 @@ def test_replay_without_a_scorer_is_refused(tiny_model):
 
 
 class Spy:
-    """Records each proposal and feedback (through the same forwarding any wrapper uses)."""
+    """Records each proposal and the feedback handed to the drafter."""
 
     def __init__(self, inner):
         self.inner, self.name, self.log = inner, inner.name, []
-        forward_feedback(self, inner)
+        self.feedback_k = inner.feedback_k
         self.feedback = self._feedback
 
     def reset(self, prompt_ids):

@@ -156,11 +156,16 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cach
             greedy = generate(model, None, list(prompt), limits).tokens
             if getattr(drafter, "needs_reference", False):
                 drafter.use_reference(greedy)
-            real = generate(model, drafter, list(prompt), limits)
+            seen = {"real": [], "replay": []}
+            log = lambda key: lambda ev: seen[key].append(       # noqa: E731 (past EOS, replay knows no bonus)
+                (ev.proposal.paths, ev.decision.path, ev.decision.accepted, ev.produced))
+            real = generate(model, drafter, list(prompt), limits, on_step=log("real"))
             assert real.tokens == greedy, spelling
             hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)   # feature drafters' prefill
-            sim = replay(twin, list(prompt), greedy, hidden, limits, memo=memos[tuple(prompt)], scorer=scorer)
+            sim = replay(twin, list(prompt), greedy, hidden, limits, memo=memos[tuple(prompt)], scorer=scorer,
+                         on_step=log("replay"))
             assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
+            assert seen["real"] == seen["replay"] and len(seen["real"]) == real.counters.steps, (spelling, prompt)
             accepted += real.counters.accepted
         assert accepted > 0 or method.name == "ar", spelling   # the comparison is not between two empty walks
         checked.append(method.label)

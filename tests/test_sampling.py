@@ -277,10 +277,10 @@ def test_alpha_law_bookkeeping_on_the_stub():
     from bpdbench.experiments.alpha_law import StepLog, table
 
     def steps(gamma: int, seed: int) -> list:
-        logged = StepLog(DraftModelDrafter("sps", DRAFT, gamma=gamma))
+        drafter, logged = DraftModelDrafter("sps", DRAFT, gamma=gamma), StepLog()
         for i in range(250):
-            logged.acceptance = SpeculativeSampling(PARAMS, seed + i)
-            generate(TARGET, logged, list(PROMPT), Limits(24), logged.acceptance)
+            logged.attach(SpeculativeSampling(PARAMS, seed + i))
+            generate(TARGET, drafter, list(PROMPT), Limits(24), logged.acceptance, on_step=logged)
         return logged.steps
 
     four, two = table(steps(4, 0), 1.0, 4), table(steps(2, 10**5), 1.0, 2)

@@ -238,7 +238,8 @@ def test_auto_for_hierarchy_sps_and_medusa_trees(session_for, tiny_model_dir):
     assert steep["draft_nothing"] or len(steep["tree"]) < len(med["auto"]["tree"])    # AVX2 costs: a smaller tree
 
 
-@pytest.mark.heavy           # trains two tiny drafters (about 2 minutes on 2 cores before the fp32 fit)
+@pytest.mark.heavy
+@pytest.mark.train          # trains two tiny drafters (about 2 minutes on 2 cores before the fp32 fit)
 def test_auto_for_trained_drafter_trees(session_for, tiny_model_dir, tmp_path):
     """tree=auto chooses a width and a depth jointly; depth=auto a chain's depth; decoding stays lossless."""
     from bpdbench import models

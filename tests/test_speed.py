@@ -228,7 +228,7 @@ def test_prediction_and_bootstrap_on_hand_made_records():
     class Cal:
         step_ms, prefill_tok_per_s = 100.0, 1000.0
 
-        def seconds_for(self, n, tree=False, context=None):
+        def seconds_for(self, n, tree=False, context=None, rows=None):
             return 0.1 * (1.0 if n <= 1 else 2.0)
 
     ar = {"id": "a", "method": "ar", "prompt_tokens": 100, "tokens": 10, "serial_calls": 11, "verified": 10,

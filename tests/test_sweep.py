@@ -17,7 +17,10 @@ from typer.testing import CliRunner
 from bpdbench.cli import app
 from tests.test_refinement_cli import kenlm_required  # noqa: F401 (a fixture)
 
-needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="Ray not installed (make install)")
+def needs_ray(test):
+    """A test that starts a local Ray instance: the `ray` tier, skipped where Ray is not installed."""
+    missing = importlib.util.find_spec("ray") is None
+    return pytest.mark.ray(pytest.mark.skipif(missing, reason="Ray not installed (make install)")(test))
 
 TIMING = {"seconds", "ref_seconds", "tokens_per_s", "speedup_vs_ar"}
 COMMON = {"model": None, "dtype": "float32", "heads_profile": "init", "heads": 2, "limit": 3, "max_new_tokens": 12}
@@ -133,6 +136,14 @@ def test_sweep_equals_serial_recovers_a_killed_worker_and_reruns_nothing(tiny_mo
     again = driver.run(grid.load(path), "local", cpus=2, log=print)
     assert again["counts"] == {"finished": 11} and not again["failed"]
     assert before == {p: p.stat().st_mtime_ns for p in before}
+
+    import shutil
+    from bpdbench.sweep import kinds
+    moved = tmp_path / "elsewhere" / "results"          # the same tree in another checkout: nothing to rerun
+    shutil.copytree(plan.results, moved)
+    elsewhere = tmp_path / "elsewhere" / "grid.toml"
+    elsewhere.write_text(grid_text(tiny_model_dir, moved, data, tmp_path / "cache"))
+    assert all(kinds.finished(c, moved) for c in grid.load(elsewhere).cells)
 
 
 @needs_ray
@@ -258,6 +269,7 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
     capped = grid.load(path, data=str(data), limit=2, threads=3, results=str(tmp_path / "quick"))
     assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
     assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
+    assert "per_category" not in next(c for c in capped.cells if c.kind == "replay").options
     assert {c.threads for c in capped.cells} == {3}
 
 
@@ -282,9 +294,21 @@ GRID_CASES = [
     ("sweep-key", "[sweep]\nworkers = 2\n[[run]]\ntasks = [\"xsum\"]", ["[sweep]", "unknown key 'workers'"]),
     ("not-array", "[run]\ntasks = [\"xsum\"]", ["[[run]] blocks"]),
     ("speed-repeats", "[[speed]]\ntasks = [\"mt_bench\"]\nrepeats = 0", ["repeats must be an integer >= 1"]),
+    ("replay-per-category", "[[replay]]\ntasks = [\"xsum\"]\nper_category = 0", ["per_category must be an integer"]),
     ("gpu-on-cpu", "[sweep]\ngpus = 1\n[[run]]\ntasks = [\"xsum\"]", ["gpus = 1", "device"]),
     ("cuda-no-gpu", "[[run]]\ntasks = [\"xsum\"]\ndevice = \"cuda\"", ["needs gpus = 1"]),
     ("data-file", "[[run]]\ntasks = [\"prompts\"]\ndata_file = \"none.jsonl\"", ["data file not found"]),
+    ("out-placeholder", "[[run]]\ntasks = [\"xsum\"]\nout = \"c/{task}-{methd}\"",
+     ["[[run]] 1", "{methd}", "{method}"]),
+    ("out-absolute", "[[run]]\ntasks = [\"xsum\"]\nout = \"/tmp/c/{task}\"", ["relative to the results root"]),
+    ("out-dotdot", "[[replay]]\ntasks = [\"xsum\"]\nout = \"r/../../{task}\"", ["no '..'"]),
+    ("out-brace", "[[run]]\ntasks = [\"xsum\"]\nout = \"c/{task\"", ["out = 'c/{task'", "brace"]),
+    ("out-spec", "[[run]]\ntasks = [\"xsum\"]\nout = \"c/{method:.}\"", ["separator must be - or _"]),
+    ("out-method", "[[replay]]\ntasks = [\"xsum\"]\nout = \"r/{method}\"", ["a replay cell has several"]),
+    ("out-folder", "[[speed]]\ntasks = [\"xsum\"]\nfolder = \"s\"\nout = \"s/{task}\"", ["folder or out, not both"]),
+    ("out-same-folder", "[[run]]\ntasks = [\"xsum\"]\nmethods = [\"bpd\", \"pld\"]\nout = \"c/{task}\"",
+     ["two cells write c/xsum with different method", "out template"]),
+    ("private-greedy", "[[run]]\ntasks = [\"xsum\"]\nprivate_greedy = 1", ["private_greedy must be true or false"]),
 ]
 
 
@@ -337,3 +361,39 @@ def test_a_node_with_another_checkout_refuses_its_cells(tiny_model_dir, data, tm
         pytest.skip("not a git checkout: the commit check has nothing to compare")
     res = cells.run_cell(cell, 0, "sweep/g", "0" * 40)
     assert res["status"] == "failed" and "0" * 40 in res["error"] and "every node" in res["error"]
+
+
+def test_out_templates_name_the_folders(tiny_model_dir, data, tmp_path):
+    """`out` names any folder under the results root (the scripts' names); a cell outside its command's default
+    folder gets --out <results>/<folder>, one in it gets none, as the command line would."""
+    from bpdbench.sweep import grid
+    path = tmp_path / "g.toml"
+    path.write_text("\n".join([
+        "[sweep]", 'results = "res"', "", "[defaults]", 'dtype = "float32"', 'heads_path = "~/medusa-quick"', "",
+        "[[run]]", 'out = "certificates/{task}-{method}"', 'tasks = ["xsum"]',
+        'methods = ["bpd:threshold=0.4", "oracle:k=16", "koala:base=hydra,tree=4"]', "",
+        "[[run]]", 'out = "drafters/runs/{task}-{method:_}-fp32-{heads_profile}"', 'tasks = ["mt_bench"]',
+        'method = "koala:base=hydra,tree=4"', 'heads_profile = "full"', "",
+        "[[run]]", 'out = "sampling/{task}/{method}-T{temperature}-{dtype}-{model}"', 'tasks = ["xsum"]',
+        'method = "pld"', "temperatures = [0, 0.7, 1.0]", "private_greedy = true", f'model = "{tiny_model_dir}"', "",
+        "[[replay]]", 'out = "drafters/replay/{task}-koala"', 'tasks = ["xsum", "mt_bench"]', "",
+        "[[oracle]]", 'out = "oracle/{task}"', 'tasks = ["xsum"]', "",
+        "[[speed]]", 'out = "speed/{task}-s{seed}"', 'tasks = ["mt_bench"]', "temperature = 0.7", "seed = 3"]))
+    plan = grid.load(path, data=str(data))
+    cells = {c.id: c for c in plan.cells}
+    m = str(tiny_model_dir).replace("/", "_")
+    assert set(cells) == {
+        "certificates/xsum-bpd-threshold-0.4", "certificates/xsum-oracle-k-16",
+        "certificates/xsum-koala-base-hydra-tree-4",
+        "drafters/runs/mt_bench-koala_base_hydra_tree_4-fp32-full", f"sampling/xsum/pld-T0-float32-{m}",
+        f"sampling/xsum/pld-T0.7-float32-{m}", f"sampling/xsum/pld-T1-float32-{m}", "drafters/replay/xsum-koala",
+        "drafters/replay/mt_bench-koala", "oracle/xsum", "speed/mt_bench-s3"}
+    for c in plan.cells:
+        assert c.rel == c.id and c.grid == str(path.resolve())
+        assert c.config.out == (None if c.id == "oracle/xsum" else str(plan.results / c.id)), c.id
+        assert c.config.heads_path == str(Path.home() / "medusa-quick")      # ~ expanded, as a shell would
+    sampled = [c for c in plan.cells if c.id.startswith("sampling/")]
+    assert [c.config.temperature for c in sampled] == [None, 0.7, 1.0]
+    assert all(c.options == {"private_greedy": True} for c in sampled)
+    assert cells["certificates/xsum-bpd-threshold-0.4"].options == {}
+

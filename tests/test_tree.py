@@ -164,3 +164,25 @@ def test_in_place_compaction_keeps_exactly_the_accepted_rows():
     rows = list(range(past)) + [past + i for i in keep]
     assert cache.get_seq_length() == past + len(keep)
     assert torch.equal(cache.layers[0].keys, k[..., rows, :]) and torch.equal(cache.layers[0].values, v[..., rows, :])
+
+
+def test_lazy_projection_equals_the_full_one_and_skips_the_leaves(tiny_model, monkeypatch):
+    """A wide tree projects only its inner nodes (plus a leaf when the walk ends there): same targets, same output,
+    same counters as the full projection, and fewer rows through the output matrix."""
+    from rescorers.medusa import MedusaTree
+    hidden = torch.randn(20, tiny_model.config.hidden_size)
+    lazy = loop.LazyArgmax(tiny_model.lm_head, hidden, [0, 3, 7])
+    assert list(lazy) == tiny_model.lm_head(hidden).argmax(-1).tolist() and lazy[-1] == lazy[19]
+
+    rows = []
+    real = tiny_model.lm_head.forward
+    monkeypatch.setattr(tiny_model.lm_head, "forward", lambda x: (rows.append(x.shape[0]), real(x))[1])
+    heads = random_heads(tiny_model.lm_head, 4, seed=5, std=0.3)
+    run = lambda: decode(tiny_model, PROMPT, 30, set(), heads=heads, n_heads=4, rescorer=MedusaTree("medusa"), k=10)
+    fast, fast_rows = run(), sum(rows)
+    rows.clear()
+    monkeypatch.setattr(loop, "LAZY_MIN_LEAVES", 10 ** 9)
+    full, full_rows = run(), sum(rows)
+    assert fast.tokens == full.tokens == decode(tiny_model, PROMPT, 30, eos_ids=set()).tokens
+    assert vars(fast.counters) == vars(full.counters) and fast.counters.accepted > 0
+    assert fast_rows < full_rows / 2, (fast_rows, full_rows)

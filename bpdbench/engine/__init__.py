@@ -2,12 +2,13 @@
 Imports torch and transformers only; every method plugs in through `Drafter`."""
 from .acceptance import GREEDY, Acceptance, Decision, GreedyAcceptance
 from .counters import Counters, ratios
+from .events import OnStep, StepEvent
 from .loop import Generation, Limits, TreeScorer, generate
 from .replay import replay, teacher_forced
 from .sampling import RULES, Sampler, SamplingParams, SpeculativeSampling
-from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Feedback, Lattice, Proposal, forward_feedback
+from .types import EMPTY, DraftContext, Drafter, EmptyDrafter, Feedback, Lattice, Proposal
 
 __all__ = ["GREEDY", "Acceptance", "Decision", "GreedyAcceptance", "Counters", "ratios", "Generation", "Limits",
-           "generate", "TreeScorer", "Feedback", "forward_feedback", "replay", "teacher_forced", "EMPTY",
+           "generate", "TreeScorer", "Feedback", "StepEvent", "OnStep", "replay", "teacher_forced", "EMPTY",
            "DraftContext", "Drafter", "EmptyDrafter", "Lattice", "Proposal", "RULES", "Sampler",
            "SamplingParams", "SpeculativeSampling"]

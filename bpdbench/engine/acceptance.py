@@ -27,6 +27,7 @@ class Decision:
 class Acceptance(Protocol):
     name: str
     lossless_is_exact: bool   # True when the output must equal greedy token for token
+    argmax_only: bool         # True when `targets` is the per-node argmax: the engine may compute it lazily
 
     def targets(self, logits: torch.Tensor) -> list[int]:
         """[n_nodes, V] logits of the verify forward -> the token each node's child must equal."""
@@ -42,6 +43,7 @@ class GreedyAcceptance:
     """Keep the longest path whose every token equals the base's argmax at its parent (ties: the earlier path)."""
     name = "greedy"
     lossless_is_exact = True
+    argmax_only = True
 
     def targets(self, logits: torch.Tensor) -> list[int]:
         return logits.argmax(-1).tolist()

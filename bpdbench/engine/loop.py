@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
 from .acceptance import GREEDY, Acceptance, Decision
 from .counters import Counters
+from .events import OnStep, StepEvent
 from .tree import Tree, build_tree, compact_cache, model_inputs
 from .types import DraftContext, Drafter, EmptyDrafter, Feedback, Proposal
 
@@ -62,7 +63,8 @@ class Generation:
     tokens: list[int]
     counters: Counters
     step_log: list[tuple[int, int]] = field(default_factory=list)  # (drafted, accepted) per step
-    verify_log: list[tuple[int, bool]] = field(default_factory=list)  # (tokens scored, tree mask?) per verify forward
+    # (tokens scored, tree mask?, rows through the output projection) per verify forward
+    verify_log: list[tuple[int, bool, int]] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("prefill", "draft", "verify"), 0.0))
 
 
@@ -70,7 +72,7 @@ class Generation:
 class Verified:
     tree: Tree
     hidden: torch.Tensor        # [n_nodes, d] final hidden states
-    targets: list[int]          # what each node's child must equal (greedy: the base's argmax after the node)
+    targets: Sequence[int]      # what each node's child must equal (greedy: the base's argmax after the node)
     past: int                   # cache length before the verify forward
     topk: torch.Tensor | None = None   # [n_nodes, k] the base's top-k ids per node, for drafters with feedback_k
 
@@ -94,17 +96,69 @@ def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo:
     return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden)
 
 
-def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY, feedback_k: int = 0
-           ) -> Verified:
+def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY, feedback_k: int = 0,
+           lazy: bool = True) -> Verified:
     """One serial call: the base scores [next token] + every proposed path (a chain, or a trie of several), plus
-    the proposal's scored-only paths. `feedback_k`: also the top-k ids per node, from the same logits."""
+    the proposal's scored-only paths. `feedback_k`: also the top-k ids per node, from the same logits. `lazy=False`
+    projects every node (the calibration's reference cost, which `projected_rows` then corrects)."""
     tree = build_tree(state.context[-1], proposal.paths, proposal.scored)
     past = state.cache.get_seq_length()
     out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
     hidden = out.last_hidden_state[0]
+    if lazy and getattr(acceptance, "argmax_only", False) and not feedback_k and _lazy_pays(tree):
+        return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, tree.inner), past)
     logits = model.lm_head(hidden)
     topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu() if feedback_k else None
     return Verified(tree, hidden, acceptance.targets(logits), past, topk)
+
+
+LAZY_MIN_LEAVES = 8   # below this, the leaves' rows cost less than the rare second pass over the output matrix
+
+
+def _lazy_pays(tree: Tree) -> bool:
+    """The output projection (V x d, a quarter of a 0.5B model's weights) dominates a wide tree's verify. Greedy
+    acceptance reads the argmax only at nodes with children, plus the node the walk ends on; so a tree with many
+    leaves projects its inner nodes in one matmul and a leaf only if the walk ends there (one extra row, which
+    re-reads the matrix, hence the threshold). Chains and scored-only nodes keep the full projection."""
+    return not tree.scored and lazy_rows(tree.parents) is not None
+
+
+def projected_rows(verified: "Verified") -> int:
+    """Rows the verify forward sent through the output projection (the nodes, or the lazily projected ones)."""
+    t = verified.targets
+    return len(t.known) if isinstance(t, LazyArgmax) else len(verified.tree.tokens)
+
+
+def lazy_rows(parents: list[int]) -> int | None:
+    """Rows a greedy verify of a tree with these parents projects up front, or None where it projects every node
+    (for cost models: the shape's inner nodes when it has enough leaves)."""
+    inner = len({p for p in parents if p >= 0})
+    is_chain = all(p == i - 1 for i, p in enumerate(parents))
+    return inner if not is_chain and len(parents) - inner >= LAZY_MIN_LEAVES else None
+
+
+class LazyArgmax(Sequence[int]):
+    """The greedy targets of a verify forward, computed in one matmul for `rows` and on demand for any other node.
+    The same projection and argmax as the full path, so the same tokens up to the kernel's row-blocking rounding
+    (which the certificates already cover, as verify and 1-token decoding differ in the same way)."""
+
+    def __init__(self, head, hidden: torch.Tensor, rows: list[int]):
+        self.head, self.hidden, self.n = head, hidden, hidden.shape[0]
+        ids = head(hidden[rows]).argmax(-1).tolist() if rows else []
+        self.known = dict(zip(rows, ids))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self.n))]
+        i = i + self.n if i < 0 else i
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        if i not in self.known:
+            self.known[i] = int(self.head(self.hidden[i: i + 1]).argmax(-1))
+        return self.known[i]
 
 
 class TreeScorer:
@@ -160,9 +214,10 @@ def step_decision(tree: Tree, targets: list[int], proposal: Proposal, limits: Li
 
 @torch.inference_mode()
 def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limits,
-             acceptance: Acceptance = GREEDY, on_step: Callable[[int], None] | None = None,
+             acceptance: Acceptance = GREEDY, on_step: OnStep | None = None,
              memo: dict | None = None) -> Generation:
     """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method.
+    `on_step`: called once per verify step with its `StepEvent` (replay calls it at the same point).
     `memo`: see `prefill`."""
     drafter = drafter or EmptyDrafter()
     counters = Counters()
@@ -191,17 +246,21 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         drafted = len(proposal.paths[d.path])
         counters.record_step(drafted, d.accepted, len(verified.tree.tokens))
         gen.step_log.append((drafted, d.accepted))
-        gen.verify_log.append((len(verified.tree.tokens), not verified.tree.is_chain))
+        gen.verify_log.append((len(verified.tree.tokens), not verified.tree.is_chain, projected_rows(verified)))
         t_verify, clock = _lap(clock)
         gen.seconds["draft"] += t_draft
         gen.seconds["verify"] += t_verify
         if on_step:
-            on_step(len(out))
+            on_step(StepEvent(ctx, proposal, verified.tree, d, new, len(out), t_draft))
     gen.tokens = limits.truncate(out)
     counters.new_tokens = len(gen.tokens)
     return gen
 
 
 def _lap(since: float) -> tuple[float, float]:
+    """Stage clock. A GPU runs ahead of the host, so the stage split (drafting vs verifying ms per step) is only
+    true after a synchronise; on a CPU this is a plain read of the clock."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
     now = time.perf_counter()
     return now - since, now

@@ -11,10 +11,13 @@ bfloat16). It makes oracle and method grids affordable: one base forward per exa
 """
 from __future__ import annotations
 
+import time
+
 import torch
 
 from .acceptance import GREEDY, Acceptance
 from .counters import Counters
+from .events import OnStep, StepEvent
 from .loop import Limits, TreeScorer, step_decision
 from .tree import Tree, build_tree
 from .types import DraftContext, Drafter, Feedback
@@ -44,14 +47,14 @@ def targets_from_reference(tree: Tree, truth: list[int]) -> list[int]:
 
 @torch.inference_mode()
 def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch.Tensor | None, limits: Limits,
-           acceptance: Acceptance = GREEDY, memo: dict | None = None, scorer: TreeScorer | None = None
-           ) -> Counters:
+           acceptance: Acceptance = GREEDY, memo: dict | None = None, scorer: TreeScorer | None = None,
+           on_step: OnStep | None = None) -> Counters:
     """Counters of decoding `prompt` with `drafter`, given the greedy output G (truncated as the loop truncates).
     `hidden` from `teacher_forced` (None for drafters that never look at it); with `with_prompt=True` it also
     holds the prompt's positions, and the first proposal's `accepted_hidden` covers the prompt as in real decoding.
     `scorer` (engine.loop.TreeScorer): needed by drafters with `feedback_k`, which it gives the top-k ids at every
     node of each verified tree, as the verify forward does in real decoding (called at the same point: after the
-    decision, before `observe`)."""
+    decision, before `observe`). `on_step`: as in `generate`, once per step."""
     feedback_k = int(getattr(drafter, "feedback_k", 0) or 0)
     if feedback_k and scorer is None:
         raise ValueError(f"{drafter.name}: replaying a drafter that learns from the verify forward needs a scorer "
@@ -70,7 +73,9 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
         budget = limits.budget(out)
         ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo,
                            accepted_hidden=fresh)
+        t0 = time.perf_counter()
         proposal = drafter.propose(ctx).clip(budget)
+        t_draft = time.perf_counter() - t0
         tree = build_tree(g[m], proposal.paths, proposal.scored)
         d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)
         c.record_step(len(proposal.paths[d.path]), d.accepted, len(tree.tokens))
@@ -80,5 +85,7 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
         drafter.observe(new)
         fresh = None if hidden is None else hidden[m + 1: m + 2 + d.accepted]
         m += d.accepted + 1
+        if on_step:
+            on_step(StepEvent(ctx, proposal, tree, d, new, m + 1, t_draft))
     c.new_tokens = n
     return c

@@ -139,6 +139,7 @@ class SpeculativeSampling:
     first (Leviathan et al.'s per-position acceptance probability, for the acceptance-law experiment)."""
 
     lossless_is_exact = False
+    argmax_only = False       # its targets are distributions over every visited node
 
     def __init__(self, params: SamplingParams, seed: int, rule: str = EXACT):
         if params.greedy:

@@ -24,6 +24,12 @@ class Tree:
     def is_chain(self) -> bool:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
+    @property
+    def inner(self) -> list[int]:
+        """Nodes with at least one child, ascending: the only nodes whose greedy choice the acceptance walk
+        compares against (a leaf's is needed only when the walk ends on it, as the bonus token)."""
+        return sorted({p for p in self.parents if p >= 0})
+
 
 def build_tree(root: int, drafts: list[list[int]], scored: list[list[int]] | None = None) -> Tree:
     """The trie of `drafts` under `root`; `scored` paths form a second trie under the root, after every draft node,

@@ -67,15 +67,6 @@ class Feedback:
     topk: torch.Tensor      # [n_nodes, k] int64
 
 
-def forward_feedback(wrapper: Any, inner: Any) -> None:
-    """Make a wrapper that forwards propose/observe to `inner` (recorders, analyses) forward the feedback hook
-    too; a drafter without one stays without one, so the loop's costs for it are unchanged."""
-    k = int(getattr(inner, "feedback_k", 0) or 0)
-    if k:
-        wrapper.feedback_k = k
-        wrapper.feedback = inner.feedback
-
-
 @dataclass
 class DraftContext:
     """What a drafter may look at: the decided tokens and the base model's last hidden state.

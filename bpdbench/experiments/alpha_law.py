@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ConfigError, RunConfig
-from ..engine import forward_feedback
+from ..engine import StepEvent
 from ..methods import parse
 from ..report.results import OutputLock, write_atomic
 from ..report.summary import to_markdown
@@ -36,30 +36,21 @@ def law(alpha: float, gamma: int) -> float:
 
 
 class StepLog:
-    """Wraps a drafter: per verify step (drafted, accepted, the β values the rule recorded during the step)."""
+    """A step observer (`engine.StepEvent`): per verify step (drafted, accepted, the β values the acceptance rule
+    recorded during the step). `attach` the example's rule before decoding it."""
 
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-        forward_feedback(self, inner)
+    def __init__(self):
         self.acceptance = None
         self.steps: list[tuple[int, int, list[float]]] = []
-        self._open: tuple[int, int] | None = None
+        self._seen = 0
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        self.inner.reset(prompt_ids)
-        self._open = None
+    def attach(self, acceptance) -> None:
+        self.acceptance, self._seen = acceptance, 0
 
-    def propose(self, ctx):
-        proposal = self.inner.propose(ctx)
-        self._open = (len(proposal.paths[0]), len(getattr(self.acceptance, "alphas", [])))
-        return proposal
-
-    def observe(self, tokens: list[int]) -> None:
-        self.inner.observe(tokens)
-        if self._open is not None:
-            drafted, start = self._open
-            self.steps.append((drafted, len(tokens) - 1, list(getattr(self.acceptance, "alphas", []))[start:]))
-            self._open = None
+    def __call__(self, ev: StepEvent) -> None:
+        alphas = list(getattr(self.acceptance, "alphas", []))
+        self.steps.append((len(ev.proposal.paths[0]), ev.decision.accepted, alphas[self._seen:]))
+        self._seen = len(alphas)
 
 
 def table(steps: list[tuple[int, int, list[float]]], temperature: float, gamma_max: int) -> pd.DataFrame:
@@ -100,7 +91,7 @@ def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMP
     out = Path(cfg.out) if cfg.out else Path(str(_default(cfg)))
     with OutputLock(out):
         s = open_session(cfg.replace(method=spelling), log, methods=[method])
-        logged = StepLog(s.drafter(method))
+        drafter, logged = s.drafter(method), StepLog()
         frames, per_example, steps_log = [], [], []
         for t in temperatures:
             st = s.cfg.replace(temperature=t or None)
@@ -108,8 +99,8 @@ def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMP
             logged.steps = []
             for i, ex in enumerate(s.examples):
                 acc = s.acceptance(i)
-                logged.acceptance = acc
-                gen = s.decode(logged, s.prompt(ex), acc)
+                logged.attach(acc)
+                gen = s.decode(drafter, s.prompt(ex), acc, on_step=logged)
                 per_example.append({"temperature": t, "id": ex.id, "new_tokens": len(gen.tokens),
                                     "serial_calls": gen.counters.serial_calls})
             frames.append(table(logged.steps, t, gamma_max))

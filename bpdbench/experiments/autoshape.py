@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ from typing import Any
 import tasks as task_registry
 from .. import paths
 from ..config import ConfigError
-from ..engine import EmptyDrafter, TreeScorer, forward_feedback, replay, teacher_forced
+from ..engine import EmptyDrafter, StepEvent, TreeScorer, replay, teacher_forced
 from ..hardware import shapes
 from ..methods import Method, MethodError
 from ..methods.base import AUTO
@@ -87,44 +86,33 @@ class Measured:
 
 
 class _Recorder:
-    """A drafter seen from the replay: per step, the draft trie's nodes per depth, drafting time, lattice ranks."""
+    """A replay seen step by step (an `engine.StepEvent` observer): the draft trie's nodes per depth, drafting
+    time, and the greedy token's rank per depth in the lattice."""
 
-    def __init__(self, drafter):
-        self.drafter, self.name = drafter, drafter.name
-        forward_feedback(self, drafter)
-        for attr in ("needs_reference", "use_reference"):
-            if hasattr(drafter, attr):
-                setattr(self, attr, getattr(drafter, attr))
+    def __init__(self):
         self.nodes: list[list[int]] = []
         self.ranks: list[tuple[list[int], int]] = []      # (rank of the greedy token per depth, k)
         self.seconds, self.drafted, self.truth, self.start = 0.0, 0, None, 0
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        self.start = len(prompt_ids)
-        self.drafter.reset(prompt_ids)
+    def begin(self, prompt: list[int], greedy: list[int]) -> None:
+        self.start, self.truth = len(prompt), greedy
 
-    def propose(self, ctx):
-        t0 = time.perf_counter()
-        p = self.drafter.propose(ctx)
-        self.seconds += time.perf_counter() - t0
-        paths = [q[: max(ctx.budget, 0)] for q in p.paths]
-        prefixes = {tuple(q[: i + 1]) for q in paths for i in range(len(q))}
+    def __call__(self, ev: StepEvent) -> None:
+        p = ev.proposal
+        self.seconds += ev.draft_seconds
+        prefixes = {tuple(q[: i + 1]) for q in p.paths for i in range(len(q))}
         scored = {tuple(q[: i + 1]) for q in p.scored or [] for i in range(len(q))}   # their own trie, also paid
-        depth = [0] * max(map(len, [*paths, *(p.scored or [])]), default=0)
+        depth = [0] * max(map(len, [*p.paths, *(p.scored or [])]), default=0)
         for pre in [*prefixes, *scored]:
             depth[len(pre) - 1] += 1
         self.nodes.append(depth)
-        self.drafted += len(paths[0])
+        self.drafted += len(p.paths[0])
         if p.lattice is not None and self.truth is not None:
-            m = len(ctx.tokens) - self.start               # the next greedy token is truth[m]
+            m = len(ev.context.tokens) - self.start        # the next greedy token is truth[m]
             ids = p.lattice.ids.tolist()
             truth = self.truth[m: m + len(ids)]
             self.ranks.append(([row.index(t) if t in row else len(row) for row, t in zip(ids, truth)],
                                len(ids[0])))
-        return p
-
-    def observe(self, tokens: list[int]) -> None:
-        self.drafter.observe(tokens)
 
 
 def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
@@ -149,7 +137,7 @@ def heldout(s, n: int | None = None) -> tuple[list[tuple[Any, list[int]]], dict]
     of where they came from."""
     n = n or N_EXAMPLES
     evaluated = {ex.id for ex in s.examples}
-    from .session import select_examples
+    from .examples import select_examples
     try:
         chosen = select_examples(s.cfg.replace(offset=0, limit=n), heldout=True)
         return [(ex, s.prompt(ex)) for ex in chosen], {"source": f"{s.cfg.task} held-out slice",
@@ -181,7 +169,7 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     """Replay `method` (concrete) along the greedy output of each example."""
     drafter = method.spec.build(s.env, method)
     per_token = hasattr(drafter, "gamma0") or getattr(getattr(drafter, "model", None), "kind", "") == "sequential"
-    rec = _Recorder(drafter)
+    rec = _Recorder()
     total = None
     for ex, prompt in examples:
         greedy, _ = s.reference.get(prompt, s.limits)
@@ -190,11 +178,11 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
         if ((method.spec.family in ("heads", "cascade", "drafter") or getattr(drafter, "needs_hidden", False))
                 and ex.id not in hidden):             # (sam's fallback may draft from hidden states)
             hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
-        rec.truth = greedy
-        if getattr(rec, "needs_reference", False):
-            rec.use_reference(greedy)
-        c = replay(rec, prompt, greedy, hidden.get(ex.id), s.limits,
-                   scorer=TreeScorer(s.model) if getattr(rec, "feedback_k", 0) else None)
+        rec.begin(prompt, greedy)
+        if getattr(drafter, "needs_reference", False):
+            drafter.use_reference(greedy)
+        c = replay(drafter, prompt, greedy, hidden.get(ex.id), s.limits, on_step=rec,
+                   scorer=TreeScorer(s.model) if getattr(drafter, "feedback_k", 0) else None)
         total = c if total is None else total.add(c)
     if total is None or not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")

@@ -24,7 +24,20 @@ class Costs(Protocol):
     step_ms: float
     prefill_tok_per_s: float
 
-    def seconds_for(self, n: float, tree: bool = False, context: int | None = None) -> float: ...
+    def seconds_for(self, n: float, tree: bool = False, context: int | None = None, rows: int | None = None
+                    ) -> float: ...
+
+
+def size_key(n: int, tree: bool, rows: int | None = None) -> str:
+    """A verify forward's size in `verify_sizes`: "n", "n:tree", or "n:tree:rows" when fewer than n rows went
+    through the output projection (a wide tree's lazy projection)."""
+    key = f"{n}:tree" if tree else str(n)
+    return f"{key}:{rows}" if rows is not None and rows < n else key
+
+
+def parse_size(key: str) -> tuple[int, bool, int | None]:
+    parts = key.split(":")
+    return int(parts[0]), len(parts) > 1 and parts[1] == "tree", int(parts[2]) if len(parts) > 2 else None
 
 
 def predict_record(rec: dict, cal: Costs) -> dict:
@@ -39,8 +52,10 @@ def predict_record(rec: dict, cal: Costs) -> dict:
     prefill = rec["prompt_tokens"] / cal.prefill_tok_per_s if cal.prefill_tok_per_s else 0.0
     sizes = rec.get("verify_sizes")
     if sizes:   # every forward at its own size: c is far from linear (c(1) = 1, c(2) = 2 on some CPUs)
-        verify = sum(count * cal.seconds_for(int(key.split(":")[0]), tree=key.endswith(":tree"), context=context)
-                     for key, count in sizes.items())
+        verify = 0.0
+        for key, count in sizes.items():
+            n, tree, rows = parse_size(key)
+            verify += count * cal.seconds_for(n, tree=tree, context=context, rows=rows)
     else:       # records written before per-step sizes: the mean size
         verify = steps * cal.seconds_for(per_step, context=context)
     draft = rec.get("draft_s") or 0.0

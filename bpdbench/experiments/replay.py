@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pandas as pd
 
-from ..engine import Counters, TreeScorer, forward_feedback, ratios, replay, teacher_forced
+from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
 from ..report.results import AppendOnlyJsonl, resumable, write_atomic
 from .session import Session
@@ -34,39 +34,27 @@ def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = 
             yield ex, prompt, greedy, (teacher_forced(s.model, prompt, greedy, with_prompt) if need_hidden else None)
 
 
-def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None
-               ) -> Counters:
+def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None,
+               on_step: OnStep | None = None) -> Counters:
     """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo)."""
     if getattr(drafter, "needs_reference", False):
         drafter.use_reference(greedy)
     scorer = TreeScorer(s.model) if getattr(drafter, "feedback_k", 0) else None
-    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer)
+    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer, on_step=on_step)
 
 
 class DraftRepetition:
-    """Wraps a drafter to count adjacent identical tokens in the first path of every proposal (the paper's
-    repetition analysis, for any method): independent heads repeat tokens that the base's text does not."""
+    """Counts adjacent identical tokens in the first path of every verified proposal (the paper's repetition
+    analysis, for any method): independent heads repeat tokens that the base's text does not. A step observer
+    (`engine.StepEvent`), so the drafter itself runs unwrapped."""
 
-    def __init__(self, drafter):
-        self.drafter, self.name = drafter, drafter.name
+    def __init__(self):
         self.pairs = self.same = 0
-        forward_feedback(self, drafter)
-        for attr in ("needs_reference", "use_reference"):
-            if hasattr(drafter, attr):
-                setattr(self, attr, getattr(drafter, attr))
 
-    def reset(self, prompt_ids: list[int]) -> None:
-        self.drafter.reset(prompt_ids)
-
-    def propose(self, ctx):
-        p = self.drafter.propose(ctx)
-        path = p.paths[0][: max(ctx.budget, 0)]
+    def __call__(self, ev: StepEvent) -> None:
+        path = ev.proposal.paths[0]
         self.pairs += max(len(path) - 1, 0)
         self.same += sum(a == b for a, b in zip(path, path[1:]))
-        return p
-
-    def observe(self, tokens: list[int]) -> None:
-        self.drafter.observe(tokens)
 
     def take(self) -> dict:
         out, self.pairs, self.same = {"draft_pairs": self.pairs, "draft_repeats": self.same}, 0, 0
@@ -83,7 +71,8 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
                    per_category: int | None = None) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (the first method is the baseline).
     Records are keyed by each method's canonical label."""
-    drafters = {m.label: DraftRepetition(s.drafter(m)) for m in methods}
+    drafters = {m.label: s.drafter(m) for m in methods}
+    repeats = {label: DraftRepetition() for label in drafters}
     labels = list(drafters)
     meta = s.meta(methods, rescorer_dtype=s.cfg.dtype,   # neural rescorers follow the run's dtype
                   **({"per_category": per_category} if per_category else {}))
@@ -110,9 +99,9 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
             rec["text_pairs"] = len(greedy) - 1
             rec["text_repeats"] = sum(a == b for a, b in zip(greedy, greedy[1:]))
             for m, drafter in drafters.items():
-                c = replay_one(s, drafter, prompt, greedy, hidden, memo)
+                c = replay_one(s, drafter, prompt, greedy, hidden, memo, on_step=repeats[m])
                 totals[m] = totals[m].add(c)
-                rec[m] = {**c.to_dict(), **drafter.take()}
+                rec[m] = {**c.to_dict(), **repeats[m].take()}
             jsonl.append([rec])
             done.append(rec)
     rows = []

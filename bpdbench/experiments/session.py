@@ -2,27 +2,47 @@
 
 run, replay, oracle, analyze, tune, speed and regress all start here, so they share one example selection, one EOS
 set and generation limit, one alpha rule (methods.heads.alpha_for), one greedy reference and one config.json
-layout: {"config": the RunConfig, "methods": labels, "resolved": what was resolved, "environment": versions,
-machine, threads, device, dtype, commit}. Everything that can be checked is checked before the model loads.
+layout: {"config": the RunConfig, "methods": labels, "resolved": what was resolved, "sweep": the grid and cell
+that ran it (sweep cells only), "environment": versions, machine, threads, device, dtype, commit}. Everything that
+can be checked is checked before the model loads.
 """
 from __future__ import annotations
 
+import contextlib
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 import tasks as task_registry
-from .. import models, paths
+from .. import models, paths, train  # noqa: F401  (train: registers the artefact builders a first use calls)
 from ..config import ConfigError, RunConfig, environment
-from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, SpeculativeSampling, generate
+from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError, parse, parse_list
 from ..methods.registry import canonical
 from . import artefacts
+from .examples import select_examples
 from .reference import GreedyReference
 
 Log = Callable[[str], None]
+
+
+# The grid and cell a sweep runs (sweep/kinds.py sets it around the command it calls): carried beside the commands
+# rather than through them, so their signatures stay the CLI's and a command line records nothing extra.
+_MADE_BY: ContextVar[dict | None] = ContextVar("made_by", default=None)
+
+
+@contextlib.contextmanager
+def made_by(grid: str, cell: str) -> Iterator[None]:
+    """Every config.json written inside records {"sweep": {"grid": grid, "cell": cell}}: the recipe of the result.
+    Outside config["config"], so it never decides whether a folder is finished or resumable."""
+    token = _MADE_BY.set({"grid": grid, "cell": cell})
+    try:
+        yield
+    finally:
+        _MADE_BY.reset(token)
 
 
 def resolve_method(cfg: RunConfig) -> Method:
@@ -57,32 +77,6 @@ def out_dir(cfg: RunConfig, kind: str = "runs") -> Path:
     if not cfg.sampling.greedy:
         label += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
     return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
-
-
-def select_examples(cfg: RunConfig, heldout: bool = False, per_category: int | None = None) -> list:
-    """The task's eval slice (or held-out slice), then --offset/--limit, or the first N per category."""
-    task = task_registry.get_task(cfg.task)
-    data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
-    examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
-    evaluated, held = task_registry.split(task, examples)
-    pool = held if heldout else evaluated
-    if per_category is not None:
-        seen: dict = {}
-        chosen = []
-        for ex in pool:
-            seen[ex.category] = seen.get(ex.category, 0) + 1
-            if seen[ex.category] <= per_category:
-                chosen.append(ex)
-        return chosen
-    if heldout and not pool:
-        raise ConfigError(f"{cfg.task} has no held-out examples ({len(examples)} examples, all evaluated); tune on "
-                          f"a task with a held-out slice, or pass --alpha / alpha= instead of tuning")
-    chosen = task_registry.select(pool, cfg.offset, cfg.limit)
-    if not chosen:
-        which = "held-out" if heldout else "evaluated"
-        raise ConfigError(f"{cfg.task}: no examples selected ({len(pool)} {which} examples, --offset "
-                          f"{cfg.offset}); lower --offset or add data")
-    return chosen
 
 
 def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = None,
@@ -147,8 +141,9 @@ class Session:
             return resolve(self, method)
         return method.spec.build(self.env, method)
 
-    def decode(self, drafter: Drafter, prompt_ids: list[int], acceptance: Acceptance = GREEDY) -> Generation:
-        return generate(self.model, drafter, prompt_ids, self.limits, acceptance)
+    def decode(self, drafter: Drafter, prompt_ids: list[int], acceptance: Acceptance = GREEDY,
+               on_step: OnStep | None = None) -> Generation:
+        return generate(self.model, drafter, prompt_ids, self.limits, acceptance, on_step=on_step)
 
     def seed(self, index: int) -> int:
         """Example `index` of the selection (0-based) draws from seed + offset + index: the same example gets the
@@ -181,7 +176,8 @@ class Session:
         from ..hardware.calibration import meta as calibration
         return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
                 "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
-                **extra, "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
+                **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
+                "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
 
 
 def certify_command(cfg: RunConfig, method: str) -> str:

@@ -58,7 +58,7 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
         def run(prompt: list[int], index: int, drafter=drafter) -> Output:
             s.with_reference(drafter, prompt)
             g = s.decode(drafter, prompt, s.acceptance(index))
-            sizes = Counter(f"{n}:tree" if tree else str(n) for n, tree in g.verify_log)
+            sizes = Counter(prediction.size_key(n, tree, rows) for n, tree, rows in g.verify_log)
             return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes))
         out[m.label] = run
     return out, skipped

@@ -33,14 +33,14 @@ TARGET_SECONDS = 45.0     # a fast machine spends what a slow one needs anyway o
 MAX_REPEATS = 12
 
 
-def monotone(points: dict[int, float]) -> dict[int, float]:
+def monotone(points: dict[int, float], floor: float = 1.0) -> dict[int, float]:
     """The least-squares non-decreasing fit (pool adjacent violators) of a cost curve, floored at one step: a forward
     over more tokens never costs less, so a dip (c(2) = 0.77 steps, seen under load) or a lone spike is timing noise,
     and an optimiser reading it raw would chase it. The raw samples stay in the file and the figure."""
     xs = sorted(points)
     blocks: list[list[float]] = []          # [sum, count]
     for x in xs:
-        blocks.append([max(points[x], 1.0), 1.0])
+        blocks.append([max(points[x], floor), 1.0])
         while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
             s, c = blocks.pop()
             blocks[-1][0] += s
@@ -98,32 +98,41 @@ class Calibration:
     step_ms_by_context: dict[int, float] = field(default_factory=dict)   # the 1-token step at each context
     load_average: list[float] | None = None   # when measured: a busy machine's curve says so
     linear: str = "torch"                # the linear-layer kernel measured (hardware/kernels.py)
+    # rows -> decode steps of the output projection (and argmax) over that many rows: a wide tree's greedy verify
+    # projects only its inner nodes (engine.loop.LazyArgmax), so its cost is the full tree's less the rows skipped
+    head: dict[int, float] = field(default_factory=dict)
     version: int = 1
 
     @property
     def middle(self) -> int:
         return sorted(self.contexts)[len(self.contexts) // 2]
 
-    def cost(self, n: int, tree: bool = False, context: int | None = None) -> float:
+    def cost(self, n: int, tree: bool = False, context: int | None = None, rows: int | None = None) -> float:
         """Decode steps for one forward over n scored tokens (n = 1 is exactly 1.0), from the monotone fit of each
         context's samples. A tree shape below the smallest measured tree interpolates from the 1-token step (a root
-        alone is a chain)."""
+        alone is a chain). `rows` < n: only that many rows were projected onto the vocabulary (a lazily projected
+        tree), which saves the projection of the others where the calibration measured the projection's cost."""
         context = self.middle if context is None else context
         per_context = {}
         for c in self.contexts:
             points = dict(self.tree[c]) if tree else dict(self.chain[c])
             points.setdefault(1, 1.0)
             per_context[c] = _interp(monotone(points), n)
-        return _blend(per_context, context)
+        full = _blend(per_context, context)
+        if rows is None or rows >= n or not self.head:
+            return full
+        head = monotone(dict(self.head), floor=0.0)     # a fraction of a step
+        return max(full - _interp(head, n) + _interp(head, max(rows, 1)), 1.0)
 
     def step_ms_at(self, context: int | None = None) -> float:
         if context is None or not self.step_ms_by_context:
             return self.step_ms
         return _blend(self.step_ms_by_context, context)
 
-    def seconds_for(self, n: int, tree: bool = False, context: int | None = None) -> float:
+    def seconds_for(self, n: int, tree: bool = False, context: int | None = None, rows: int | None = None
+                    ) -> float:
         """Predicted wall-clock seconds of one verify forward over n tokens."""
-        return self.step_ms_at(context) / 1000 * self.cost(n, tree, context)
+        return self.step_ms_at(context) / 1000 * self.cost(n, tree, context, rows)
 
     def break_even(self, n: int, draft_ms: float = 0.0, tree: bool = False) -> float:
         """The block efficiency (tokens per step) at which verifying n tokens plus drafting `draft_ms` per step
@@ -135,6 +144,7 @@ class Calibration:
         for name in ("chain", "tree"):
             d[name] = {str(c): {str(n): v for n, v in row.items()} for c, row in d[name].items()}
         d["step_ms_by_context"] = {str(c): v for c, v in self.step_ms_by_context.items()}
+        d["head"] = {str(r): v for r, v in self.head.items()}
         return d
 
     @classmethod
@@ -144,8 +154,22 @@ class Calibration:
             d[name] = {int(c): {int(n): float(v) for n, v in row.items()} for c, row in d[name].items()}
         d["step_ms_by_context"] = {int(c): float(v) for c, v in d.get("step_ms_by_context", {}).items()}
         d["contexts"] = [int(c) for c in d["contexts"]]
+        d["head"] = {int(r): float(v) for r, v in d.get("head", {}).items()}
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
+
+
+HEAD_ROWS = (1, 8, 16, 24, 32, 48, 64)   # rows of the output projection timed (a wide tree projects its inner nodes)
+HEAD_REPEATS = 5
+
+
+def _median_seconds(fn, device: str, repeats: int) -> float:
+    """Median of `repeats` timed calls after one warm-up (a sub-step cost: no per-round normalisation needed)."""
+    import statistics
+
+    from .timing import timed
+    fn()
+    return statistics.median(timed(fn, device)[0] for _ in range(repeats))
 
 
 def measure(model, model_name: str, dtype: str, device: str, threads: int,
@@ -190,6 +214,9 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
                 tree[ctx] = {n: c for (k, n), c in cost.items() if k == "tree"}
                 log(f"  context {ctx}: step {step * 1000:.1f} ms; chain " +
                     ", ".join(f"{n}: {chain[ctx][n]:.2f}" for n in (8, 16, 64) if n in chain[ctx]) + " steps")
+            rows = out.last_hidden_state[0, -max(HEAD_ROWS):]
+            head = {r: _median_seconds(lambda r=r: model.lm_head(rows[:r]).argmax(-1), device, HEAD_REPEATS)
+                    for r in HEAD_ROWS}
     finally:
         torch.set_num_threads(old_threads)
     contexts = sorted(contexts)
@@ -200,7 +227,8 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
                        prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average(),
-                       linear=kernels.backend_of(model))
+                       linear=kernels.backend_of(model),
+                       head={r: secs * 1000 / steps[contexts[len(contexts) // 2]] for r, secs in head.items()})
 
 
 def _load_average() -> list[float] | None:
@@ -213,7 +241,7 @@ def _load_average() -> list[float] | None:
 
 def _device_tag(device: str) -> str:
     """One spelling per device, so `cuda`, `cuda:0` and a model's `cuda:0` share a cache file."""
-    from ..models import resolve_device
+    from .fingerprint import resolve_device
     device = resolve_device(str(device))
     return "cuda:0" if device == "cuda" else device
 
@@ -231,12 +259,14 @@ def cache_path(model_name: str, dtype: str, device: str, threads: int | None, li
 
 
 def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:
-    """The stored calibration for this machine, or None (missing or unreadable: it is then measured again)."""
+    """The stored calibration for this machine, or None (missing, unreadable, or from before the output
+    projection's cost was measured, which the engine's lazy projection of wide trees needs: measured again)."""
     path = cache_path(model_name, dtype, device, threads)
     try:
-        return Calibration.from_dict(json.loads(path.read_text()))
+        cal = Calibration.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+    return cal if cal.head else None
 
 
 def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict | None:
@@ -297,12 +327,12 @@ def results_dir(cal: Calibration) -> Path:
 
 
 def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=None, log: Log = print,
-           force: bool = False) -> Calibration:
+           force: bool = False, loader: Callable[[str, str], object] | None = None) -> Calibration:
     """The cached calibration, or (missing, or `force`) measured now, said before it starts with its expected
-    duration, and cached. The model is loaded only when it must be measured and was not given."""
+    duration, and cached. Without a `model`, `loader(dtype, device)` loads it, only when it must be measured (the
+    hardware layer sits below the model registry, so the caller says how)."""
     import torch
 
-    from ..models import load
     from .dtype import resolve
     device = _device_tag(device)
     dtype = resolve(dtype, device, threads, log)
@@ -311,7 +341,10 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     if cal is not None:
         return cal
     if model is None:
-        model, _ = load(model_name, dtype, device)
+        if loader is None:
+            raise ValueError(f"no calibration of {model_name} {dtype} is cached here and no model was given to "
+                             f"measure it with")
+        model = loader(dtype, device)
     plan = {"ns": NS, "contexts": CONTEXTS, "tree_ns": TREE_NS, "repeats": REPEATS}
     at_default = estimate_seconds(model, device, threads, **plan)
     repeats, long_repeats = plan_repeats(at_default)

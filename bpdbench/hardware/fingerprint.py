@@ -99,3 +99,13 @@ def current(threads: int | None = None, device: str = "cpu") -> Fingerprint:
         cap = "%d.%d" % torch.cuda.get_device_capability(index)
     return Fingerprint(cpu_name(), cpu_flags(), os.cpu_count() or 1, threads or torch.get_num_threads(),
                        _version("torch"), _version("transformers"), platform.machine(), gpu, cap)
+
+
+def resolve_device(device: str) -> str:
+    """`auto` as this machine has it; a one-line ValueError for a device that is not cpu, cuda or cuda:N."""
+    import torch
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"unknown device '{device}'; valid: cpu, cuda, auto")
+    return device

@@ -32,7 +32,7 @@ class CostModel(Protocol):
     """What the optimisers need from a machine: decode steps of one forward scoring n tokens (cost(1) = 1)."""
     step_ms: float
 
-    def cost(self, n: int, tree: bool = False) -> float: ...
+    def cost(self, n: int, tree: bool = False, rows: int | None = None) -> float: ...
 
 
 @dataclass
@@ -42,7 +42,7 @@ class TableCost:
     step_ms: float = 1.0
     tree_factor: float = 1.0        # a tree-masked forward relative to a causal one of the same size
 
-    def cost(self, n: int, tree: bool = False, context: int | None = None) -> float:
+    def cost(self, n: int, tree: bool = False, context: int | None = None, rows: int | None = None) -> float:
         pts = sorted({1: 1.0, **self.points}.items())
         xs = [x for x, _ in pts]
         if n <= xs[0]:
@@ -239,9 +239,20 @@ def best_tree(p: list[list[float]], cost: CostModel, max_nodes: int = 64, draft:
     for m in (range(1, len(nodes) + 1) if sizes is None else sizes):
         if 1 <= m <= len(nodes):
             paths = sorted((path for path, _ in nodes[:m]), key=lambda q: (len(q), q))
-            opts.append(Option({param: m}, 1.0 + total[m], m + 1, _cost(cost, m + 1, True), _steps(draft, m),
-                               tree=paths))
+            c = float(cost.cost(m + 1, tree=True, rows=projected(paths)))
+            opts.append(Option({param: m}, 1.0 + total[m], m + 1, c, _steps(draft, m), tree=paths))
     return pick(opts)
+
+
+def projected(paths: list[list[int]]) -> int | None:
+    """Rows a greedy verify of this tree (rank paths, root excluded) projects onto the vocabulary, None for all:
+    the engine projects only the inner nodes of a tree with enough leaves (engine.loop.lazy_rows)."""
+    from ..engine.loop import lazy_rows
+    index = {(): 0}
+    for q in sorted(paths, key=len):
+        index[tuple(q)] = len(index)
+    parents = [-1] + [index[tuple(q[:-1])] for q in sorted(paths, key=len)]
+    return lazy_rows(parents)
 
 
 def chain_value(p: list[list[float]], m: int) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import rescorers
+from ..artefacts import Need, builder
 from ..config import RunConfig
 
 
@@ -34,10 +35,5 @@ def ensure(spec: rescorers.RescorerSpec, cfg: RunConfig, tok, log) -> None:
         train_ngram(spec.order, lambda s: tok(s, add_special_tokens=False)["input_ids"], corpus, path.parent,
                     discount_fallback=True)   # only used when the corpus is too small to estimate discounts
         return
-    if not cfg.auto_train:
-        raise FileNotFoundError(f"{spec.name} needs {tag} for {cfg.model}, which is not trained, and "
-                                f"--no-auto-train: run `bpdbench train-rescorer neural --size {spec.size}` (15 min)")
-    from ..train.rescorer import train_neural
-    log(f"{spec.name} needs {tag} for {cfg.model}: training it now, about 15 min on 2 cores "
-        f"(`bpdbench train-rescorer neural --size {spec.size}`; --no-auto-train refuses)")
-    train_neural(spec.size, cfg.model, minutes=15.0, log=log)
+    need = Need(f"{tag} for {cfg.model}", f"bpdbench train-rescorer neural --size {spec.size}", 15, spec.name)
+    need.build(cfg.auto_train, lambda: builder("neural-rescorer")(spec.size, cfg.model, 15.0, log), log, path)

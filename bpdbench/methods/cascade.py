@@ -6,7 +6,7 @@ verifying their drafts itself (vertical cascade: each drafter's autoregressive d
 below), and later positions go to smaller drafters (horizontal cascade: later tokens are accepted less often, so
 a cheaper drafter is good enough there). The bottom level is MaG, model-free: the longest n-gram match in the prompt,
 then in the generated text, then a greedy bigram table (`bigram_models/*.json`), always 10 tokens. `review` accepts
-a non-argmax token when p_target > p_draft / leniency; the README's configurations use leniency 2-5, so the
+a non-argmax token when p_target > p_draft / leniency; the published README's configurations use leniency 2-5, so the
 published numbers are not greedy-exact. Costs are counted as forwards x a per-model constant, not timed.
 
 What bpdbench does:

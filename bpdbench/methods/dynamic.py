@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+DYNAMIC_NODES, DYNAMIC_TOPK = 16, 4   # tree=dynamic defaults (EAGLE-2 uses 60 and 10 on a GPU; a CPU verifies fewer)
+
 Expand = Callable[[list[list[int]], int], tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]
 Node = tuple[tuple[int, ...], float]
 

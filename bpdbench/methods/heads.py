@@ -122,7 +122,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
                                   "alpha": alpha, "alpha_source": source}
     if method.get("tree") == "dynamic":             # EAGLE-2's rerank over the lattice replaces the fixed tree
         from .dynamic import LatticeTree
-        from .trained import DYNAMIC_NODES
+        from .dynamic import DYNAMIC_NODES
         refiner = LatticeTree(method.concrete("nodes", DYNAMIC_NODES))
         env.resolved[method.label].update(tree="dynamic", nodes=refiner.nodes)
     elif isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes

@@ -4,15 +4,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths
+from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
 from ..heads import Heads, load as load_heads
-from ..train.pacing import warn_use
+from ..artefacts.policy import warn_use
+
+
+def heads_need(model: str, profile: str) -> Need:
+    return Need(f"'{profile}' heads for {model}", f"bpdbench train-heads --profile {profile}", MINUTES.get(profile, 10))
 
 
 def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
     """The heads a config names, with their metadata (path, training profile, held-out agreement)."""
-    from ..train import heads as train_heads
-
     if cfg.heads_profile == "init" and not cfg.heads_path:  # untrained (zero-init) heads: smoke tests, ablations
         heads = Heads(model.config.hidden_size, cfg.heads).to(model.dtype).eval().requires_grad_(False)
         heads.pack(model.lm_head)
@@ -22,13 +25,8 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
         if cfg.heads_path:
             raise FileNotFoundError(f"no heads at {path} (expected config.json + medusa_lm_head.pt); "
                                     f"train them with `bpdbench train-heads`")
-        minutes = {"quick": 10, "full": 60, "ci": 1}.get(cfg.heads_profile, 10)
-        if minutes > 1 and not cfg.auto_train:
-            raise FileNotFoundError(f"no '{cfg.heads_profile}' heads for {cfg.model} and --no-auto-train: run "
-                                    f"`bpdbench train-heads --profile {cfg.heads_profile}` (about {minutes} min)")
-        log(f"no '{cfg.heads_profile}' heads cached for {cfg.model}: training them now, up to about {minutes} min "
-            f"(bpdbench train-heads --profile {cfg.heads_profile}; --no-auto-train refuses) into {path}")
-        train_heads.train(cfg.model, cfg.heads_profile, model, tok, log=log)
+        heads_need(cfg.model, cfg.heads_profile).build(
+            cfg.auto_train, lambda: builder("heads")(cfg.model, cfg.heads_profile, model, tok, log=log), log, path)
     heads, hcfg = load_heads(path, model.config.hidden_size, model.dtype, str(model.device))
     if cfg.heads > heads.num_heads:
         raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")

@@ -34,7 +34,7 @@ from itertools import permutations
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
-from ..train.history import PROFILES
+from ..artefacts.history import PROFILES
 from .lookup import ContextIndex, FrequencyTable, continuation, cut_after_eos
 
 ORDERS = tuple("".join(p) for r in (1, 2, 3) for p in permutations("csl", r))

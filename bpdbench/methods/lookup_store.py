@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import paths
-from ..train import history as history_lib
+from ..artefacts import Need
+from ..artefacts import builder
+from ..artefacts import history as history_lib
 from .env import Env
 from .lookup import FrequencyTable, bigram_table, stream
 
@@ -36,7 +38,7 @@ def bigram_file(model: str, source: str, profile: str = "quick") -> Path:
 def _corpus(env: Env) -> tuple[np.ndarray, list[str]]:
     """The corpus as one token stream; its tokenization is cached with the neural LMs' (same files, same key)."""
     from tasks import corpus_files
-    from ..train.rescorer import corpus_cache, default_corpus_files, tokenized_corpus
+    from ..artefacts.corpus import corpus_cache, default_corpus_files, tokenized_corpus
     if env.cfg.data_dir:
         files, cache = corpus_files(Path(env.cfg.data_dir)), None
     else:
@@ -53,7 +55,7 @@ def _load_table(path: str, mtime: float) -> FrequencyTable:
 def static_table(env: Env) -> tuple[FrequencyTable, dict]:
     """The corpus n-gram table, rebuilt when missing or built from other corpus files than the current ones."""
     from tasks import corpus_files
-    from ..train.rescorer import default_corpus_files
+    from ..artefacts.corpus import default_corpus_files
     path = static_file(env.cfg.model)
     files = [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
     table = _load_table(str(path), path.stat().st_mtime) if path.exists() else None
@@ -69,13 +71,10 @@ def history_table(env: Env, profile: str) -> tuple[FrequencyTable, dict]:
     """The model-history table of a profile, built from the cached continuations (generated on first use)."""
     path = history_lib.history_file(env.cfg.model, profile)
     if not path.exists():
-        minutes = history_lib.MINUTES[profile]
-        if minutes > 1 and not env.cfg.auto_train:
-            raise FileNotFoundError(f"no '{profile}' model history for {env.cfg.model} and --no-auto-train: run "
-                                    f"`bpdbench build-history --profile {profile}` (about {minutes} min)")
-        env.log(f"no '{profile}' model history cached for {env.cfg.model}: generating it now, about {minutes} min "
-                f"(`bpdbench build-history --profile {profile}`; --no-auto-train refuses) into {path}")
-        history_lib.build(env.cfg.model, profile, env.model, env.tok, env.log)
+        need = Need(f"'{profile}' model history for {env.cfg.model}", f"bpdbench build-history --profile {profile}",
+                    history_lib.MINUTES[profile])
+        need.build(env.cfg.auto_train, lambda: builder("history")(env.cfg.model, profile, env.model, env.tok,
+                                                                 env.log), env.log, path)
     return _history(str(path), path.stat().st_mtime)
 
 

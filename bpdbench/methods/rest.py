@@ -30,7 +30,7 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .lookup import SEP
 from .suffix_store import SuffixIndex
-from ..train.history import PROFILES
+from ..artefacts.history import PROFILES
 
 MATCHES = 5000          # matches read per step (REST's k)
 

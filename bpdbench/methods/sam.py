@@ -39,7 +39,7 @@ HIDDEN_FAMILIES = ("heads", "cascade", "drafter")     # fallbacks that draft fro
 def fallback_spelling(raw: str) -> str:
     """`hydra;tree=4` -> the inner method's canonical label with ';' between its parameters (a MethodError from the
     inner spelling passes through as it is: it names what is wrong)."""
-    from .registry import parse
+    from .spelling import parse
     text = _inner(raw)
     if text.partition(":")[0].strip() == "sam":
         raise MethodError(f"sam: fallback={raw} is sam itself; name another method (e.g. fallback=hierarchy)")
@@ -117,7 +117,7 @@ def _fallback(method: Method) -> Method | None:
     spelling = method.get("fallback")
     if spelling is None:
         return None
-    from .registry import parse
+    from .spelling import parse
     return parse(_inner(spelling))
 
 
@@ -147,7 +147,8 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
 
 
 SPECS = [MethodSpec("sam", "SAM-Decoding: the continuation of the longest suffix match in a suffix automaton over "
-                    "the text so far and a suffix array over the corpus; below `threshold`, another method drafts",
+                    "the text so far and a suffix array over the corpus; below `threshold`, another method drafts "
+                    "(fallback=<method>, which needs what that method needs)",
                     build,
                     (Param("tokens", int, "draft length (auto: the length fastest on this machine)", low=1, auto=True),
                      Param("threshold", int, "shortest match drafted from; shorter ones go to the fallback", low=1),

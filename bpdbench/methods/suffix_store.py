@@ -244,7 +244,7 @@ def _cached(path: Path, want: dict, make, env) -> tuple[SuffixIndex, dict]:
 
 def _corpus_files(env) -> list[str]:
     from tasks import corpus_files
-    from ..train.rescorer import default_corpus_files
+    from ..artefacts.corpus import default_corpus_files
     return [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
 
 
@@ -258,7 +258,7 @@ def corpus_index(env) -> tuple[SuffixIndex, dict]:
 def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
     """REST's datastore: the corpus followed by the model's greedy history of `profile` (generated on first use,
     as hierarchy's; FileNotFoundError under --no-auto-train when it would take minutes)."""
-    from ..train import history as history_lib
+    from ..artefacts import history as history_lib
     from .lookup import stream
     from .lookup_store import _corpus, history_table
     history, _ = history_table(env, profile)               # makes sure the history exists
@@ -274,7 +274,7 @@ def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
 
 def needs(model: str, what: tuple[str, ...], profile: str = "quick") -> list[tuple[str, bool]]:
     """What `bpdbench methods` shows (missing indexes are built on first use)."""
-    from ..train import history as history_lib
+    from ..artefacts import history as history_lib
     out = []
     if "corpus" in what:
         out.append(("corpus suffix index", corpus_file(model).exists()))

@@ -20,12 +20,14 @@ import torch
 
 import rescorers
 from .. import paths
+from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
-from ..drafters.base import DraftModel, DrafterFileError, load as load_drafter, read_config
+from ..drafters.base import DraftModel, DrafterFileError
+from ..drafters.store import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
-from ..train.pacing import warn_use
+from ..artefacts.policy import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
-from .dynamic import dynamic_tree
+from .dynamic import DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree
 from .env import Env
 
 PROFILES = ("quick", "full", "ci")
@@ -38,7 +40,6 @@ NODES = Param("nodes", int, "tree=dynamic: draft nodes verified per step (auto: 
               low=1, high=257, auto=True)
 TOPK = Param("topk", int, "tree=dynamic: frontier nodes per depth and children per node", low=1, high=65)
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 64)  # nodes=auto chooses among these verify budgets (experiments/autoshape.py)
-DYNAMIC_NODES, DYNAMIC_TOPK = 16, 4   # tree=dynamic defaults (EAGLE-2 uses 60 and 10 on a GPU; a CPU verifies fewer)
 AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (experiments/autoshape.py)
 REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
                choices=tuple(n for n in rescorers.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
@@ -162,14 +163,9 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-drafter "
                               f"{trained_name} --out {where}`")
-        minutes = {"quick": 10, "full": 60, "ci": 1}[profile]
-        if minutes > 1 and not env.cfg.auto_train:
-            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {env.cfg.model} and "
-                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
-        env.log(f"no '{profile}' {trained_name} drafter cached for {env.cfg.model}: training it now, up to about "
-                f"{minutes} min (bpdbench train-drafter {trained_name} --profile {profile}; --no-auto-train refuses)")
-        from ..train.drafter import train
-        train(trained_name, profile, env.cfg.model, env.model, env.tok, log=env.log)
+        drafter_need(method, env.cfg.model, trained_name, profile).build(
+            env.cfg.auto_train, lambda: builder("drafter")(trained_name, profile, env.cfg.model, env.model, env.tok, env.log),
+            env.log, where, MethodError)
     try:
         config = read_config(where)
         if config["drafter"] != family:
@@ -214,10 +210,7 @@ def check(method: Method, cfg: RunConfig, trained_name: str, family: str) -> Non
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where} (no config.json); train one with "
                               f"`bpdbench train-drafter {trained_name} --out {where}`")
-        profile = profile_of(method, cfg)
-        if profile != "ci" and not cfg.auto_train:
-            raise MethodError(f"{method.label}: no '{profile}' {trained_name} drafter for {cfg.model} and "
-                              f"--no-auto-train: run `bpdbench train-drafter {trained_name} --profile {profile}`")
+        drafter_need(method, cfg.model, trained_name, profile_of(method, cfg)).check(cfg.auto_train, MethodError)
         return
     config = read_config(where)
     if config["drafter"] != family:
@@ -276,10 +269,16 @@ def spec(name: str, description: str, trained_name, family, extra: tuple[Param, 
         where = folder(m, cfg.replace(model=model), name_of(m))
         return [(f"{name_of(m)} drafter ({profile_of(m, cfg)})", (where / "config.json").exists())]
 
+    description += "; tree=dynamic grows an EAGLE-2 tree each step (nodes, topk, depth)"
     s = MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), family_of(m)), extra + COMMON,
                    needs, family="drafter")
     CHECKS[name] = lambda m, cfg: check(m, cfg, name_of(m), family_of(m))
     return s
+
+
+def drafter_need(method: Method, model: str, trained_name: str, profile: str) -> Need:
+    return Need(f"'{profile}' {trained_name} drafter for {model}",
+                f"bpdbench train-drafter {trained_name} --profile {profile}", MINUTES[profile], method.label)
 
 
 CHECKS: dict = {}        # method name -> preflight check (experiments.artefacts.check_drafters)

@@ -279,8 +279,9 @@ def precheck_run(out: Path, config: dict, resume: bool) -> None:
                              f"pass a new --out or drop --resume")
 
 
-# a resumed run may ask for more examples, start elsewhere, or use another number of threads
-RUN_RESUME_IGNORES = ("resume", "limit", "offset", "out", "threads")
+# a resumed run may ask for more examples, start elsewhere, use another number of threads or read its greedy
+# references from another folder (a sweep cell with private_greedy gets a fresh one per attempt)
+RUN_RESUME_IGNORES = ("resume", "limit", "offset", "out", "threads", "greedy_dir")
 
 
 def write_atomic(path: Path, text: str) -> None:

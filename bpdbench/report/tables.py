@@ -4,8 +4,8 @@ Reads `results/replay/<task>/replay.csv` (lattice methods on shared greedy traje
 oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/runs/*/summary.csv`, and writes CSV +
 Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours, PNGs
 where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
-`results/replay/<task>/replay.jsonl`), the Medusa tree variants from `results/medusa/<task>/replay.csv`, and the
-speed tables from `results/speed/<task>/`.
+`results/replay/<task>/replay.jsonl`), the Medusa tree variants from `results/medusa/<task>/replay.csv`, the
+speed tables from `results/speed/<task>/`, and the float32 certificates from `results/certificates/*/summary.csv`.
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from .summary import to_markdown
 
 PAPER_METHOD = {"neural-m": "neural-61m", "oracle:k=16": "oracle-k16"}   # our label -> the paper table's name
 LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle:k=16"]
+CERTIFICATE_COLUMNS = ["task", "method", "dtype", "n_examples", "new_tokens", "block_efficiency", "lossless_rate"]
 TASK_ORDER = ["lambada", "squad", "cnn_dailymail", "samsum", "multi_news", "xsum", "newsroom", "mt_bench"]
 
 
@@ -161,11 +162,15 @@ def build(results: Path | None = None) -> list[Path]:
     sampled = sampling_table(results)
     emit("sampling", sampled, "Block efficiency and speedup vs AR at T = 0 (greedy), 0.7 and 1.0 (speculative "
          "sampling); speedup at T > 0 per token against AR sampling of the same examples in the same process "
-         "(`scripts/sampling_grid.py`, results/sampling/)")
+         "(`bpdbench sweep grids/sampling.toml`, results/sampling/)")
     runs = _collect(results, "runs", "summary.csv")
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
              "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
+    certs = _collect(results, "certificates", "summary.csv")      # grids/certificates.toml
+    if not certs.empty:
+        emit("certificates", certs[[c for c in CERTIFICATE_COLUMNS if c in certs]], "Float32 certificates, one real "
+             "run per method and task (`bpdbench sweep grids/certificates.toml`): lossless_rate must be 1.0")
     from . import drafters
     emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
          "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")

@@ -114,7 +114,7 @@ def collect(cells: list, methods_of) -> list[Artefact]:
 
 def build(a: Artefact, auto_train: bool, log: Log) -> str:
     """Build one artefact unless it is already there; returns what was done. The same functions a first use calls."""
-    from .. import models, paths
+    from .. import models, paths, train  # noqa: F401  (train: registers the artefact builders)
     if a.kind == "model":
         if (paths.dense_model_dir(a.model, a.detail) / "config.json").exists():
             return "present"
@@ -124,12 +124,10 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
     if a.kind == "heads":
         if (paths.heads_dir(a.model, a.detail) / "config.json").exists():
             return "present"
+        from ..methods.heads_store import heads_need
         from ..train import heads as train_heads
-        if not auto_train and a.detail != "ci":      # the rule of methods/heads_store.resolve_heads
-            raise FileNotFoundError(f"no '{a.detail}' heads for {a.model} and auto_train = false: run `bpdbench "
-                                    f"train-heads --profile {a.detail}`")
-        log(f"training '{a.detail}' heads for {a.model} (bpdbench train-heads --profile {a.detail})")
-        train_heads.train(a.model, a.detail, log=log)
+        heads_need(a.model, a.detail).build(auto_train, lambda: train_heads.train(a.model, a.detail, log=log), log,
+                                            paths.heads_dir(a.model, a.detail))
         return "built"
     if a.kind == "method":
         return _build_method(a, log)

@@ -80,7 +80,7 @@ def connect(address: str, cpus: int | None, log: Log):
             ray.init(address=address, log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as e:
         raise ConfigError(f"cannot start or reach Ray at --address {address}: {str(e).splitlines()[0]}; on a "
-                          f"cluster, run `ray start` on this machine first (README: sweep)") from None
+                          f"cluster, run `ray start` on this machine first (docs/sweeps.md)") from None
     res = ray.cluster_resources()
     log(f"ray {ray.__version__} at {address}: {len(ray.nodes())} node(s), {res.get('CPU', 0):g} CPUs, "
         f"{res.get('GPU', 0):g} GPUs (connected in {time.time() - t:.1f}s)")
@@ -98,7 +98,7 @@ def _check_fits(ray, plan: Plan, todo: list, log: Log) -> None:
                               f"{cpus:g} and {gpus:g}; lower threads/gpus in {plan.grid} or pass --threads")
     if len(nodes) > 1 and not plan.cache:
         log(f"warning: {len(nodes)} nodes and no cache in {plan.grid}: a node whose own cache lacks an artefact "
-            f"builds it on first use; set cache to a shared path (README: sweep)")
+            f"builds it on first use; set cache to a shared path (docs/sweeps.md)")
 
 
 def run(plan: Plan, address: str = "local", cpus: int | None = None, log: Log = print) -> dict:

@@ -4,9 +4,11 @@ A cell is one command (`run`, `replay`, `oracle`, `analyze`, `tune`, `speed`) wi
 from the same flags: the CLI's defaults per command (CLI_DEFAULTS), the grid's [defaults], then the block's keys. So a
 cell's config.json equals that of the equivalent command line, a folder the CLI wrote is recognised as finished or
 resumed, and the reverse. Cell identity is its output folder relative to the results root (tune: its alpha-table
-key). Roots are configuration: `results` (every worker must reach it; the merged tree), `cache` and `data` (default:
-each worker's own $BPDBENCH_CACHE / $BPDBENCH_DATA defaults); they reach workers through the task's environment,
-the way every bpdbench command reads them, so that RunConfig stays what the CLI records.
+key): the command's default, a block's `folder` or its `out` template (folders.py), so a grid can name the folders
+that committed results live in. Roots are configuration: `results` (every worker must reach it; the merged tree),
+`cache` and `data` (default: each worker's own $BPDBENCH_CACHE / $BPDBENCH_DATA defaults); they reach workers
+through the task's environment, the way every bpdbench command reads them, so that RunConfig stays what the CLI
+records.
 """
 from __future__ import annotations
 
@@ -20,11 +22,9 @@ from .. import paths
 from ..config import ConfigError, RunConfig
 from ..methods import Method
 from .artefacts import Artefact, artefacts_for
+from .folders import place
 
 KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed")
-SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
-           "speed": "speed.csv"}
-FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed"}
 # what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "run": {"limit": 10, "methods": ["bpd"]},
@@ -32,8 +32,9 @@ CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "oracle": {"limit": 30}, "analyze": {"limit": 30}, "tune": {"limit": 20},
     "speed": {"limit": 20, "max_new_tokens": 128, "repeats": 3,
               "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]}}
-KIND_KEYS = {"run": {"methods"}, "replay": {"methods", "folder"}, "oracle": {"folder"}, "analyze": {"folder"},
-             "tune": {"methods"}, "speed": {"methods", "repeats", "per_category", "folder"}}
+KIND_KEYS = {"run": {"methods", "out", "private_greedy"}, "replay": {"methods", "per_category", "folder", "out"},
+             "oracle": {"folder", "out"}, "analyze": {"folder", "out"}, "tune": {"methods", "out"},
+             "speed": {"methods", "repeats", "per_category", "folder", "out"}}
 SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads": int, "gpus": (int, float),
               "retries": int, "tables": bool}
 # RunConfig fields the sweep sets itself (axes, roots, resume): not grid keys
@@ -55,6 +56,7 @@ class Cell:
     gpus: float = 0
     needs: tuple[str, ...] = ()         # ids of artefacts and tune cells that must finish first
     hooks: dict = field(default_factory=dict)   # tests only: {"exit_after_examples": n, "once_file": path}
+    grid: str = ""                      # the grid file that made it, as config.json records it (not its identity)
 
     @property
     def id(self) -> str:
@@ -150,8 +152,8 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
     if retries < 0 or sweep.get("gpus", 0) < 0 or sweep.get("threads", 1) < 1:
         raise GridError(f"{grid}: [sweep]: retries and gpus must be >= 0 and threads >= 1")
     data_root = _root(data, here) or _root(sweep.get("data"), grid.parent)
-    ctx = {"grid": grid, "threads": sweep.get("threads", 1), "threads_cli": threads, "gpus": sweep.get("gpus", 0),
-           "limit": limit, "data": data_root, "results": res, "checked": {}}
+    ctx = {"grid": grid, "shown": shown(grid), "threads": sweep.get("threads", 1), "threads_cli": threads,
+           "gpus": sweep.get("gpus", 0), "limit": limit, "data": data_root, "results": res, "checked": {}}
     defaults = _table(doc, "defaults", grid)
     _check_keys(defaults, set(SETTINGS) | {"models", "model", "temperatures", "temperature", "seeds", "seed",
                                            "threads", "gpus"}, f"{grid}: [defaults]")
@@ -168,6 +170,16 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
     cells, artefacts = _link(cells)
     return Plan(grid, sweep.get("name", grid.stem), Path(res), _root(cache, here) or _root(sweep.get("cache"),
                 grid.parent), data_root, retries, sweep.get("tables", False), cells, artefacts)
+
+
+def shown(grid: Path) -> str:
+    """The grid as a result records it: relative to the checkout when inside it (grids/field.toml), so the name
+    means the same file in every clone; otherwise its absolute path."""
+    path = grid.resolve()
+    try:
+        return path.relative_to(paths.REPO).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def _table(doc: dict, name: str, grid: Path) -> dict:
@@ -289,8 +301,9 @@ def _cap_options(options: dict, limit: int | None) -> dict:
 def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ctx: dict, threads: int,
           gpus: float) -> Cell:
     from .kinds import check
-    if cfg.data_file:
-        cfg = cfg.replace(data_file=_root(cfg.data_file, ctx["grid"].parent))
+    for name in ("data_file", "heads_path"):    # `~` and paths relative to the grid, as a shell and cwd would
+        if getattr(cfg, name):
+            cfg = cfg.replace(**{name: _root(getattr(cfg, name), ctx["grid"].parent)})
     if gpus and cfg.device == "cpu":
         raise GridError(f"{where}: gpus = {gpus:g} but device = \"cpu\"; set device = \"cuda\" (or gpus = 0)")
     if not gpus and cfg.device.startswith("cuda"):     # Ray hides every GPU from a task that asks for none
@@ -299,24 +312,15 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
     if cfg.dtype == "auto":     # resolved on the driver, so a cell's folder and key name the dtype it runs in
         from ..hardware.dtype import resolve
         cfg = cfg.replace(dtype=resolve("auto", "cpu" if cfg.device == "cpu" else cfg.device, cfg.threads))
-    folder = merged.get("folder")
-    if folder is not None and (not isinstance(folder, str) or not folder or "/" in folder or folder.startswith(".")):
-        raise GridError(f"{where}: folder must be one folder name under the results root, got {folder!r}")
     try:
         methods: list[Method] = check(kind, cfg, options, ctx)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
         raise GridError(f"{where}: {cfg.task}: {_one_line(e)}") from None
-    rel = ""
-    if kind == "run":
-        from ..experiments.session import out_dir
-        rel = out_dir(cfg).relative_to(paths.results_root()).as_posix()
-    elif kind != "tune":
-        rel = f"{folder or FOLDER[kind]}/{cfg.task}"
-        if not cfg.sampling.greedy:                # one folder per temperature and seed, named as run's are
-            rel += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
-        if rel != f"{FOLDER[kind]}/{cfg.task}":    # as `--out <results>/<rel>` would
-            cfg = cfg.replace(out=str(Path(ctx["results"]) / rel))
-    cell = Cell(kind, cfg, options, rel, threads, gpus)
+    try:
+        rel, cfg = place(kind, cfg, merged, ctx["results"])
+    except ConfigError as e:
+        raise GridError(f"{where}: {e}") from None
+    cell = Cell(kind, cfg, options, rel, threads, gpus, grid=ctx["shown"])
     return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, methods)))
 
 
@@ -332,7 +336,8 @@ def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
                           if old.key()["config"].get(k) != c.key()["config"].get(k))
             what = ", ".join(diff) or "options"
             raise GridError(f"{grid}: two cells write {c.id} with different {what}; give one of them another "
-                            f"folder (folder = ...) or a separate grid with its own results")
+                            f"folder (folder = ..., or an out template with the placeholder that tells them apart) "
+                            f"or a separate grid with its own results")
     return list(seen.values())
 
 

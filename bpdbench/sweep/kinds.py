@@ -7,7 +7,9 @@ the rest).
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -25,22 +27,31 @@ def _spellings(value: Any, where: str) -> list[str]:
     return [s for x in items for s in split_list(x)]
 
 
+def _count(v: Any, name: str, where: str) -> Any:
+    if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+        raise ConfigError(f"{where}: {name} must be an integer >= 1, got {v!r}")
+    return v
+
+
 def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dict]]:
     """(RunConfig fields, command options) per cell of one (model, task): run and tune make one cell per method."""
     methods = merged.get("methods", merged.get("method"))
     if kind == "run":
+        private = merged.get("private_greedy", False)
+        if not isinstance(private, bool):
+            raise ConfigError(f"{where}: private_greedy must be true or false, got {private!r}")
         for m in _spellings(methods, where):
-            yield {"method": m}, {}
+            yield {"method": m}, ({"private_greedy": True} if private else {})
     elif kind == "tune":
         for m in _spellings(methods, where):
             yield {"offset": 0}, {"rescorer": m}          # tune reads the held-out slice from its start
     elif kind == "replay":
-        yield {}, {"methods": ",".join(_spellings(methods, where))}
+        per_category = _count(merged.get("per_category"), "per_category", where)
+        yield {}, {"methods": ",".join(_spellings(methods, where)),
+                   **({"per_category": per_category} if per_category else {})}
     elif kind == "speed":
-        repeats, per_category = merged.get("repeats", 3), merged.get("per_category")
-        for name, v in (("repeats", repeats), ("per_category", per_category)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                raise ConfigError(f"{where}: {name} must be an integer >= 1, got {v!r}")
+        repeats = _count(merged.get("repeats", 3), "repeats", where)
+        per_category = _count(merged.get("per_category"), "per_category", where)
         yield {}, {"methods": ",".join(_spellings(methods, where)), "repeats": repeats, "per_category": per_category}
     else:
         yield {}, {}
@@ -66,7 +77,7 @@ def check(kind: str, cfg: RunConfig, options: dict, ctx: dict) -> list[Method]:
     """What the CLI checks before loading, on the driver: values, method spellings, model name, data selection."""
     from .. import models
     from ..experiments.artefacts import check_model_files
-    from ..experiments.session import select_examples
+    from ..experiments.examples import select_examples
     checked = cfg.replace(device="cpu") if cfg.device.startswith("cuda") else cfg   # the GPU is on the workers
     checked = checked.validate()
     methods = methods_of(kind, cfg, options)
@@ -100,17 +111,30 @@ def tuned_keys(cell) -> list[str]:
 
 
 def execute(cell, log: Log) -> dict:
-    """Run one cell through the CLI's own function; returns what the report keeps about it."""
+    """Run one cell through the CLI's own function, its config.json naming the grid and cell (session.made_by);
+    returns what the report keeps about it."""
+    from ..experiments.session import made_by
+    with made_by(cell.grid, cell.id):
+        return _execute(cell, cell.config.replace(resume=True), log)
+
+
+def _execute(cell, cfg: RunConfig, log: Log) -> dict:
     from ..experiments import commands
     from ..experiments.run import run
-    cfg = cell.config.replace(resume=True)
     if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
         raise RuntimeError("test hook: failing on purpose")
     if cell.kind == "run":
-        row = run(cfg, log=log, progress=_hook(cell))
+        with contextlib.ExitStack() as stack:
+            if cell.options.get("private_greedy"):
+                # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
+                # no time); where the reference lives never changes a result (PLACE): the folder stays finished
+                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-"))
+                cfg = cfg.replace(greedy_dir=tmp)
+            row = run(cfg, log=log, progress=_hook(cell))
         return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
     if cell.kind == "replay":
-        return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log))}
+        return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log,
+                                            cell.options.get("per_category")))}
     if cell.kind == "oracle":
         return {"rows": len(commands.oracle(cfg, cfg.k, True, log))}
     if cell.kind == "analyze":
@@ -145,7 +169,7 @@ def _hook(cell):
 def finished(cell, root: Path) -> bool:
     """The cell's summary exists, was written after its config.json (a crash after a new config.json leaves an older
     summary behind), and config.json records the cell's settings and methods. Folders the CLI wrote count too."""
-    from .grid import SUMMARY
+    from .folders import SUMMARY
     if cell.kind == "tune":
         return _tuned(cell, root)
     out = root / cell.rel
@@ -177,6 +201,11 @@ def _norm(d: dict) -> dict:
     return json.loads(json.dumps(d, default=str))
 
 
+# Where a cell ran and on how many threads, not what it computed: a results tree copied to another checkout (or a
+# data folder mounted elsewhere) still holds finished cells.
+PLACE = ("threads", "resume", "out", "data_dir", "greedy_dir")
+
+
 def _matches(cell, meta: dict) -> bool:
     from ..experiments.speed import UNUSED
     from ..methods import canonical
@@ -185,7 +214,7 @@ def _matches(cell, meta: dict) -> bool:
         want = {k: v for k, v in want.items() if k not in UNUSED}
     # a field an older config.json lacks was added since with its default, which is what that run did
     have = {**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})}
-    if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in ("threads", "resume")):
+    if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in PLACE):
         return False
     labels = [m.label for m in methods_of(cell.kind, cell.config, cell.options)]
     recorded = [canonical(m) for m in meta.get("methods", [])]
@@ -195,6 +224,8 @@ def _matches(cell, meta: dict) -> bool:
                 and meta.get("per_category") == cell.options["per_category"])
     if cell.kind == "analyze":          # always plain and 2-gram drafts: its config is all there is to match
         return True
+    if cell.kind == "replay" and meta.get("per_category") != cell.options.get("per_category"):
+        return False
     return recorded == labels
 
 

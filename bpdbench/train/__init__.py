@@ -1,0 +1,32 @@
+"""Training: heads, trained drafters, neural rescorers, the model history, distillation data. Importing the package
+registers its builders with the artefact policy (bpdbench/artefacts/policy.py), which is how a method's first use
+trains what it needs without decoding code importing training code; each builder imports its trainer when called."""
+from __future__ import annotations
+
+from ..artefacts.policy import register
+
+
+def _heads(model_name, profile, model=None, tok=None, log=print):
+    from . import heads
+    return heads.train(model_name, profile, model, tok, log=log)
+
+
+def _drafter(trained_name, profile, model_name, model=None, tok=None, log=print):
+    from .drafter import train
+    return train(trained_name, profile, model_name, model, tok, log=log)
+
+
+def _neural_rescorer(size, model_name, minutes, log=print):
+    from .rescorer import train_neural
+    return train_neural(size, model_name, minutes=minutes, log=log)
+
+
+def _history(model_name, profile, model=None, tok=None, log=print):
+    from . import history
+    return history.build(model_name, profile, model, tok, log)
+
+
+register("heads", _heads)
+register("drafter", _drafter)
+register("neural-rescorer", _neural_rescorer)
+register("history", _history)

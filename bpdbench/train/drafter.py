@@ -21,7 +21,8 @@ import torch
 
 from .. import models, paths
 from ..config import environment
-from ..drafters.base import DraftModel, save
+from ..drafters.base import DraftModel
+from ..drafters.store import save
 from . import distill
 from .fit import FitConfig, fit
 from .objectives import Rows, agreement, objective

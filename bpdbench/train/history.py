@@ -13,41 +13,17 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 import torch
 
 from .. import models, paths
+from ..artefacts.history import MINUTES, PROFILES, HistoryProfile, history_file, load  # noqa: F401
 from .pacing import FILL, Pacer, predict_seconds, resolve_dtype
 
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class HistoryProfile:
-    n_prompts: int
-    gen_tokens: int
-    max_prompt_tokens: int
-    batch: int
-    dtype: str                        # the target's dtype while generating
-    seed: int = 0                     # the heads' seed: the same prompt pool, in the same order
-
-
-# A fixed number of prompts, not a time budget, so the history (and every number drafted from it) is the same on
-# every machine. ci: seconds, fp32 (deterministic across CPUs, as the ci heads); quick: 64 prompts x <= 128 greedy
-# tokens, about 4 minutes on 2 idle cores (native bf16, batches of 16); full: 1024 prompts, about an hour. quick and
-# full generate in the machine's fast dtype (auto: float32 where bfloat16 is emulated), and say the expected time
-# first (train/pacing.py).
-PROFILES = {"ci": HistoryProfile(n_prompts=8, gen_tokens=16, max_prompt_tokens=64, batch=8, dtype="float32"),
-            "quick": HistoryProfile(n_prompts=64, gen_tokens=128, max_prompt_tokens=160, batch=16, dtype="auto"),
-            "full": HistoryProfile(n_prompts=1024, gen_tokens=128, max_prompt_tokens=160, batch=16, dtype="auto")}
-MINUTES = {"ci": 1, "quick": 4, "full": 60}
-
-
-def history_file(model_name: str, profile: str) -> Path:
-    return paths.lookup_dir(model_name) / f"history-{profile}.json"
 
 
 @torch.inference_mode()
@@ -118,10 +94,3 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     log(f"model history saved to {path}: {record['sequences']} continuations, {record['tokens']} tokens, "
         f"{source['seconds']}s")
     return path
-
-
-def load(path: Path) -> tuple[list[list[int]], dict]:
-    """(continuations, metadata without them)."""
-    record = json.loads(Path(path).read_text())
-    seqs = record.pop("continuations")
-    return seqs, record

@@ -145,9 +145,3 @@ def quality_warning(what: str, top1: float | None, data: str | None = None) -> s
     if data:
         parts.append(data)
     return "; ".join(parts) or None
-
-
-def warn_use(warning: str | None, where: str, log: Log) -> None:
-    """A run that loads a flagged artefact says so (loading happens once per run: Env caches it)."""
-    if warning:
-        log(f"WARNING: {where}: {warning} (recorded in the run's config.json and summary as quality_warning)")

@@ -8,11 +8,9 @@ measures new text.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
-import re
 import time
 from pathlib import Path
 from typing import Callable
@@ -20,39 +18,11 @@ from typing import Callable
 import torch
 
 from .. import models, paths
-
-CORPUS_FILES = ("c4_en_validation_2k.jsonl", "wikitext2_valid.tokens.txt", "wikitext2_test.tokens.txt")
-_WIKI_TITLE = re.compile(r"^ = [^=].* = $")
-_WIKI_HEADING = re.compile(r"^[\s=]+|[\s=]+$")
-_WIKI_DETOK = [(" <unk>", ""), (" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."), (" , ", ", "), (" . ", ". "),
-               (" ; ", "; "), (" : ", ": "), (" 's", "'s"), (" n't", "n't"), ("( ", "("), (" )", ")"), (" ' ", "' ")]
-
+from ..artefacts.corpus import (CORPUS_FILES, corpus_cache, corpus_documents, default_corpus_files,  # noqa: F401
+                               tokenized_corpus)
 
 def neural_dir(size: str, model_name: str) -> Path:
     return paths.rescorer_dir(f"neural-{size}", model_name)
-
-
-def _detok(line: str) -> str:
-    """Undo WikiText's tokenisation (" @-@ ", " , "), so the LM sees text spaced like what the target writes; drop
-    its <unk> placeholders rather than teach the LM a token pattern the target never writes."""
-    for a, b in _WIKI_DETOK:
-        line = line.replace(a, b)
-    return line.strip()
-
-
-def corpus_documents(path: Path) -> list[str]:
-    """C4: one document per JSONL record. WikiText: one document per article (split at top-level titles)."""
-    text = Path(path).read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        texts = (json.loads(line).get("text", "") for line in text.splitlines() if line.strip())
-        return [t for t in texts if t.strip()]
-    docs: list[list[str]] = []
-    for line in text.splitlines():
-        if _WIKI_TITLE.match(line) or not docs:
-            docs.append([])
-        if line.strip():
-            docs[-1].append(_WIKI_HEADING.sub("", line) if line.lstrip().startswith("=") else _detok(line))
-    return ["\n".join(d) for d in docs if d]
 
 
 def split_documents(docs: list[list[int]], frac: float = 0.05,
@@ -164,41 +134,6 @@ def _target_tokenizer(model_name: str):
     tok = AutoTokenizer.from_pretrained(str(src))
     tok.model_max_length = 1 << 30  # whole documents; silences the "sequence longer than" warning
     return tok, src
-
-
-def tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> list[list[int]]:
-    """Token ids per document; cached across sizes (keyed by the files' sizes and mtimes) when `cache` is given."""
-    stamp = [[str(f), f.stat().st_size, f.stat().st_mtime] for f in files]
-    key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()
-    if cache is not None and cache.exists():
-        saved = torch.load(cache, weights_only=True)
-        if saved.get("key") == key:
-            return saved["docs"]
-    t0 = time.time()
-    docs = [ids for f in files for ids in (tokenize(d) for d in corpus_documents(f)) if ids]
-    log(f"  tokenized {len(docs)} documents, {sum(map(len, docs))} tokens in {time.time() - t0:.0f}s")
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": key, "docs": docs}, cache)
-    return docs
-
-
-def corpus_cache(model_name: str) -> Path:
-    """Where the corpus tokenized for `model_name` is cached (shared by the neural LMs and the lookup tables)."""
-    return paths.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
-
-
-def default_corpus_files() -> list[Path]:
-    """The shared C4 + WikiText files, in the order the tokenized-corpus cache is keyed by."""
-    import tasks
-
-    data = tasks.default_data_dir()
-    if data is None:
-        raise FileNotFoundError("no shared data dir for the rescorer corpus: set BPDBENCH_DATA")
-    files = [data / "corpus" / f for f in CORPUS_FILES if (data / "corpus" / f).exists()]
-    if not files:
-        raise FileNotFoundError(f"no corpus files ({', '.join(CORPUS_FILES)}) under {data / 'corpus'}")
-    return files
 
 
 def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: torch.Tensor | None = None,

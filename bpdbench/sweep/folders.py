@@ -1,0 +1,106 @@
+"""Where a cell writes, relative to the results root, and the `out` template that names it.
+
+A cell's folder is its identity (the sweep recognises a finished cell by it), so a grid that reproduces a committed
+result must name the very folder the result lives in. Three ways, one per block: the command's own default
+(`runs/<task>-<model>-<method>-<dtype>`, `replay/<task>`, ...); `folder = "speed-field"` (one name in place of the
+command's, `speed-field/<task>`); or `out = "certificates/{task}-{method}"`, a path template under the results root
+for the names that scripts and earlier commands chose (`drafters/replay/{task}-koala`, `sampling/{task}/
+{method}-T{temperature}`). The CLI writes where `--out` says; a cell whose folder is not the command's default gets
+that `--out`, so its config.json is the equivalent command line's.
+"""
+from __future__ import annotations
+
+import re
+import string
+from pathlib import Path
+
+from .. import paths
+from ..config import ConfigError, RunConfig
+
+# where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
+# the file a finished cell of each kind leaves (written last, after config.json)
+SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
+           "speed": "speed.csv"}
+FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed"}
+# the separators of a method spelling that a folder name replaces (scripts/certify.sh: tr ':,=' '---')
+SEPARATORS = re.compile(r"[:,=]")
+PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed")
+
+
+def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, RunConfig]:
+    """(the cell's folder relative to the results root, its config with `out` set where that folder is not where
+    the command writes by default). Raises ConfigError naming the key."""
+    folder, template = merged.get("folder"), merged.get("out")
+    if folder is not None and template is not None:
+        raise ConfigError("give folder or out, not both (out is a path template, e.g. out = \"certificates/"
+                          "{task}-{method}\")")
+    if kind == "tune":
+        if template is not None:
+            raise ConfigError("out: a tune cell writes the alpha table (alpha_file), not a folder")
+        return "", cfg
+    if folder is not None and (not isinstance(folder, str) or not folder or "/" in folder
+                               or folder.startswith(".")):
+        raise ConfigError(f"folder must be one folder name under the results root, got {folder!r}; for a path "
+                          f"use out = \"a/b/{{task}}\"")
+    if template is not None:
+        rel = expand(template, kind, cfg)
+    else:
+        rel = f"{folder or FOLDER[kind]}/{cfg.task}" if kind != "run" else _cli_default(kind, cfg)
+        if kind != "run" and not cfg.sampling.greedy:   # one folder per temperature and seed, named as run's are
+            rel += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
+    if rel != _cli_default(kind, cfg):                  # as `--out <results>/<rel>` would
+        cfg = cfg.replace(out=str(Path(results) / rel))
+    return rel, cfg
+
+
+def _cli_default(kind: str, cfg: RunConfig) -> str:
+    """The folder the command writes to without --out, relative to the results root."""
+    if kind == "run":
+        from ..experiments.session import out_dir
+        return out_dir(cfg.replace(out=None)).relative_to(paths.results_root()).as_posix()
+    return f"{FOLDER[kind]}/{cfg.task}"
+
+
+def expand(template: object, kind: str, cfg: RunConfig) -> str:
+    """The template with the cell's values: {task}, {model}, {dtype}, {heads_profile}, {temperature} (0 when
+    greedy, `:g`), {seed} (0 when unset), and for run cells {method}, the spelling with `:`, `,` and `=` each
+    replaced by `-` (`{method:_}`: by `_`, as scripts/drafters.sh named its folders)."""
+    if not isinstance(template, str) or not template.strip():
+        raise ConfigError(f"out must be a path template under the results root, e.g. \"certificates/{{task}}-"
+                          f"{{method}}\", got {template!r}")
+    if template.startswith(("/", "~")):
+        raise ConfigError(f"out = {template!r}: give a path relative to the results root (set the root with "
+                          f"[sweep] results or --results)")
+    values = {"task": cfg.task, "model": cfg.model, "dtype": cfg.dtype, "heads_profile": cfg.heads_profile,
+              "temperature": f"{cfg.temperature or 0:g}", "seed": str(cfg.seed or 0)}
+    try:
+        fields = list(string.Formatter().parse(template))
+    except ValueError as e:
+        raise ConfigError(f"out = {template!r}: {e} (write a literal brace as {{{{ or }}}})") from None
+    parts = []
+    for literal, name, spec, conversion in fields:
+        parts.append(literal)
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS or conversion:
+            shown = name + (f"!{conversion}" if conversion else "")
+            raise ConfigError(f"out = {template!r}: unknown placeholder {{{shown}}}; valid: "
+                              + ", ".join("{" + p + "}" for p in PLACEHOLDERS))
+        if name == "method":
+            if kind != "run":
+                raise ConfigError(f"out = {template!r}: {{method}} names a run cell's one method; a {kind} cell "
+                                  f"has {'several' if kind in ('replay', 'speed') else 'none'}")
+            if spec not in ("", "-", "_"):
+                raise ConfigError(f"out = {template!r}: {{method:{spec}}}: the separator must be - or _")
+            value = SEPARATORS.sub(spec or "-", cfg.method)
+        elif spec:
+            raise ConfigError(f"out = {template!r}: {{{name}:{spec}}}: only {{method}} takes a format (- or _)")
+        else:
+            value = values[name]
+        parts.append(value.replace("/", "_"))       # a model or method naming a path stays one folder name
+    rel = "".join(parts)
+    bad = [p for p in rel.split("/") if p in ("", ".", "..")]
+    if bad:
+        raise ConfigError(f"out = {template!r} gives {rel!r}: every part must be a folder name under the results "
+                          f"root (no '..', '.' or empty parts)")
+    return rel

@@ -1,0 +1,85 @@
+"""The grids in grids/ as the recipes of the committed results: every folder the retired scripts wrote (certificates,
+peer speed runs, the trained drafters' results, the sampling grid) is a finished cell of its grid, and a cell's
+config.json names the grid and cell that made it without that (or where it ran) making it look unfinished. No Ray:
+cells run in-process, as a Ray worker runs them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.test_sweep import cli, data  # noqa: F401 (data is a fixture)
+
+
+def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_path, monkeypatch):
+    """config.json names the grid and cell; that key, the private greedy folder each attempt gets and the `out` path
+    are not what a cell computed, so the folder is finished for the grid, resumes with a larger limit, and the CLI
+    resumes it too."""
+    from bpdbench.sweep import cells, grid, kinds
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "g.toml"
+
+    def plan(limit: int):
+        path.write_text("\n".join([
+            "[sweep]", f'results = "{tmp_path / "res"}"', "", "[[run]]",
+            'out = "sampling/{task}/{method}-T{temperature}"', 'tasks = ["xsum"]', 'methods = ["ar", "pld"]',
+            f'model = "{tiny_model_dir}"', 'dtype = "float32"', "private_greedy = true", f"limit = {limit}",
+            "max_new_tokens = 6"]))
+        return grid.load(path, data=str(data))
+    first = plan(1)
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(first.results))
+    monkeypatch.setenv("BPDBENCH_DATA", str(data))
+    for cell in first.cells:
+        assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok"
+    pld = next(c for c in plan(2).cells if c.config.method == "pld")
+    assert not kinds.finished(pld, first.results)            # one example more to decode
+    assert cells.run_cell(pld, 0, "sweep/g", None)["status"] == "ok"    # resumed with a fresh greedy folder
+    meta = json.loads((first.results / pld.rel / "config.json").read_text())
+    assert meta["sweep"] == {"grid": str(path.resolve()), "cell": "sampling/xsum/pld-T0"}
+    assert meta["config"]["greedy_dir"] != str(tmp_path / "cache" / "greedy") and meta["config"]["limit"] == 2
+    assert kinds.finished(pld, first.results)
+    examples = [json.loads(x) for x in (first.results / pld.rel / "examples.jsonl").read_text().splitlines()]
+    assert len(examples) == 2 and all(r["ref_seconds"] for r in examples)      # its own AR, timed in the cell
+    code, text = cli("run", "--task", "xsum", "--method", "pld", "--model", tiny_model_dir, "--dtype", "float32",
+                     "--limit", "2", "--max-new-tokens", "6", "--out", first.results / pld.rel, "--resume")
+    assert code == 0, text
+    assert "sweep" not in json.loads((first.results / pld.rel / "config.json").read_text())   # a command line's own
+
+
+MACHINE = ("dtype", "heads_path")      # what a grid resolves on this machine (dtype auto, ~) that a folder recorded
+
+
+@pytest.mark.parametrize("name,folders", [
+    ("certificates", ["certificates/*/summary.csv"]),
+    ("peers", ["speed/*-peers/speed.csv", "speed/mt_bench-1.5b-sps/speed.csv"]),
+    ("drafters", ["drafters/replay/*/replay.csv", "drafters/runs/*/summary.csv", "speed/mt_bench-hydra/speed.csv"]),
+    ("sampling", ["sampling/*/*/summary.csv"])])
+def test_committed_folders_are_finished_cells_of_their_grid(name, folders):
+    """Every committed folder the retired scripts wrote is a cell of its grid, finished where this machine resolves
+    the grid as the folder's did (dtype auto, ~ in heads_path)."""
+    from bpdbench.sweep import grid, kinds
+    root = Path(__file__).resolve().parents[1]
+    if not (root.parent / "shared" / "data" / "xsum").is_dir():
+        pytest.skip("needs ../shared/data")
+    plan = grid.load(root / "grids" / f"{name}.toml")
+    by_id = {c.id: c for c in plan.cells}
+    committed = {p.parent.relative_to(plan.results).as_posix() for pattern in folders
+                 for p in plan.results.glob(pattern)}
+    assert committed and committed <= set(by_id), sorted(committed - set(by_id))
+    for folder in sorted(committed):
+        recorded = json.loads((plan.results / folder / "config.json").read_text())["config"]
+        cell = by_id[folder]
+        if all(getattr(cell.config, k) == recorded.get(k) for k in MACHINE):
+            assert kinds.finished(cell, plan.results), folder
+
+
+def test_tables_render_the_certificates_summary(tmp_path):
+    """`bpdbench tables` renders what scripts/certify.sh appended to results/certificates/summary.md."""
+    import shutil
+    from bpdbench.report.tables import build
+    committed = Path(__file__).resolve().parents[1] / "results" / "certificates"
+    shutil.copytree(committed, tmp_path / "certificates")
+    build(tmp_path)
+    rows = lambda text: [x for x in text.splitlines() if x.startswith("| ")]   # noqa: E731
+    assert rows((tmp_path / "tables" / "certificates.md").read_text()) == rows((committed / "summary.md").read_text())
