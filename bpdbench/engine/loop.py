@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from .acceptance import GREEDY, Acceptance, Decision
 from .counters import Counters
 from .events import OnStep, StepEvent
-from .tree import Tree, build_tree, compact_cache, model_inputs
+from .tree import Tree, build_tree, compact_cache, inner_nodes, is_chain, model_inputs
 from .types import DraftContext, Drafter, EmptyDrafter, Feedback, Proposal
 
 
@@ -105,8 +105,10 @@ def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GRE
     past = state.cache.get_seq_length()
     out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
     hidden = out.last_hidden_state[0]
-    if lazy and getattr(acceptance, "argmax_only", False) and not feedback_k and _lazy_pays(tree):
-        return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, tree.inner), past)
+    inner = lazy_inner(tree.parents) if lazy and getattr(acceptance, "argmax_only", False) and not feedback_k \
+        and not tree.scored else None      # scored-only nodes keep the full projection
+    if inner is not None:
+        return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, inner), past)
     logits = model.lm_head(hidden)
     topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu() if feedback_k else None
     return Verified(tree, hidden, acceptance.targets(logits), past, topk)
@@ -115,26 +117,20 @@ def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GRE
 LAZY_MIN_LEAVES = 8   # below this, the leaves' rows cost less than the rare second pass over the output matrix
 
 
-def _lazy_pays(tree: Tree) -> bool:
-    """The output projection (V x d, a quarter of a 0.5B model's weights) dominates a wide tree's verify. Greedy
-    acceptance reads the argmax only at nodes with children, plus the node the walk ends on; so a tree with many
-    leaves projects its inner nodes in one matmul and a leaf only if the walk ends there (one extra row, which
-    re-reads the matrix, hence the threshold). Chains and scored-only nodes keep the full projection."""
-    return not tree.scored and lazy_rows(tree.parents) is not None
-
-
 def projected_rows(verified: "Verified") -> int:
     """Rows the verify forward sent through the output projection (the nodes, or the lazily projected ones)."""
     t = verified.targets
     return len(t.known) if isinstance(t, LazyArgmax) else len(verified.tree.tokens)
 
 
-def lazy_rows(parents: list[int]) -> int | None:
-    """Rows a greedy verify of a tree with these parents projects up front, or None where it projects every node
-    (for cost models: the shape's inner nodes when it has enough leaves)."""
-    inner = len({p for p in parents if p >= 0})
-    is_chain = all(p == i - 1 for i, p in enumerate(parents))
-    return inner if not is_chain and len(parents) - inner >= LAZY_MIN_LEAVES else None
+def lazy_inner(parents: list[int]) -> list[int] | None:
+    """The nodes a greedy verify of a tree with these parents projects up front, or None where it projects every
+    node. The output projection (V x d, a quarter of a 0.5B model's weights) dominates a wide tree's verify, and
+    greedy acceptance reads the argmax only at nodes with children plus the node the walk ends on; so a tree with
+    many leaves projects its inner nodes in one matmul and a leaf only if the walk ends there (one extra row, which
+    re-reads the matrix, hence the threshold). Chains keep the full projection. Cost models read it too."""
+    inner = inner_nodes(parents)
+    return inner if not is_chain(parents) and len(parents) - len(inner) >= LAZY_MIN_LEAVES else None
 
 
 class LazyArgmax(Sequence[int]):

@@ -22,13 +22,21 @@ class Tree:
 
     @property
     def is_chain(self) -> bool:
-        return all(p == i - 1 for i, p in enumerate(self.parents))
+        return is_chain(self.parents)
 
     @property
     def inner(self) -> list[int]:
-        """Nodes with at least one child, ascending: the only nodes whose greedy choice the acceptance walk
-        compares against (a leaf's is needed only when the walk ends on it, as the bonus token)."""
-        return sorted({p for p in self.parents if p >= 0})
+        return inner_nodes(self.parents)
+
+
+def is_chain(parents: list[int]) -> bool:
+    return all(p == i - 1 for i, p in enumerate(parents))
+
+
+def inner_nodes(parents: list[int]) -> list[int]:
+    """Nodes with at least one child, ascending: the only nodes whose greedy choice the acceptance walk compares
+    against (a leaf's is needed only when the walk ends on it, as the bonus token)."""
+    return sorted({p for p in parents if p >= 0})
 
 
 def build_tree(root: int, drafts: list[list[int]], scored: list[list[int]] | None = None) -> Tree:

@@ -163,15 +163,6 @@ HEAD_ROWS = (1, 8, 16, 24, 32, 48, 64)   # rows of the output projection timed (
 HEAD_REPEATS = 5
 
 
-def _median_seconds(fn, device: str, repeats: int) -> float:
-    """Median of `repeats` timed calls after one warm-up (a sub-step cost: no per-round normalisation needed)."""
-    import statistics
-
-    from .timing import timed
-    fn()
-    return statistics.median(timed(fn, device)[0] for _ in range(repeats))
-
-
 def measure(model, model_name: str, dtype: str, device: str, threads: int,
             ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, long_repeats: int = 1,
             log: Log = print) -> Calibration:
@@ -186,7 +177,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     import torch
     from transformers import DynamicCache
 
-    from .timing import timed
+    from .timing import median_time, timed
 
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -215,20 +206,21 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
                 log(f"  context {ctx}: step {step * 1000:.1f} ms; chain " +
                     ", ".join(f"{n}: {chain[ctx][n]:.2f}" for n in (8, 16, 64) if n in chain[ctx]) + " steps")
             rows = out.last_hidden_state[0, -max(HEAD_ROWS):]
-            head = {r: _median_seconds(lambda r=r: model.lm_head(rows[:r]).argmax(-1), device, HEAD_REPEATS)
+            head = {r: median_time(lambda r=r: model.lm_head(rows[:r]).argmax(-1), device, HEAD_REPEATS)
                     for r in HEAD_ROWS}
     finally:
         torch.set_num_threads(old_threads)
     contexts = sorted(contexts)
+    step_ms = steps[contexts[len(contexts) // 2]]
     fp = json.loads(json.dumps(current(threads, device).to_dict()))      # tuples as lists, as read back
     return Calibration(model=model_name, dtype=dtype, device=device, threads=threads, fingerprint=fp,
-                       step_ms=steps[contexts[len(contexts) // 2]], contexts=contexts,
+                       step_ms=step_ms, contexts=contexts,
                        chain={c: chain[c] for c in contexts}, tree={c: tree[c] for c in contexts},
                        prefill_tok_per_s=prefill, seconds=time.perf_counter() - t_start,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average(),
                        linear=kernels.backend_of(model),
-                       head={r: secs * 1000 / steps[contexts[len(contexts) // 2]] for r, secs in head.items()})
+                       head={r: secs * 1000 / step_ms for r, secs in head.items()})
 
 
 def _load_average() -> list[float] | None:

@@ -246,13 +246,12 @@ def best_tree(p: list[list[float]], cost: CostModel, max_nodes: int = 64, draft:
 
 def projected(paths: list[list[int]]) -> int | None:
     """Rows a greedy verify of this tree (rank paths, root excluded) projects onto the vocabulary, None for all:
-    the engine projects only the inner nodes of a tree with enough leaves (engine.loop.lazy_rows)."""
-    from ..engine.loop import lazy_rows
-    index = {(): 0}
-    for q in sorted(paths, key=len):
-        index[tuple(q)] = len(index)
-    parents = [-1] + [index[tuple(q[:-1])] for q in sorted(paths, key=len)]
-    return lazy_rows(parents)
+    the engine projects only the inner nodes of a tree with enough leaves (engine.loop.lazy_inner). The rank paths'
+    trie has the shape of the token tree they draft."""
+    from ..engine.loop import lazy_inner
+    from ..engine.tree import build_tree
+    inner = lazy_inner(build_tree(0, paths).parents)
+    return None if inner is None else len(inner)
 
 
 def chain_value(p: list[list[float]], m: int) -> float:

@@ -121,6 +121,17 @@ def _code(cols: Sequence[np.ndarray], bits: int) -> np.ndarray:
     return out
 
 
+def save_npz(path: Path, meta: dict, arrays: dict[str, np.ndarray]) -> Path:
+    """The lookup tables' file: the arrays plus a JSON `meta`, written to a temporary file and renamed, so a killed
+    build never leaves half a table where the next run loads it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+    tmp.replace(path)
+    return path
+
+
 class FrequencyTable:
     """Top continuations per n-gram key of a token stream, most frequent first (ties: earliest in the stream).
 
@@ -201,15 +212,10 @@ class FrequencyTable:
         return out
 
     def save(self, path: Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
         arrays = {"tokens": self.tokens}
         for n in self.keys:
             arrays.update({f"keys{n}": self.keys[n], f"offsets{n}": self.offsets[n], f"starts{n}": self.starts[n]})
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps({**self.meta, "bits": self.bits})), **arrays)
-        tmp.replace(path)
-        return path
+        return save_npz(path, {**self.meta, "bits": self.bits}, arrays)
 
     @classmethod
     def load(cls, path: Path) -> "FrequencyTable":

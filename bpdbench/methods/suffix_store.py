@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .lookup import SEP
+from .lookup import SEP, save_npz
 
 DEPTH = 32          # suffixes are sorted on their first DEPTH tokens: the longest pattern a query may use
 
@@ -200,12 +200,7 @@ class SuffixIndex:
         return out[: out.index(SEP)] if SEP in out else out
 
     def save(self, path: Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npz")
-        np.savez(tmp, tokens=self.tokens, sa=self.sa, meta=np.array(json.dumps({**self.meta, "depth": self.depth})))
-        tmp.replace(path)
-        return path
+        return save_npz(path, {**self.meta, "depth": self.depth}, {"tokens": self.tokens, "sa": self.sa})
 
     @classmethod
     def load(cls, path: Path) -> "SuffixIndex":
@@ -274,11 +269,11 @@ def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
 
 def needs(model: str, what: tuple[str, ...], profile: str = "quick") -> list[tuple[str, bool]]:
     """What `bpdbench methods` shows (missing indexes are built on first use)."""
-    from ..artefacts import history as history_lib
+    from .lookup_store import needs as table_needs
     out = []
     if "corpus" in what:
         out.append(("corpus suffix index", corpus_file(model).exists()))
     if "datastore" in what:
-        out.append((f"model history ({profile})", history_lib.history_file(model, profile).exists()))
+        out += table_needs(model, ("history",), profile)
         out.append((f"corpus + history ({profile}) suffix index", datastore_file(model, profile).exists()))
     return out
