@@ -124,9 +124,9 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
     if a.kind == "heads":
         if (paths.heads_dir(a.model, a.detail) / "config.json").exists():
             return "present"
+        from ..artefacts import builder
         from ..methods.heads_store import heads_need
-        from ..train import heads as train_heads
-        heads_need(a.model, a.detail).build(auto_train, lambda: train_heads.train(a.model, a.detail, log=log), log,
+        heads_need(a.model, a.detail).build(auto_train, lambda: builder("heads")(a.model, a.detail, log=log), log,
                                             paths.heads_dir(a.model, a.detail))
         return "built"
     if a.kind == "method":
