@@ -78,7 +78,7 @@ def tasks():
 @one_line_errors
 def rescorers():
     """List the refine stages (each is also a method: `bpdbench methods`)."""
-    from rescorers import RESCORERS
+    from .refine import RESCORERS
     for r in RESCORERS.values():
         print(f"{r.name:15s} {r.description}")
 

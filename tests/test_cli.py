@@ -115,7 +115,7 @@ def test_medusa_auto_without_a_heads_report_is_one_line_error(tiny_model_dir, pr
 def test_medusa_auto_with_a_heads_report_is_lossless(tiny_model_dir, prompts_file, tmp_path):
     """Heads saved with a training report (as train-heads writes it): the tree comes from its per-rank accuracy."""
     import torch
-    from bpdbench import heads as H
+    from bpdbench.nets import heads as H
     from transformers import AutoConfig
     d = AutoConfig.from_pretrained(tiny_model_dir).hidden_size
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ import torch
 
 from bpdbench.experiments import certificate
 from bpdbench.engine import Limits, generate
-from bpdbench.report.results import AppendOnlyJsonl, OutputBusy, OutputLock, read_examples, repair
+from bpdbench.store import AppendOnlyJsonl, OutputBusy, OutputLock, read_examples, repair
 from tests.conftest import write_prompts
 from tests.test_bad_input import base_args, cli, heads_dir, with_opts, write_lines
 
@@ -242,7 +242,7 @@ def test_certificate_names_a_wrong_reference(bf16_case):
 
 
 def test_output_lock_names_the_holder(tmp_path):
-    code = ("import sys, time; from bpdbench.report.results import OutputLock; l = OutputLock(sys.argv[1]); "
+    code = ("import sys, time; from bpdbench.store import OutputLock; l = OutputLock(sys.argv[1]); "
             "l.acquire(); print('locked', flush=True); time.sleep(30)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], env=env, stdout=subprocess.PIPE,

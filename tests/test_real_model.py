@@ -55,7 +55,7 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     from bpdbench.engine import TreeScorer, generate, replay, teacher_forced
     from bpdbench.experiments.session import open_session
     from bpdbench.methods import REGISTRY, parse
-    from rescorers.neural import SmallLM, make_config, save_lm
+    from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
 
     real_dir = paths.rescorer_dir
     monkeypatch.setattr(paths, "rescorer_dir", lambda tag, model: tmp_path / tag if tag.startswith("neural")

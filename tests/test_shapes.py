@@ -87,8 +87,8 @@ def test_best_tree_size_follows_the_cost():
 
 def test_tree_paths_drive_medusa():
     import torch
-    from rescorers.base import Lattice
-    from rescorers.medusa import MedusaTree
+    from bpdbench.refine.base import Lattice
+    from bpdbench.refine.medusa import MedusaTree
     s = best_tree(P, BF16, 20)
     lat = Lattice(torch.arange(16).view(4, 4), torch.zeros(4, 4))
     drafts = MedusaTree("t", s.tree).refine(lat, [])
@@ -263,7 +263,7 @@ def test_auto_for_trained_drafter_trees(session_for, tiny_model_dir, tmp_path):
 
 
 def test_medusa_nodes_takes_the_trees_first_nodes(session_for):
-    from rescorers.medusa import MC_SIM_7B_63
+    from bpdbench.refine.medusa import MC_SIM_7B_63
     s, (m,), logs, _ = session_for("medusa:nodes=5")
     d = s.drafter(m)
     assert d.refiner.choices == MC_SIM_7B_63[:5] and s.env.resolved["medusa:nodes=5"]["nodes"] == 5

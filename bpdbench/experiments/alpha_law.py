@@ -23,8 +23,8 @@ import pandas as pd
 from ..config import ConfigError, RunConfig
 from ..engine import StepEvent
 from ..methods import parse
-from ..report.results import OutputLock, write_atomic
-from ..report.summary import to_markdown
+from ..store import OutputLock, write_atomic
+from .summary import to_markdown
 from .session import Log, open_session
 
 TEMPERATURES = (0.0, 0.7, 1.0)
@@ -115,7 +115,7 @@ def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMP
         meta = s.meta([method], gamma_max=gamma_max, temperatures=list(temperatures))
         meta["config"]["temperature"] = None      # one run per temperature, listed above
         write_atomic(out / "config.json", json.dumps(meta, indent=2, default=str))
-        from ..report.plots import plot_alpha_law
+        from .figures import plot_alpha_law
         plot_alpha_law(df, out / "alpha_law.png", f"{cfg.model}, {cfg.dtype}, draft "
                        f"{meta['resolved']['methods'][method.label]['draft_model']}, {cfg.task}, "
                        f"n = {len(s.examples)} prompts x {s.limits.max_new_tokens} tokens")

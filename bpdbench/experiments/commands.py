@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..config import ConfigError, RunConfig
-from ..report.results import OutputLock
-from ..report.summary import to_markdown
+from ..store import OutputLock
+from .summary import to_markdown
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
 from .session import Log, open_session, out_dir, resolve_methods
 

@@ -5,9 +5,9 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..config import RunConfig
-from ..report.summary import to_markdown
+from .summary import to_markdown
 from .run import run
-from ..report.results import OutputLock, precheck_run
+from ..store import OutputLock, precheck_run
 from .session import out_dir, preflight, resolve_method
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
-from ..report.results import AppendOnlyJsonl, resumable, write_atomic
+from ..store import AppendOnlyJsonl, resumable, write_atomic
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -122,7 +122,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
 
 def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False) -> pd.DataFrame:
     from ..methods import parse
-    from ..report.plots import plot_oracle
+    from .figures import plot_oracle
     methods = [parse("bpd")] + [parse(f"oracle:k={k}") for k in ks]
     df = replay_methods(s, methods, out, resume=resume)
     df = df[df.method != "bpd"].assign(k=list(ks))

@@ -14,8 +14,8 @@ import torch
 
 from ..config import RunConfig
 from ..methods import Method
-from ..report.results import OutputLock, ResultWriter, precheck_run
-from ..report.summary import summarize, write_summary
+from ..store import OutputLock, ResultWriter, precheck_run
+from .summary import summarize, write_summary
 from .certificate import EXACT, LostExamples, certify
 from .reference import first_divergence
 from .session import Log, Session, certify_command, open_session, out_dir, resolve_method

@@ -27,7 +27,7 @@ from .. import paths
 from ..config import ConfigError, RunConfig
 from ..engine import Limits, generate
 from ..engine.sampling import LOSSY, RULES
-from ..report.results import OutputLock, write_atomic
+from ..store import OutputLock, write_atomic
 from ..stats import holm, homogeneity
 from .session import Log, open_session, resolve_methods
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..methods import Method, MethodUnavailable, Output, parse
-from ..report.results import AppendOnlyJsonl, OutputLock, resumable, write_atomic
+from ..store import AppendOnlyJsonl, OutputLock, resumable, write_atomic
 from ..stats import bootstrap_ratio
 from . import prediction
 from .reference import first_divergence

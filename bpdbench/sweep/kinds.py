@@ -101,10 +101,10 @@ def tuned_keys(cell) -> list[str]:
     """Ids of the tune cells whose alpha this cell reads (methods that interpolate and are given no alpha)."""
     if cell.kind in ("tune", "oracle", "analyze") or cell.config.alpha is not None:
         return []
-    import rescorers
+    from .. import refine
     out = []
     for m in methods_of(cell.kind, cell.config, cell.options):
-        spec = rescorers.RESCORERS.get(m.name)
+        spec = refine.RESCORERS.get(m.name)
         if spec is not None and spec.interpolates and m.get("alpha") is None:
             out.append(f"tune:{cell.config.model}/{cell.config.task}/{m.name}")
     return out
