@@ -11,10 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bpdbench.nets import heads as heads_lib, models
+from bpdbench import models
+from bpdbench.nets import heads as heads_lib
 from bpdbench.cli import app
 from bpdbench.config import RunConfig
-from bpdbench.nets import store as drafters
+from bpdbench.nets import checkpoint as drafters
 from bpdbench.nets.base import DraftModel
 from bpdbench.nets.eagle import Eagle
 from bpdbench.nets.hydra import Hydra
