@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from bpdbench.experiments.plan import prepare
 from bpdbench.hardware.shapes import (TableCost, best_chain, best_tree, chain_value, expected_tokens, tree_nodes,
                                       tree_value)
 
@@ -149,7 +150,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
         run = RunConfig(task="prompts", data_file=str(prompts), model=str(tiny_model_dir), dtype="float32",
                         max_new_tokens=24, heads_profile="init", limit=4, **cfg)
         ms = parse_list(methods)
-        return session.open_session(run, logs.append, methods=ms), ms, logs, costs
+        return session.open_session(prepare(run, "replay", ms, log=logs.append), logs.append), ms, logs, costs
     return make
 
 

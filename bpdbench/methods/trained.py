@@ -227,7 +227,7 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDr
     depth = method.get("depth", model.depth)
     tree, stage = method.get("tree", 0), method.get("refine")
     k = method.get("k", env.cfg.k) if stage else 1
-    threshold = method.get("threshold", 0.0)
+    threshold = method.get("threshold", env.cfg.draft_threshold)   # one rule for every head-type drafter
     refiner, alpha, source = None, None, "n/a"
     if stage:
         from .artefacts import ensure

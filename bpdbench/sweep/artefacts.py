@@ -142,6 +142,7 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
 
 def _build_method(a: Artefact, log: Log) -> str:
     """Build the method once on one example's session: its first use trains or builds what it needs."""
+    from ..experiments.plan import prepare
     from ..experiments.session import open_session
     from ..methods import parse
     cfg, label = a.build_with
@@ -149,6 +150,7 @@ def _build_method(a: Artefact, log: Log) -> str:
     if all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == a.detail):
         return "present"
     log(f"{a.detail} for {a.model}: building it through {label}'s first use")
-    s = open_session(cfg.replace(limit=1, resume=False), log, methods=[method])
+    plan = prepare(cfg.replace(limit=1, resume=False, out=None), "replay", [method], log=log)
+    s = open_session(plan, log)
     s.drafter(method)
     return "built"
