@@ -14,9 +14,9 @@ from .session import Log, open_session
 
 def oracle(plan: Plan, k: int, log: Log) -> pd.DataFrame:
     ks = tuple(sorted({x for x in replay_lib.KS if x <= k} | {k}))
-    with OutputLock(plan.out):          # one writer per folder, before the model loads
+    with OutputLock(plan.out) as lock:  # one writer per folder, before the model loads
         s = open_session(plan, log)
-        df = replay_lib.oracle_table(s, plan.out, ks=ks, resume=plan.resume)
+        df = replay_lib.oracle_table(s, plan.out, ks=ks, resume=plan.resume, lock=lock)
     print(to_markdown(df))
     return df
 
@@ -31,10 +31,10 @@ def analyze(plan: Plan, log: Log) -> dict:
 
 
 def replay(plan: Plan, log: Log) -> pd.DataFrame:
-    with OutputLock(plan.out):
+    with OutputLock(plan.out) as lock:
         s = open_session(plan, log)
         df = replay_lib.replay_methods(s, list(plan.methods), plan.out, resume=plan.resume,
-                                       per_category=plan.per_category)
+                                       per_category=plan.per_category, lock=lock)
     print(to_markdown(df))
     return df
 

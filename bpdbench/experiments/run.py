@@ -35,7 +35,7 @@ def run(plan: Plan, log: Log = print, progress: Callable[[dict], None] | None = 
     """Decode, certify, append one record per example; raise LostExamples (after writing every record and the
     summary) when an example diverged from greedy beyond numerical noise."""
     cfg, method, out = plan.cfg, plan.method, plan.out
-    with OutputLock(out):                 # a second writer fails here, before the model loads
+    with OutputLock(out) as lock:         # a second writer fails here, before the model loads
         precheck_run(out, cfg.to_dict(), plan.resume)
         s = open_session(plan, log)
         drafter = s.drafter(method)
@@ -45,7 +45,7 @@ def run(plan: Plan, log: Log = print, progress: Callable[[dict], None] | None = 
         meta["resolved"]["heads_files"] = heads_meta
         if not cfg.sampling.greedy:
             meta["resolved"]["sampling"]["certificate"] = f"statistical ({certify_command(cfg, method.label)})"
-        with ResultWriter(out, meta, plan.resume, log) as writer:
+        with ResultWriter(out, meta, plan.resume, log, lock) as writer:
             row = _decode_all(s, method, drafter, writer, progress, meta)
             write_summary(out, row)
     if row.get("n_lost"):

@@ -258,9 +258,9 @@ def run(plan: Plan, repeats: int = 3, log: Log = print) -> Path:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     chosen = [parse("ar")] + [m for m in plan.methods if m.label != "ar"]     # ar, the baseline, always runs
     plan = replace(plan, methods=tuple(chosen))
-    with OutputLock(plan.out):             # one writer per folder, taken before the model loads
+    with OutputLock(plan.out) as lock:     # one writer per folder, taken before the model loads
         s = open_session(plan, log)
-        with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log) as jsonl:
+        with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log, lock) as jsonl:
             return _measure_all(s, plan.cfg, chosen, repeats, plan.per_category, plan.resume, plan.out, jsonl, log)
 
 
