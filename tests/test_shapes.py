@@ -190,7 +190,7 @@ def test_heldout_slice_never_overlaps_evaluated_examples(session_for, tmp_path):
     from types import SimpleNamespace
     from bpdbench.config import RunConfig
     from bpdbench.experiments import autoshape
-    from bpdbench.experiments.session import select_examples
+    from bpdbench.experiments.examples import select_examples
     # a task with a held-out slice (squad, from the shared data)
     cfg = RunConfig(task="squad", limit=20)
     try:
