@@ -31,6 +31,7 @@ def run(task: str = _T, model: str = _M,
         top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK, seed: Optional[int] = _SEED):
     """Decode a task's examples with one method, certify losslessness against greedy, write examples.jsonl +
     summary."""
+    from .experiments.plan import prepare
     from .experiments.progress import run_with_progress
     cfg = RunConfig(task=task, model=model, method=method, heads=heads, heads_profile=heads_profile,
                     heads_path=heads_path, rescorer=rescorer, alpha=alpha, k=k, draft_threshold=draft_threshold,
@@ -38,7 +39,7 @@ def run(task: str = _T, model: str = _M,
                     threads=threads, data_dir=data_dir, data_file=data_file, out=out, resume=resume,
                     alpha_file=alpha_file, auto_train=not no_auto_train, temperature=temperature, top_p=top_p,
                     top_k=top_k, seed=seed)
-    run_with_progress(cfg, console)
+    run_with_progress(prepare(cfg, "run", log=_log), console)
 
 
 @app.command()
@@ -78,7 +79,7 @@ def tasks():
 @one_line_errors
 def rescorers():
     """List the refine stages (each is also a method: `bpdbench methods`)."""
-    from rescorers import RESCORERS
+    from .refine import RESCORERS
     for r in RESCORERS.values():
         print(f"{r.name:15s} {r.description}")
 
@@ -87,25 +88,29 @@ def rescorers():
 @one_line_errors
 def oracle(task: str = _T, k: int = typer.Option(16, help="largest k (k = 1, 2, 4, ... up to it)"), model: str = _M,
            heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
-           max_new_tokens: Optional[int] = _N, dtype: str = _D, threads: Optional[int] = _TH,
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, device: str = _DEV, threads: Optional[int] = _TH,
            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
            resume: bool = _RES, no_auto_train: bool = _NAT):
     """Oracle block efficiency of the top-k lattice (best achievable path) for k = 1, 2, 4, ..., K: CSV + PNG."""
     from .experiments import commands
-    commands.oracle(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                         data_dir, data_file, out, no_auto_train=no_auto_train), k, resume, _log)
+    from .experiments.plan import prepare
+    cfg = _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir,
+               data_file, out, no_auto_train=no_auto_train, device=device)
+    commands.oracle(prepare(cfg, "oracle", resume=resume, log=_log), k, _log)
 
 
 @app.command()
 @one_line_errors
 def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L,
-            offset: int = _O, max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K,
+            offset: int = _O, max_new_tokens: Optional[int] = _N, dtype: str = _D, device: str = _DEV, k: int = _K,
             threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
             out: Optional[str] = _OUT, no_auto_train: bool = _NAT):
     """Consecutive repetition in drafts (plain vs 2-gram rescored) and per-head entropy / h_max: CSV + PNG."""
     from .experiments import commands
-    commands.analyze(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                          data_dir, data_file, out, no_auto_train=no_auto_train), _log)
+    from .experiments.plan import prepare
+    cfg = _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir,
+               data_file, out, no_auto_train=no_auto_train, device=device)
+    commands.analyze(prepare(cfg, "analyze", log=_log), _log)
 
 
 @app.command()
@@ -113,9 +118,9 @@ def analyze(task: str = _T, model: str = _M, heads: int = _H, heads_profile: str
 def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:k=16", help="comma-separated "
                                                       "method spellings; the first is the baseline"),
            model: str = _M, heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = _L, offset: int = _O,
-           max_new_tokens: Optional[int] = _N, dtype: str = _D, k: int = _K, threads: Optional[int] = _TH,
-           data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
-           resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
+           max_new_tokens: Optional[int] = _N, dtype: str = _D, device: str = _DEV, k: int = _K,
+           threads: Optional[int] = _TH, data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF,
+           out: Optional[str] = _OUT, resume: bool = _RES, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT,
            temperature: Optional[float] = _TEMP, top_p: Optional[float] = _TOPP, top_k: Optional[int] = _TOPK,
            seed: Optional[int] = _SEED, heads_path: Optional[str] = _HPATH,
            per_category: Optional[int] = typer.Option(None, help="first N examples of each category instead of "
@@ -123,9 +128,11 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
     """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code).
     Greedy only: at T > 0 the trajectory depends on the draws (use `run --temperature`)."""
     from .experiments import commands
-    commands.replay(_cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads,
-                         data_dir, data_file, out, alpha_file, no_auto_train, heads_path, temperature=temperature,
-                         top_p=top_p, top_k=top_k, seed=seed), methods, resume, _log, per_category)
+    from .experiments.plan import prepare
+    cfg = _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir,
+               data_file, out, alpha_file, no_auto_train, heads_path, device, temperature=temperature, top_p=top_p,
+               top_k=top_k, seed=seed)
+    commands.replay(prepare(cfg, "replay", methods, resume=resume, per_category=per_category, log=_log), _log)
 
 
 @app.command()
@@ -133,12 +140,15 @@ def replay(task: str = _T, methods: str = typer.Option("bpd,16best-0gram,oracle:
 def tune(task: str = _T, rescorer: str = typer.Option(..., help="method whose alpha to tune, e.g. ngram4"),
          model: str = _M, heads: int = _H, heads_profile: str = _HP,
          limit: Optional[int] = typer.Option(20, help="held-out examples"), max_new_tokens: Optional[int] = _N,
-         dtype: str = _D, k: int = _K, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD,
-         data_file: Optional[str] = _DF, alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
+         dtype: str = _D, device: str = _DEV, k: int = _K, threads: Optional[int] = _TH,
+         data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, alpha_file: Optional[str] = _AF,
+         no_auto_train: bool = _NAT):
     """Pick alpha on the task's held-out slice (never evaluated) and store it in the tuned-alpha table."""
     from .experiments import commands
-    commands.tune(_cfg(task, model, heads, heads_profile, limit, 0, max_new_tokens, dtype, k, threads, data_dir,
-                       data_file, None, alpha_file, no_auto_train), rescorer, _log)
+    from .experiments.plan import prepare
+    cfg = _cfg(task, model, heads, heads_profile, limit, 0, max_new_tokens, dtype, k, threads, data_dir, data_file,
+               None, alpha_file, no_auto_train, device=device)
+    commands.tune(prepare(cfg, "tune", rescorer, heldout=True, log=_log), _log)
 
 
 @app.command()
@@ -191,11 +201,15 @@ def speed(task: str = typer.Option("mt_bench", help="task (mt_bench, spec_bench,
     """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
     speed_by_category.csv, config.json."""
     from .experiments import commands
-    cfg = RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
-                    limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, device=device,
-                    threads=threads, k=k, data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
-                    auto_train=not no_auto_train, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    commands.speed(cfg, methods, repeats, assistant, per_category, resume, _log)
+    from .experiments.plan import prepare
+    cfg = _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir,
+               data_file, out, alpha_file, no_auto_train, heads_path, device, temperature=temperature, top_p=top_p,
+               top_k=top_k, seed=seed)
+    if assistant:
+        methods = ",".join(f"hf-assisted:assistant={assistant}" if m == "hf-assisted" else m
+                           for m in methods.split(","))
+    commands.speed(prepare(cfg, "speed", methods, resume=resume, per_category=per_category, log=_log), repeats,
+                   _log)
 
 
 @app.command()
@@ -247,16 +261,17 @@ def certify(method: str = typer.Option(..., help="method spelling(s), comma-sepa
             heads: int = _H, heads_profile: str = _HP, limit: Optional[int] = typer.Option(3, help="prompts"),
             offset: int = _O, max_new_tokens: Optional[int] = typer.Option(None, help="tokens decoded per sample "
                                                                             "(default: --positions)"),
-            dtype: str = _D, k: int = _K, threads: Optional[int] = _TH, data_dir: Optional[str] = _DD,
-            data_file: Optional[str] = _DF, out: Optional[str] = _OUT, alpha_file: Optional[str] = _AF,
-            no_auto_train: bool = _NAT):
+            dtype: str = _D, device: str = _DEV, k: int = _K, threads: Optional[int] = _TH,
+            data_dir: Optional[str] = _DD, data_file: Optional[str] = _DF, out: Optional[str] = _OUT,
+            alpha_file: Optional[str] = _AF, no_auto_train: bool = _NAT):
     """Two-sample chi-square test per prompt and position between AR sampling and a method's sampling (distinct
     seeds): certify.json / certify.csv / certify_summary.csv / samples.jsonl. Exit 1 when an exact rule fails."""
+    from .experiments.plan import prepare
     from .experiments.sampling_certificate import certify as run_certify
     cfg = _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir,
-               data_file, out, alpha_file, no_auto_train, temperature=temperature, top_p=top_p, top_k=top_k,
-               seed=seed)
-    res = run_certify(cfg, method, rules, samples, positions, level, _log)
+               data_file, out, alpha_file, no_auto_train, device=device, temperature=temperature, top_p=top_p,
+               top_k=top_k, seed=seed)
+    res = run_certify(prepare(cfg, "certify", method, log=_log), rules, samples, positions, level, _log)
     failed = False
     for f in res["families"]:
         verdict = "PASS" if f["passed"] else "FAIL"
@@ -312,7 +327,8 @@ def alpha_law(task: str = typer.Option("mt_bench", help="task"), model: str = _M
               temperatures: str = typer.Option("0,0.7,1.0", help="comma-separated temperatures (0: greedy)"),
               limit: Optional[int] = typer.Option(4, help="prompts"), offset: int = _O,
               max_new_tokens: Optional[int] = typer.Option(64, help="tokens per prompt"), dtype: str = _D,
-              threads: Optional[int] = _TH, seed: Optional[int] = _SEED, data_dir: Optional[str] = _DD,
+              device: str = _DEV, threads: Optional[int] = _TH, seed: Optional[int] = _SEED,
+              data_dir: Optional[str] = _DD,
               data_file: Optional[str] = _DF, out: Optional[str] = _OUT, no_auto_train: bool = _NAT):
     """Measured tokens per target call of a draft-model chain (sps) vs (1 - a^(g+1)) / (1 - a) for g = 1..gamma-max
     at each temperature: alpha_law.csv / .md / .png."""
@@ -321,10 +337,12 @@ def alpha_law(task: str = typer.Option("mt_bench", help="task"), model: str = _M
         temps = tuple(float(t) for t in temperatures.split(",") if t.strip())
     except ValueError:
         raise ValueError(f"--temperatures must be comma-separated numbers, got {temperatures!r}") from None
-    cfg = RunConfig(task=task, model=model, limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype,
-                    threads=threads, seed=seed, data_dir=data_dir, data_file=data_file, out=out,
-                    auto_train=not no_auto_train).validate()
-    path = lib.run(cfg, draft, gamma_max, temps, _log)
+    from .experiments.plan import prepare
+    spelling = lib.spelling(draft, gamma_max)
+    cfg = RunConfig(task=task, model=model, method=spelling, limit=limit, offset=offset,
+                    max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, seed=seed,
+                    data_dir=data_dir, data_file=data_file, out=out, auto_train=not no_auto_train)
+    path = lib.run(prepare(cfg, "alpha_law", [spelling], log=_log), gamma_max, temps, _log)
     print((path / "alpha_law.md").read_text())
     _log(f"results in {path}")
 

@@ -82,9 +82,10 @@ def _threads(threads: Optional[int]) -> None:
 
 
 def _cfg(task, model, heads, heads_profile, limit, offset, max_new_tokens, dtype, k, threads, data_dir=None,
-         data_file=None, out=None, alpha_file=None, no_auto_train=False, heads_path=None,
+         data_file=None, out=None, alpha_file=None, no_auto_train=False, heads_path=None, device="cpu",
          **sampling) -> RunConfig:
+    """The flags every decoding command shares, as one RunConfig (validated once, by experiments.plan.prepare)."""
     return RunConfig(task=task, model=model, heads=heads, heads_profile=heads_profile, heads_path=heads_path,
                      limit=limit, offset=offset, max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads,
-                     data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file,
-                     auto_train=not no_auto_train, **sampling).validate()
+                     data_dir=data_dir, data_file=data_file, out=out, alpha_file=alpha_file, device=device,
+                     auto_train=not no_auto_train, **sampling)

@@ -35,7 +35,8 @@ def build(name: str, s):
         return s.drafter(parse(name)), "trained"
     except Exception:  # noqa: BLE001 - only neural rescorers can be timed without their artefact
         from bpdbench.methods.heads import HeadsDrafter
-        from rescorers.neural import NeuralRescorer, SmallLM, make_config
+        from bpdbench.nets.small_lm import SmallLM, make_config
+        from bpdbench.refine.neural import NeuralRescorer
         if not name.startswith("neural-"):
             raise
         heads, _ = s.env.heads()

@@ -47,7 +47,7 @@ def make_tiny_model(vocab: int = 96, seed: int = 0):
 
 def random_heads(lm_head, n: int, seed: int, std: float, d: int = 32):
     """Heads with random weights (they accept little): the logic must stay lossless whatever they draft."""
-    from bpdbench.heads import Heads
+    from bpdbench.nets.heads import Heads
 
     torch.manual_seed(seed)
     heads = Heads(d, n)

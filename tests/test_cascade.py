@@ -168,7 +168,7 @@ def test_vertical_with_a_neural_lm_past_its_window(tiny_model):
     """A neural LM whose 64-token window is shorter than the prompt: its first forward rebuilds the window from
     the prompt's end; the vertical cascade still drafts what plain sps drafts."""
     from bpdbench.methods.draft_lm import NeuralDraftLM
-    from rescorers.neural import SmallLM, make_config
+    from bpdbench.nets.small_lm import SmallLM, make_config
     torch.manual_seed(0)
     lm = SmallLM(make_config("tiny", 48), torch.arange(0, VOCAB, 2)).eval()
     prompt = [int(t) for t in torch.randint(0, VOCAB, (150,), generator=torch.Generator().manual_seed(3))]

@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from bpdbench.experiments.plan import prepare
 from bpdbench.experiments import run as runner
 from bpdbench.cli import app
 from tests.conftest import write_prompts
@@ -53,7 +54,7 @@ def test_run_writes_results_and_certifies(tiny_model_dir, prompts_file, tmp_path
 def test_ar_block_efficiency_is_exactly_one(tiny_model_dir, prompts_file, tmp_path):
     cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), method="ar", limit=4,
                     max_new_tokens=10, dtype="float32", out=str(tmp_path / "ar"))
-    row = runner.run(cfg, log=lambda m: None)
+    row = runner.run(prepare(cfg, "run"), log=lambda m: None)
     assert row["block_efficiency"] == 1.0 and row["lossless_rate"] == 1.0
 
 
@@ -68,12 +69,12 @@ def test_resume_after_interrupt_loses_nothing(tiny_model_dir, prompts_file, tmp_
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        runner.run(cfg, log=lambda m: None, progress=interrupt_after_two)
+        runner.run(prepare(cfg, "run"), log=lambda m: None, progress=interrupt_after_two)
     lines = (tmp_path / "r" / "examples.jsonl").read_text().splitlines()
     assert len(lines) == 2
     with pytest.raises(FileExistsError):
-        runner.run(cfg, log=lambda m: None)
-    row = runner.run(cfg.replace(resume=True), log=lambda m: None)
+        runner.run(prepare(cfg, "run"), log=lambda m: None)
+    row = runner.run(prepare(cfg.replace(resume=True), "run"), log=lambda m: None)
     ids = [json.loads(line)["id"] for line in (tmp_path / "r" / "examples.jsonl").read_text().splitlines()]
     assert ids == ["p0", "p1", "p2", "p3", "p4"] and row["n_examples"] == 5
 
@@ -81,9 +82,9 @@ def test_resume_after_interrupt_loses_nothing(tiny_model_dir, prompts_file, tmp_
 def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path):
     cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads_profile="init",
                     heads=2, limit=1, max_new_tokens=4, dtype="float32", out=str(tmp_path / "r"))
-    runner.run(cfg, log=lambda m: None)
+    runner.run(prepare(cfg, "run"), log=lambda m: None)
     with pytest.raises(ValueError, match=r"config.json differs in config.heads; pass a new --out"):
-        runner.run(cfg.replace(resume=True, heads=1), log=lambda m: None)
+        runner.run(prepare(cfg.replace(resume=True, heads=1), "run"), log=lambda m: None)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -115,7 +116,7 @@ def test_medusa_auto_without_a_heads_report_is_one_line_error(tiny_model_dir, pr
 def test_medusa_auto_with_a_heads_report_is_lossless(tiny_model_dir, prompts_file, tmp_path):
     """Heads saved with a training report (as train-heads writes it): the tree comes from its per-rank accuracy."""
     import torch
-    from bpdbench import heads as H
+    from bpdbench.nets import heads as H
     from transformers import AutoConfig
     d = AutoConfig.from_pretrained(tiny_model_dir).hidden_size
     torch.manual_seed(0)

@@ -16,7 +16,7 @@ import torch
 
 from bpdbench.experiments import certificate
 from bpdbench.engine import Limits, generate
-from bpdbench.report.results import AppendOnlyJsonl, OutputBusy, OutputLock, read_examples, repair
+from bpdbench.store import AppendOnlyJsonl, OutputBusy, OutputLock, read_examples, repair
 from tests.conftest import write_prompts
 from tests.test_bad_input import base_args, cli, heads_dir, with_opts, write_lines
 
@@ -90,10 +90,14 @@ def test_repair_keeps_a_complete_record_missing_its_newline(tmp_path):
     assert path.read_text() == '{"id": "a"}\n{"id": "b"}\n'
 
 
-def test_append_only_dedupes_by_key_and_lock_is_reentrant(tmp_path):
+def test_append_only_dedupes_by_key_under_the_commands_one_lock(tmp_path):
     key = lambda r: (r["id"], r["method"])  # noqa: E731  (the speed command's key)
-    with OutputLock(tmp_path / "s"):
-        with AppendOnlyJsonl(tmp_path / "s", "speed.jsonl", key) as f:
+    with OutputLock(tmp_path / "s") as lock:
+        with pytest.raises(RuntimeError, match="holds its lock already"):
+            OutputLock(tmp_path / "s").acquire()                      # taken once per command, never counted
+        with pytest.raises(RuntimeError, match="not this folder"):
+            AppendOnlyJsonl(tmp_path / "other", "speed.jsonl", key, lock=lock)
+        with AppendOnlyJsonl(tmp_path / "s", "speed.jsonl", key, lock=lock) as f:
             assert len(f.append([{"id": "a", "method": "ar"}, {"id": "a", "method": "bpd"}])) == 2
             assert f.append([{"id": "a", "method": "ar"}]) == []
     lines = (tmp_path / "s" / "speed.jsonl").read_text().splitlines()
@@ -242,7 +246,7 @@ def test_certificate_names_a_wrong_reference(bf16_case):
 
 
 def test_output_lock_names_the_holder(tmp_path):
-    code = ("import sys, time; from bpdbench.report.results import OutputLock; l = OutputLock(sys.argv[1]); "
+    code = ("import sys, time; from bpdbench.store import OutputLock; l = OutputLock(sys.argv[1]); "
             "l.acquire(); print('locked', flush=True); time.sleep(30)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "o")], env=env, stdout=subprocess.PIPE,

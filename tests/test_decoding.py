@@ -5,7 +5,7 @@ import torch
 from transformers import DynamicCache
 
 from bpdbench.engine import loop
-from bpdbench.heads import Heads
+from bpdbench.nets.heads import Heads
 from bpdbench.engine import Counters, Proposal, ratios
 from tests.conftest import decode, random_heads
 

@@ -11,14 +11,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bpdbench import heads as heads_lib, models
+from bpdbench import models
+from bpdbench.nets import heads as heads_lib
 from bpdbench.cli import app
 from bpdbench.config import RunConfig
-from bpdbench.drafters import store as drafters
-from bpdbench.drafters.base import DraftModel
-from bpdbench.drafters.eagle import Eagle
-from bpdbench.drafters.hydra import Hydra
-from bpdbench.drafters.layers import causal_mask
+from bpdbench.nets import checkpoint as drafters
+from bpdbench.nets.base import DraftModel
+from bpdbench.nets.eagle import Eagle
+from bpdbench.nets.hydra import Hydra
+from bpdbench.nets.layers import causal_mask
 from bpdbench.engine import Limits, Proposal, generate, ratios, replay, teacher_forced
 from bpdbench.methods import Env, parse
 from bpdbench.methods.trained import TrainedDrafter

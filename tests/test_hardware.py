@@ -110,7 +110,7 @@ def test_missing_verified_falls_back_to_drafted_plus_steps(table):
 
 
 def test_rescorers_and_oracle(table):
-    from rescorers.neural import SmallLM, make_config
+    from bpdbench.nets.small_lm import SmallLM, make_config
     cfg = make_config("m", S)
     params = SmallLM(cfg, torch.arange(S)).num_params()
     assert hardware.neural_cost("m", S) == (params, cfg.macs_per_token())

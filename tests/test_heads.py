@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from bpdbench import heads as H
+from bpdbench.nets import heads as H
 from bpdbench.train import heads as train_heads
 
 

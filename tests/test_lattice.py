@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from rescorers.lattice import build_lattice, kbest_paths, pbest_rescored, top1_draft
-from rescorers.base import Lattice
-from rescorers.kbest import KBestRescorer
+from bpdbench.refine.lattice import build_lattice, kbest_paths, pbest_rescored, top1_draft
+from bpdbench.refine.base import Lattice
+from bpdbench.refine.kbest import KBestRescorer
 
 
 class FakeNgramLM:

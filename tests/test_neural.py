@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from bpdbench.train.rescorer import train_lm, train_neural
-from rescorers.base import Lattice
-from rescorers.neural import KVCache, NeuralRescorer, SmallLM, SmallLMConfig, load_lm, make_config, save_lm
+from bpdbench.refine.base import Lattice
+from bpdbench.nets.small_lm import KVCache, SmallLM, SmallLMConfig, load_lm, make_config, save_lm
+from bpdbench.refine.neural import NeuralRescorer
 
 SHORTLIST = torch.arange(0, 200, 2)  # even ids only: odd ids are "outside the shortlist"
 

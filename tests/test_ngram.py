@@ -11,10 +11,10 @@ import random
 import pytest
 import torch
 
-from rescorers.lattice import build_lattice, kbest_paths, pbest_rescored
+from bpdbench.refine.lattice import build_lattice, kbest_paths, pbest_rescored
 from bpdbench.models import sha256_file
-from rescorers import ngram
-from rescorers.base import Lattice
+from bpdbench.refine import ngram
+from bpdbench.refine.base import Lattice
 
 REQUIRE = os.environ.get("BPDBENCH_REQUIRE_KENLM", "") not in ("", "0")
 try:

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from bpdbench.experiments.plan import prepare
 from bpdbench import models
 from bpdbench.experiments import run as runner
 from tests.conftest import decode
@@ -35,7 +36,7 @@ def test_bpd_smoke_run_is_lossless(fp32_model, tmp_path):
     """Two XSum examples, 16 new tokens, float32, with small trained heads (the `ci` profile)."""
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=16, dtype="float32", heads_profile="ci",
                     max_prompt_tokens=192, out=str(tmp_path / "smoke"))
-    row = runner.run(cfg, log=print)
+    row = runner.run(prepare(cfg, "run"), log=print)
     records = [json.loads(line) for line in (tmp_path / "smoke" / "examples.jsonl").read_text().splitlines()]
     assert len(records) == 2 and row["n_examples"] == 2
     assert row["lossless_rate"] == 1.0, [r["first_divergence"] for r in records]
@@ -55,14 +56,14 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     from bpdbench.engine import TreeScorer, generate, replay, teacher_forced
     from bpdbench.experiments.session import open_session
     from bpdbench.methods import REGISTRY, parse
-    from rescorers.neural import SmallLM, make_config, save_lm
+    from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
 
     real_dir = paths.rescorer_dir
     monkeypatch.setattr(paths, "rescorer_dir", lambda tag, model: tmp_path / tag if tag.startswith("neural")
                         else real_dir(tag, model))
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=12, dtype="float32", heads_profile="ci", heads=4, k=8,
                     alpha_file=str(tmp_path / "alpha.json"), max_prompt_tokens=192)   # prefill is most of the cost
-    s = open_session(cfg, log=print)
+    s = open_session(prepare(cfg, "replay"), log=print)
     heads, _ = s.env.heads()
     for size in "sml":
         save_lm(SmallLM(make_config(size, len(heads.shortlist)), heads.shortlist).eval(), tmp_path / f"neural-{size}")
@@ -111,6 +112,6 @@ def test_sampled_run_smoke(tmp_path):
     """T = 1 with the ci heads: the run records the statistical certificate and AR sampling's timing."""
     cfg = RunConfig(task="xsum", limit=1, max_new_tokens=8, dtype="float32", heads_profile="ci", temperature=1.0,
                     max_prompt_tokens=192, out=str(tmp_path / "sampled"))
-    row = runner.run(cfg, log=print)
+    row = runner.run(prepare(cfg, "run"), log=print)
     assert row["certificate"].startswith("statistical (bpdbench certify --method bpd --temperature 1")
     assert "lossless_rate" not in row and row["new_tokens"] <= 8 and row["speedup_vs_ar"] > 0

@@ -18,7 +18,7 @@ def kenlm_required():
     import os
     try:
         import kenlm  # noqa: F401
-        from rescorers.ngram import find_kenlm_tool
+        from bpdbench.refine.ngram import find_kenlm_tool
         find_kenlm_tool("lmplz")
     except Exception as e:  # noqa: BLE001
         if os.environ.get("BPDBENCH_REQUIRE_KENLM", "0") not in ("", "0"):

@@ -11,9 +11,9 @@ from bpdbench import paths
 from bpdbench.config import RunConfig
 from bpdbench.engine import Limits, TreeScorer, generate, ratios, replay, teacher_forced
 from bpdbench.experiments.analysis import h_max, repetition
-from bpdbench.heads import Heads
+from bpdbench.nets.heads import Heads
 from bpdbench.methods import REGISTRY, Env, parse
-from rescorers.neural import SmallLM, make_config, save_lm
+from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
 from tests.drafter_fixtures import build_tiny_drafters, copy_cache
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])

@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from bpdbench.experiments.plan import prepare
 from bpdbench.engine import DraftContext, Limits, generate, replay
 from bpdbench.methods import MethodError, parse
 from bpdbench.methods.lookup import SEP, stream
@@ -162,7 +163,7 @@ def test_auto_nodes_resolves_through_the_replay(tiny_model_dir, tmp_path, monkey
     run = RunConfig(task="prompts", data_file=str(write_prompts(tmp_path, 12)), model=str(tiny_model_dir),
                     dtype="float32", max_new_tokens=24, limit=3)
     (m,) = parse_list("rest:nodes=auto")
-    s = session.open_session(run, lambda _: None, methods=[m])
+    s = session.open_session(prepare(run, "replay", [m], log=lambda _: None), lambda _: None)
     examples, _ = autoshape.heldout(s)
     seqs = [p + s.reference.get(p, s.limits)[0] for _, p in examples]
     index = SuffixIndex.build(stream(seqs))

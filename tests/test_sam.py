@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from bpdbench.experiments.plan import prepare
 from bpdbench.engine import DraftContext, Limits, Proposal, SamplingParams, SpeculativeSampling, generate, replay
 from bpdbench.engine.replay import teacher_forced
 from bpdbench.methods import MethodError, parse
@@ -199,7 +200,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
         run = RunConfig(task="prompts", data_file=str(prompts), model=str(tiny_model_dir), dtype="float32",
                         max_new_tokens=24, heads_profile="init", limit=3)
         ms = parse_list(methods)
-        return session.open_session(run, lambda m: None, methods=ms), ms
+        return session.open_session(prepare(run, "replay", ms, log=lambda m: None), lambda m: None), ms
     return make
 
 

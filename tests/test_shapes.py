@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from bpdbench.experiments.plan import prepare
 from bpdbench.hardware.shapes import (TableCost, best_chain, best_tree, chain_value, expected_tokens, tree_nodes,
                                       tree_value)
 
@@ -87,8 +88,8 @@ def test_best_tree_size_follows_the_cost():
 
 def test_tree_paths_drive_medusa():
     import torch
-    from rescorers.base import Lattice
-    from rescorers.medusa import MedusaTree
+    from bpdbench.refine.base import Lattice
+    from bpdbench.refine.medusa import MedusaTree
     s = best_tree(P, BF16, 20)
     lat = Lattice(torch.arange(16).view(4, 4), torch.zeros(4, 4))
     drafts = MedusaTree("t", s.tree).refine(lat, [])
@@ -149,7 +150,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
         run = RunConfig(task="prompts", data_file=str(prompts), model=str(tiny_model_dir), dtype="float32",
                         max_new_tokens=24, heads_profile="init", limit=4, **cfg)
         ms = parse_list(methods)
-        return session.open_session(run, logs.append, methods=ms), ms, logs, costs
+        return session.open_session(prepare(run, "replay", ms, log=logs.append), logs.append), ms, logs, costs
     return make
 
 
@@ -189,7 +190,7 @@ def test_heldout_slice_never_overlaps_evaluated_examples(session_for, tmp_path):
     from types import SimpleNamespace
     from bpdbench.config import RunConfig
     from bpdbench.experiments import autoshape
-    from bpdbench.experiments.session import select_examples
+    from bpdbench.experiments.examples import select_examples
     # a task with a held-out slice (squad, from the shared data)
     cfg = RunConfig(task="squad", limit=20)
     try:
@@ -263,7 +264,7 @@ def test_auto_for_trained_drafter_trees(session_for, tiny_model_dir, tmp_path):
 
 
 def test_medusa_nodes_takes_the_trees_first_nodes(session_for):
-    from rescorers.medusa import MC_SIM_7B_63
+    from bpdbench.refine.medusa import MC_SIM_7B_63
     s, (m,), logs, _ = session_for("medusa:nodes=5")
     d = s.drafter(m)
     assert d.refiner.choices == MC_SIM_7B_63[:5] and s.env.resolved["medusa:nodes=5"]["nodes"] == 5

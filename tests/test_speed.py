@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from bpdbench.experiments.plan import prepare
 from bpdbench.experiments import speed
 from bpdbench.methods import hf as hf_methods
 from bpdbench.cli import app
@@ -111,7 +112,7 @@ def _build(tiny_model_dir, monkeypatch, fallback):
     logs = []
     cfg = RunConfig(task="prompts", data_file=str(write_prompts(tiny_model_dir.parent, 1)),
                     model=str(tiny_model_dir), dtype="float32", max_new_tokens=8)
-    s = open_session(cfg, logs.append)
+    s = open_session(prepare(cfg, "replay"), logs.append)
     decoders, skipped = speed.decoders(s, parse_list("ar,hf-assisted"), logs.append)
     return decoders, {**s.env.resolved.get("hf-assisted", {}), "skipped": skipped}, logs
 

@@ -208,7 +208,7 @@ def test_neural_lm_drafts_losslessly_across_its_window(tiny_model, tmp_path):
     even when the context outgrows the LM's window and its cache is rebuilt mid-example, and its drafts carry
     probabilities, with nothing drafted outside its shortlist."""
     from bpdbench.methods.draft_lm import NeuralDraftLM
-    from rescorers.neural import SmallLM, make_config
+    from bpdbench.nets.small_lm import SmallLM, make_config
 
     torch.manual_seed(0)
     shortlist = torch.arange(0, 96, 2)

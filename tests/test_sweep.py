@@ -336,7 +336,7 @@ def test_sweep_refuses_bad_options(args, expect, tmp_path):
 
 
 def _tune_like_writer(args: tuple) -> None:
-    from bpdbench.report.results import update_json
+    from bpdbench.store import update_json
     path, who = args
     for i in range(25):
         update_json(Path(path), lambda t, i=i: {**t, f"{who}/{i}": i})

@@ -75,7 +75,7 @@ def test_multi_draft_decoding_is_lossless(tiny_model):
 
 
 def test_medusa_tree_paths_and_lossless_decoding(tiny_model):
-    from rescorers.medusa import MC_SIM_7B_63, MedusaTree, auto_tree
+    from bpdbench.refine.medusa import MC_SIM_7B_63, MedusaTree, auto_tree
     assert len(MC_SIM_7B_63) == 63 and max(map(len, MC_SIM_7B_63)) == 4
     tree = auto_tree([[0.6, 0.1, 0.05], [0.4, 0.1], [0.3]], nodes=6)
     assert tree[0] == [0] and len(tree) == 6 and all(p[:-1] in tree for p in tree if len(p) > 1)
@@ -90,7 +90,7 @@ def test_medusa_tree_paths_and_lossless_decoding(tiny_model):
 
 def test_auto_tree_from_heads_report_measured_or_estimated():
     import pytest
-    from rescorers.medusa import rank_accuracy, tree_from_report
+    from bpdbench.refine.medusa import rank_accuracy, tree_from_report
     est = rank_accuracy({"top1": [0.3, 0.1], "top16": [0.7, 0.4]})
     assert est[0][0] == 0.3 and len(est[0]) == 10 and est[0][1] > est[0][2] > est[0][9] > 0
     assert abs(sum(est[0][1:]) + sum(0.4 / r for r in range(11, 17)) / sum(1 / r for r in range(2, 17)) - 0.4) < 1e-9
@@ -103,8 +103,8 @@ def test_auto_tree_from_heads_report_measured_or_estimated():
 
 
 def test_rescored_tree_puts_the_local_pick_on_the_main_path(tiny_model):
-    from rescorers.base import Lattice
-    from rescorers.medusa import MC_SIM_7B_63, MedusaTree, RescoredTree
+    from bpdbench.refine.base import Lattice
+    from bpdbench.refine.medusa import MC_SIM_7B_63, MedusaTree, RescoredTree
 
     class PickThird:
         def reset(self, prompt_ids):
@@ -169,7 +169,7 @@ def test_in_place_compaction_keeps_exactly_the_accepted_rows():
 def test_lazy_projection_equals_the_full_one_and_skips_the_leaves(tiny_model, monkeypatch):
     """A wide tree projects only its inner nodes (plus a leaf when the walk ends there): same targets, same output,
     same counters as the full projection, and fewer rows through the output matrix."""
-    from rescorers.medusa import MedusaTree
+    from bpdbench.refine.medusa import MedusaTree
     hidden = torch.randn(20, tiny_model.config.hidden_size)
     lazy = loop.LazyArgmax(tiny_model.lm_head, hidden, [0, 3, 7])
     assert list(lazy) == tiny_model.lm_head(hidden).argmax(-1).tolist() and lazy[-1] == lazy[19]

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import ConfigError, RunConfig
+from ..config import ConfigError
 from ..engine import StepEvent
-from ..methods import parse
-from ..report.results import OutputLock, write_atomic
-from ..report.summary import to_markdown
+from ..store import OutputLock, write_atomic
+from .summary import to_markdown
+from .plan import Plan
 from .session import Log, open_session
 
 TEMPERATURES = (0.0, 0.7, 1.0)
@@ -80,17 +80,20 @@ def table(steps: list[tuple[int, int, list[float]]], temperature: float, gamma_m
     return df
 
 
-def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMPERATURES, log: Log = print) -> Path:
+def spelling(draft: str | None, gamma_max: int) -> str:
+    """The one method alpha-law measures: an sps chain of gamma_max tokens (checked before the plan is made)."""
     if gamma_max < 1:
         raise ConfigError(f"--gamma-max must be >= 1, got {gamma_max}")
+    return f"sps:gamma={gamma_max}" + (f",model={draft}" if draft else "")
+
+
+def run(plan: Plan, gamma_max: int = 8, temperatures=TEMPERATURES, log: Log = print) -> Path:
     bad = [t for t in temperatures if t < 0]
     if bad:
         raise ConfigError(f"temperatures must be >= 0, got {bad[0]}")
-    spelling = f"sps:gamma={gamma_max}" + (f",model={draft}" if draft else "")
-    method = parse(spelling)
-    out = Path(cfg.out) if cfg.out else Path(str(_default(cfg)))
+    cfg, method, out = plan.cfg, plan.method, plan.out
     with OutputLock(out):
-        s = open_session(cfg.replace(method=spelling), log, methods=[method])
+        s = open_session(plan, log)
         drafter, logged = s.drafter(method), StepLog()
         frames, per_example, steps_log = [], [], []
         for t in temperatures:
@@ -115,13 +118,8 @@ def run(cfg: RunConfig, draft: str | None, gamma_max: int = 8, temperatures=TEMP
         meta = s.meta([method], gamma_max=gamma_max, temperatures=list(temperatures))
         meta["config"]["temperature"] = None      # one run per temperature, listed above
         write_atomic(out / "config.json", json.dumps(meta, indent=2, default=str))
-        from ..report.plots import plot_alpha_law
+        from .figures import plot_alpha_law
         plot_alpha_law(df, out / "alpha_law.png", f"{cfg.model}, {cfg.dtype}, draft "
                        f"{meta['resolved']['methods'][method.label]['draft_model']}, {cfg.task}, "
                        f"n = {len(s.examples)} prompts x {s.limits.max_new_tokens} tokens")
     return out
-
-
-def _default(cfg: RunConfig):
-    from .. import paths
-    return paths.experiment_dir("alpha_law", cfg.task)

@@ -14,8 +14,8 @@ import torch
 from .. import paths
 from ..engine import Counters, DraftContext, ratios
 from ..methods import parse
-from ..report.plots import plot_entropy
-from ..report.results import update_json, write_atomic
+from .figures import plot_entropy
+from ..store import update_json, write_atomic
 from .replay import replay_one, trajectories
 from .session import Session
 

@@ -11,7 +11,8 @@ import struct
 from pathlib import Path
 from typing import Callable
 
-from .. import heads as heads_lib, models, paths
+from .. import models, paths
+from ..nets import heads as heads_lib
 from ..config import ConfigError, RunConfig
 from ..methods import Method
 

@@ -5,54 +5,45 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import ConfigError, RunConfig
-from ..report.results import OutputLock
-from ..report.summary import to_markdown
+from ..store import OutputLock
+from .summary import to_markdown
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
-from .session import Log, open_session, out_dir, resolve_methods
+from .plan import Plan
+from .session import Log, open_session
 
 
-def oracle(cfg: RunConfig, k: int, resume: bool, log: Log) -> pd.DataFrame:
+def oracle(plan: Plan, k: int, log: Log) -> pd.DataFrame:
     ks = tuple(sorted({x for x in replay_lib.KS if x <= k} | {k}))
-    with OutputLock(out_dir(cfg, "oracle")):          # one writer per folder, before the model loads
-        s = open_session(cfg, log)
-        df = replay_lib.oracle_table(s, out_dir(cfg, "oracle"), ks=ks, resume=resume)
+    with OutputLock(plan.out) as lock:  # one writer per folder, before the model loads
+        s = open_session(plan, log)
+        df = replay_lib.oracle_table(s, plan.out, ks=ks, resume=plan.resume, lock=lock)
     print(to_markdown(df))
     return df
 
 
-def analyze(cfg: RunConfig, log: Log) -> dict:
-    with OutputLock(out_dir(cfg, "analysis")):
-        s = open_session(cfg, log)
-        res = analysis.analyze(s, out_dir(cfg, "analysis"))
+def analyze(plan: Plan, log: Log) -> dict:
+    with OutputLock(plan.out):
+        s = open_session(plan, log)
+        res = analysis.analyze(s, plan.out)
     print(to_markdown(res["repetition"]))
     print(to_markdown(res["entropy"]))
     return res
 
 
-def replay(cfg: RunConfig, methods: str, resume: bool, log: Log,
-           per_category: int | None = None) -> pd.DataFrame:
-    if not cfg.sampling.greedy:
-        raise ConfigError(f"replay walks each method along the greedy reference, but at --temperature "
-                          f"{cfg.temperature:g} the trajectory depends on the draws, so there is none to replay; "
-                          f"decode for real with `bpdbench run --temperature {cfg.temperature:g} --method M`")
-    chosen = resolve_methods(methods)
-    external = [m.label for m in chosen if m.spec.external]
-    if external:
-        raise ValueError(f"{', '.join(external)} run transformers' own loop and cannot be replayed; "
-                         f"time them with `bpdbench speed`")
-    with OutputLock(out_dir(cfg, "replay")):
-        s = open_session(cfg, log, methods=chosen, per_category=per_category)
-        df = replay_lib.replay_methods(s, chosen, out_dir(cfg, "replay"), resume=resume, per_category=per_category)
+def replay(plan: Plan, log: Log) -> pd.DataFrame:
+    with OutputLock(plan.out) as lock:
+        s = open_session(plan, log)
+        df = replay_lib.replay_methods(s, list(plan.methods), plan.out, resume=plan.resume,
+                                       per_category=plan.per_category, lock=lock)
     print(to_markdown(df))
     return df
 
 
-def tune(cfg: RunConfig, rescorer: str, log: Log) -> dict:
-    resolve_methods(rescorer)
-    s = open_session(cfg, log, heldout=True)
+def tune(plan: Plan, log: Log) -> dict:
+    s = open_session(plan, log)
+    rescorer = plan.method.label
     res = analysis.tune(s, rescorer)
-    log(f"{cfg.task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} held-out examples "
+    log(f"{plan.cfg.task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} held-out examples "
         f"(stored in {res['file']})")
     return res
 
@@ -70,12 +61,8 @@ def regress(baseline: Path, update: bool, log: Log) -> list[str]:
     return failures
 
 
-def speed(cfg: RunConfig, methods: str, repeats: int, assistant: str | None, per_category: int | None,
-          resume: bool, log: Log) -> Path:
-    if assistant:
-        methods = ",".join(f"hf-assisted:assistant={assistant}" if m == "hf-assisted" else m
-                           for m in methods.split(","))
-    out = speed_lib.run(cfg, methods, repeats, per_category, log=log, resume=resume)
+def speed(plan: Plan, repeats: int, log: Log) -> Path:
+    out = speed_lib.run(plan, repeats, log=log)
     print(to_markdown(pd.read_csv(out / "speed.csv")))
     if (out / "speed_by_category.csv").exists():
         print(to_markdown(pd.read_csv(out / "speed_by_category.csv")))

@@ -4,24 +4,14 @@ from __future__ import annotations
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from ..config import RunConfig
-from ..report.summary import to_markdown
+from .plan import Plan
 from .run import run
-from ..report.results import OutputLock, precheck_run
-from .session import out_dir, preflight, resolve_method
+from .summary import to_markdown
 
 
-def run_with_progress(cfg: RunConfig, console) -> dict:
-    cfg = cfg.validate()
-    method = resolve_method(cfg)             # a bad method, selection, file or --out fails here, before the bar
-    label = method.label
-    total = len(preflight(cfg, methods=[method], log=lambda m: None))   # warnings: once, from the session
-    with OutputLock(out_dir(cfg)):
-        precheck_run(out_dir(cfg), cfg.to_dict(), cfg.resume)
-        return _run_with_bar(cfg, console, label, total)
-
-
-def _run_with_bar(cfg: RunConfig, console, label: str, total: int) -> dict:
+def run_with_progress(plan: Plan, console) -> dict:
+    """The plan was checked before this (prepare); `run` takes the folder's lock, once."""
+    cfg, label, total = plan.cfg, plan.method.label, len(plan.examples)
     totals = {"tokens": 0, "calls": 0, "seconds": 0.0}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[stats]}"), console=console, transient=False) as bar:
@@ -34,7 +24,7 @@ def _run_with_bar(cfg: RunConfig, console, label: str, total: int) -> dict:
             bar.update(job, advance=1, stats=f"{totals['tokens'] / totals['seconds']:.1f} tok/s  block eff "
                        f"{totals['tokens'] / totals['calls']:.2f}")
 
-        row = run(cfg, log=lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress=progress)
+        row = run(plan, log=lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress=progress)
     print(to_markdown(pd.DataFrame([row]).drop(columns=["accepted_per_head"])))
-    console.print(f"results in {out_dir(cfg)}")
+    console.print(f"results in {plan.out}")
     return row

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import RunConfig, environment
+from .plan import prepare
 from .run import run
 
 GRID = {"tasks": {"xsum": 3, "squad": 3, "mt_bench": 3}, "methods": ["bpd", "16best-0gram", "medusa"],
@@ -34,7 +35,7 @@ def _grid(grid: dict, tmp: str, log) -> dict[str, dict]:
             cfg = RunConfig(task=task, limit=limit, max_new_tokens=grid["max_new_tokens"], dtype=grid["dtype"],
                             heads_profile=grid["heads_profile"], threads=grid["threads"],
                             method=method, out=f"{tmp}/{task}-{method}", greedy_dir=f"{tmp}/greedy")
-            row = run(cfg, log=log)
+            row = run(prepare(cfg, "run", log=log), log=log)
             out[f"{task}/{method}"] = {k: row.get(k) for k in ("block_efficiency", "lossless_rate", "new_tokens",
                                                                   "serial_calls", "speedup_vs_ar")}
             sp = row.get("speedup_vs_ar")

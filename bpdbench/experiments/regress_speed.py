@@ -26,6 +26,7 @@ KEYS = ("time_efficiency", "engine_efficiency", "speedup_vs_ar", "predicted_spee
 
 def measure(grid: dict, log=print) -> dict:
     """One `speed` run of the grid's methods in a private folder: per method, the efficiencies and speedups."""
+    from .plan import prepare
     from .speed import run as speed_run
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig(task=grid["task"], model=grid.get("model", RunConfig.model), limit=grid["limit"],
@@ -33,7 +34,7 @@ def measure(grid: dict, log=print) -> dict:
                         heads_profile=grid["heads_profile"], threads=grid["threads"],
                         max_prompt_tokens=grid.get("max_prompt_tokens", 1024), data_file=grid.get("data_file"),
                         out=f"{tmp}/speed", greedy_dir=f"{tmp}/greedy")
-        out = speed_run(cfg, grid["methods"], repeats=grid["repeats"], log=log)
+        out = speed_run(prepare(cfg, "speed", grid["methods"], log=log), repeats=grid["repeats"], log=log)
         df = pd.read_csv(Path(out) / "speed.csv").set_index("method")
     result = {m: {k: _num(df.loc[m, k]) for k in KEYS if k in df.columns} for m in df.index}
     for m, r in result.items():

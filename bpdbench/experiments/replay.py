@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
-from ..report.results import AppendOnlyJsonl, resumable, write_atomic
+from ..store import AppendOnlyJsonl, OutputLock, resumable, write_atomic
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -68,7 +68,7 @@ def _share(records: list[dict], key: str) -> float:
 
 
 def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False,
-                   per_category: int | None = None) -> pd.DataFrame:
+                   per_category: int | None = None, lock: OutputLock | None = None) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (the first method is the baseline).
     Records are keyed by each method's canonical label."""
     drafters = {m.label: s.drafter(m) for m in methods}
@@ -79,7 +79,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
     key = lambda m: {"config": m.get("config", {}), "heads": m.get("resolved", {}).get("heads"),  # noqa: E731
                      "methods": m.get("methods")}
     ids = {ex.id for ex in s.examples}
-    with AppendOnlyJsonl(out, "replay.jsonl", log=s.log) as jsonl:
+    with AppendOnlyJsonl(out, "replay.jsonl", log=s.log, lock=lock) as jsonl:
         # kept whole: records of examples outside this selection stay in the file (never rewritten away)
         kept = resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES, file=jsonl)
         if not resume:
@@ -120,11 +120,11 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
     return df
 
 
-def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False) -> pd.DataFrame:
+def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False, lock: OutputLock | None = None) -> pd.DataFrame:
     from ..methods import parse
-    from ..report.plots import plot_oracle
+    from .figures import plot_oracle
     methods = [parse("bpd")] + [parse(f"oracle:k={k}") for k in ks]
-    df = replay_methods(s, methods, out, resume=resume)
+    df = replay_methods(s, methods, out, resume=resume, lock=lock)
     df = df[df.method != "bpd"].assign(k=list(ks))
     df["relative_gain_pct"] = 100 * (df.block_efficiency / df.block_efficiency.iloc[0] - 1)
     df.to_csv(out / "oracle.csv", index=False)

@@ -12,13 +12,13 @@ from typing import Callable
 
 import torch
 
-from ..config import RunConfig
 from ..methods import Method
-from ..report.results import OutputLock, ResultWriter, precheck_run
-from ..report.summary import summarize, write_summary
+from ..store import OutputLock, ResultWriter, precheck_run
+from .summary import summarize, write_summary
 from .certificate import EXACT, LostExamples, certify
 from .reference import first_divergence
-from .session import Log, Session, certify_command, open_session, out_dir, resolve_method
+from .plan import Plan
+from .session import Log, Session, certify_command, open_session
 from .timing import timed
 
 
@@ -31,14 +31,13 @@ def target_nll(model, prompt_ids: list[int], target_ids: list[int]) -> tuple[flo
     return float(nll), len(target_ids)
 
 
-def run(cfg: RunConfig, log: Log = print, progress: Callable[[dict], None] | None = None) -> dict:
+def run(plan: Plan, log: Log = print, progress: Callable[[dict], None] | None = None) -> dict:
     """Decode, certify, append one record per example; raise LostExamples (after writing every record and the
     summary) when an example diverged from greedy beyond numerical noise."""
-    method = resolve_method(cfg.validate())
-    out = out_dir(cfg)
-    with OutputLock(out):                 # a second writer fails here; open_session checks inputs before loading
-        precheck_run(out, cfg.to_dict(), cfg.resume)
-        s = open_session(cfg, log, methods=[method])
+    cfg, method, out = plan.cfg, plan.method, plan.out
+    with OutputLock(out) as lock:         # a second writer fails here, before the model loads
+        precheck_run(out, cfg.to_dict(), plan.resume)
+        s = open_session(plan, log)
         drafter = s.drafter(method)
         meta = s.meta([method])
         heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
@@ -46,7 +45,7 @@ def run(cfg: RunConfig, log: Log = print, progress: Callable[[dict], None] | Non
         meta["resolved"]["heads_files"] = heads_meta
         if not cfg.sampling.greedy:
             meta["resolved"]["sampling"]["certificate"] = f"statistical ({certify_command(cfg, method.label)})"
-        with ResultWriter(out, meta, cfg.resume, log) as writer:
+        with ResultWriter(out, meta, plan.resume, log, lock) as writer:
             row = _decode_all(s, method, drafter, writer, progress, meta)
             write_summary(out, row)
     if row.get("n_lost"):

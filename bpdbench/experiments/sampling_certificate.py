@@ -23,13 +23,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import paths
 from ..config import ConfigError, RunConfig
 from ..engine import Limits, generate
 from ..engine.sampling import LOSSY, RULES
-from ..report.results import OutputLock, write_atomic
+from ..store import OutputLock, write_atomic
 from ..stats import holm, homogeneity
-from .session import Log, open_session, resolve_methods
+from ..methods import Method
+from .plan import Plan
+from .session import Log, open_session
 
 END = -1             # the "token" at a position after EOS
 SEED_STRIDE = 1_000_000
@@ -51,18 +52,21 @@ def check(cfg: RunConfig, rules: list[str], samples: int, positions: int, level:
         raise ConfigError(f"--level must be in (0, 1), got {level}")
 
 
-def certify(cfg: RunConfig, methods: str, rules: str = "exact", samples: int = 300, positions: int = 4,
-            level: float = 0.01, log: Log = print) -> dict:
-    cfg = cfg.validate()
-    chosen = resolve_methods(methods)
-    rule_list = [r.strip() for r in rules.split(",") if r.strip()]
-    check(cfg, rule_list, samples, positions, level)
-    external = [m.label for m in chosen if m.spec.external]
+def check_methods(methods: list[Method]) -> None:
+    external = [m.label for m in methods if m.spec.external]
     if external:
         raise ConfigError(f"{', '.join(external)} run transformers' own loop; certify tests methods in ours")
-    out = Path(cfg.out) if cfg.out else default_dir(cfg, [m.label for m in chosen])
+
+
+def certify(plan: Plan, rules: str = "exact", samples: int = 300, positions: int = 4, level: float = 0.01,
+            log: Log = print) -> dict:
+    """Checks the test's own settings first, before the model loads."""
+    cfg, chosen, out = plan.cfg, list(plan.methods), plan.out
+    rule_list = [r.strip() for r in rules.split(",") if r.strip()]
+    check(cfg, rule_list, samples, positions, level)
+    check_methods(chosen)
     with OutputLock(out):
-        s = open_session(cfg, log, methods=chosen)
+        s = open_session(plan, log)
         drafters = {m.label: s.drafter(m) for m in chosen}
         limits = Limits(cfg.max_new_tokens or positions, s.limits.eos_ids)
         families = [("ar", None, "exact")] + [(m, d, r) for m, d in drafters.items() for r in rule_list]
@@ -88,12 +92,6 @@ def certify(cfg: RunConfig, methods: str, rules: str = "exact", samples: int = 3
                       seeds=f"seed + {SEED_STRIDE} x example index + {len(families)} x sample + side")
         _write(out, meta, result, draws)
     return result
-
-
-def default_dir(cfg: RunConfig, labels: list[str]) -> Path:
-    """results/certify/<task>-<methods>-<sampling>-<dtype>: one folder per question asked."""
-    tag = "+".join(labels).replace(":", "-").replace(",", "-").replace("=", "").replace("/", "_")
-    return paths.experiment_dir("certify", f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
 
 
 def _tests(draws: dict, alphas: dict, families: list, positions: int, level: float) -> dict:

@@ -20,10 +20,8 @@ import tasks as task_registry
 from .. import models, paths, train  # noqa: F401  (train: registers the artefact builders a first use calls)
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
-from ..methods import Env, Method, MethodError, parse, parse_list
-from ..methods.registry import canonical
-from . import artefacts
-from .examples import select_examples
+from ..methods import Env, Method, MethodError
+from .plan import Plan
 from .reference import GreedyReference
 
 Log = Callable[[str], None]
@@ -43,58 +41,6 @@ def made_by(grid: str, cell: str) -> Iterator[None]:
         yield
     finally:
         _MADE_BY.reset(token)
-
-
-def resolve_method(cfg: RunConfig) -> Method:
-    """`--method` and its alias `--rescorer` (`--rescorer R` is `--method R`) as one method."""
-    method, rescorer = cfg.method, cfg.rescorer
-    try:
-        if canonical(rescorer) not in ("bpd",):
-            if canonical(method) not in ("bpd", canonical(rescorer)):
-                raise ConfigError(f"--method {method} and --rescorer {rescorer} name two methods; pass one "
-                                  f"(--rescorer R is short for --method R)")
-            method = rescorer
-        return parse(method)
-    except MethodError as e:
-        raise ConfigError(str(e)) from None
-
-
-def resolve_methods(spellings: str | list[str]) -> list[Method]:
-    try:
-        return parse_list(spellings)
-    except MethodError as e:
-        raise ConfigError(str(e)) from None
-
-
-def out_dir(cfg: RunConfig, kind: str = "runs") -> Path:
-    if cfg.out:
-        return Path(cfg.out)
-    if kind != "runs":
-        return paths.experiment_dir(kind, cfg.task)
-    label = resolve_method(cfg).label
-    if cfg.draft_threshold > 0 and label != "ar" and "threshold=" not in label:
-        label += f"-t{cfg.draft_threshold:g}"
-    if not cfg.sampling.greedy:
-        label += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
-    return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
-
-
-def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = None,
-              methods: list[Method] | None = None, log: Log = print) -> list:
-    """Everything that can be checked without loading the model: options, data, model folder, heads files against
-    their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
-    and before any model loads, so a bad input costs a second, not a model load."""
-    cfg = cfg.validate()
-    if not cfg.sampling.greedy:
-        greedy_only = [m.label for m in methods or [] if m.name == "oracle"]
-        if greedy_only:
-            raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
-                              f"decoding only; drop --temperature or the method")
-    examples = select_examples(cfg, heldout, per_category)
-    artefacts.check_model_files(cfg.model, cfg.dtype)
-    artefacts.check_heads(cfg, methods, log)
-    artefacts.check_drafters(cfg, methods)
-    return examples
 
 
 @dataclass
@@ -207,12 +153,10 @@ def eos_ids(model, tok) -> frozenset[int]:
     return frozenset(ids)
 
 
-def open_session(cfg: RunConfig, log: Log = print, heldout: bool = False, per_category: int | None = None,
-                 methods: list[Method] | None = None) -> Session:
-    """Validate everything, then load. `methods` are parsed by the caller first, so a typo never waits for a model."""
-    cfg = cfg.validate()
+def open_session(plan: Plan, log: Log = print) -> Session:
+    """Load the model for a prepared plan (experiments/plan.py: validated, parsed and selected before this)."""
+    cfg = plan.cfg
     task = task_registry.get_task(cfg.task)
-    examples = preflight(cfg, heldout, per_category, methods, log)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     threads = torch.get_num_threads()
@@ -221,6 +165,6 @@ def open_session(cfg: RunConfig, log: Log = print, heldout: bool = False, per_ca
     env = Env(model, tok, cfg, limits, log)
     greedy = Path(cfg.greedy_dir) if cfg.greedy_dir else paths.greedy_dir()
     reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy, log)
-    session = Session(cfg, task, examples, model, tok, limits, env, reference, threads, log)
+    session = Session(cfg, task, list(plan.examples), model, tok, limits, env, reference, threads, log)
     env.builder = session.build
     return session

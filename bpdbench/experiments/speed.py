@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,11 +25,12 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..methods import Method, MethodUnavailable, Output, parse
-from ..report.results import AppendOnlyJsonl, OutputLock, resumable, write_atomic
+from ..store import AppendOnlyJsonl, OutputLock, resumable, write_atomic
 from ..stats import bootstrap_ratio
 from . import prediction
 from .reference import first_divergence
-from .session import Log, open_session, out_dir, resolve_methods
+from .plan import Plan
+from .session import Log, open_session
 from .timing import interleaved, median
 
 UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfig fields `--methods` replaces
@@ -249,20 +251,17 @@ def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) ->
     return complete
 
 
-def run(cfg: RunConfig, methods: str | list[str], repeats: int = 3, per_category: int | None = None,
-        log: Log = print, resume: bool = False) -> Path:
+def run(plan: Plan, repeats: int = 3, log: Log = print) -> Path:
     """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory.
     Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`)."""
-    cfg = cfg.validate()
-    chosen = resolve_methods(methods)
-    chosen = [parse("ar")] + [m for m in chosen if m.label != "ar"]
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
-    out = out_dir(cfg, "speed")
-    with OutputLock(out):                  # one writer per folder, taken before the model loads
-        s = open_session(cfg, log, per_category=per_category, methods=chosen)
-        with AppendOnlyJsonl(out, "speed.jsonl", by_prompt_method, log) as jsonl:
-            return _measure_all(s, cfg, chosen, repeats, per_category, resume, out, jsonl, log)
+    chosen = [parse("ar")] + [m for m in plan.methods if m.label != "ar"]     # ar, the baseline, always runs
+    plan = replace(plan, methods=tuple(chosen))
+    with OutputLock(plan.out) as lock:     # one writer per folder, taken before the model loads
+        s = open_session(plan, log)
+        with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log, lock) as jsonl:
+            return _measure_all(s, plan.cfg, chosen, repeats, plan.per_category, plan.resume, plan.out, jsonl, log)
 
 
 def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_category: int | None, resume: bool,

@@ -4,30 +4,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import rescorers
+from .. import refine
 from ..artefacts import Need, builder
 from ..config import RunConfig
 
 
-def _path(spec: rescorers.RescorerSpec, model: str):
+def _path(spec: refine.RescorerSpec, model: str):
     if spec.kind == "ngram" or spec.kind == "neural" or spec.size:
         tag = f"ngram{spec.order}" if spec.kind == "ngram" else f"neural-{spec.size}"
         name = f"ngram{spec.order}.bin" if spec.kind == "ngram" else "config.json"
-        return tag, rescorers.artefact_dir(tag, model) / name
+        return tag, refine.artefact_dir(tag, model) / name
     return None, None
 
 
-def ready(spec: rescorers.RescorerSpec, model: str) -> list[tuple[str, bool]]:
+def ready(spec: refine.RescorerSpec, model: str) -> list[tuple[str, bool]]:
     tag, path = _path(spec, model)
     return [] if tag is None else [(tag, path.exists())]
 
 
-def ensure(spec: rescorers.RescorerSpec, cfg: RunConfig, tok, log) -> None:
+def ensure(spec: refine.RescorerSpec, cfg: RunConfig, tok, log) -> None:
     tag, path = _path(spec, cfg.model)
     if tag is None or path.exists():
         return
     if spec.kind == "ngram":
-        from rescorers.ngram import train_ngram
+        from ..refine.ngram import train_ngram
         from tasks import corpus_files
         log(f"{spec.name} needs a {spec.order}-gram for {cfg.model}: building it now (about 15 s; "
             f"`bpdbench train-rescorer ngram --order {spec.order}`)")

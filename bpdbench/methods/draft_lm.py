@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import torch
 
-from rescorers.neural import KVCache, SmallLM
+from ..nets.small_lm import KVCache, SmallLM
 
 
 class WindowCache:

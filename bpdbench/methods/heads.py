@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-import rescorers
+from .. import refine
 from .. import paths
 from ..config import RunConfig
 from ..engine import DraftContext, Lattice, Proposal
-from ..heads import Heads
+from ..nets.heads import Heads
 from dataclasses import replace
 
 from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
@@ -78,7 +78,7 @@ class HeadsDrafter:
             self.refiner.observe(tokens)
 
 
-def alpha_for(env: Env, method: Method, spec: rescorers.RescorerSpec) -> tuple[float | None, str]:
+def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[float | None, str]:
     """One precedence rule for every command: the method's alpha=, then --alpha, then the tuned table, then the
     rescorer's default."""
     if not spec.interpolates:
@@ -88,7 +88,7 @@ def alpha_for(env: Env, method: Method, spec: rescorers.RescorerSpec) -> tuple[f
     if env.cfg.alpha is not None:
         return env.cfg.alpha, "--alpha"
     table = Path(env.cfg.alpha_file) if env.cfg.alpha_file else paths.alpha_file()
-    tuned = rescorers.tuned_alpha(table, env.cfg.task, spec.name, env.cfg.model)
+    tuned = refine.tuned_alpha(table, env.cfg.task, spec.name, env.cfg.model)
     if tuned is not None:
         return tuned, str(table)
     return spec.default_alpha, "default (not tuned)"
@@ -111,11 +111,11 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     threshold = method.get("threshold", env.cfg.draft_threshold)
     if rescorer == "hf" and not method.get("model"):
         raise MethodError(f"{method.label}: name the rescoring model, e.g. hf-lm:model=qwen2.5-coder-0.5b")
-    spec = rescorers.get_rescorer(f"hf:{method.get('model')}" if rescorer == "hf" else rescorer)
+    spec = refine.get_rescorer(f"hf:{method.get('model')}" if rescorer == "hf" else rescorer)
     alpha, source = alpha_for(env, method, spec)
     from .artefacts import ensure
     ensure(spec, env.cfg, env.tok, env.log)
-    refiner = rescorers.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
+    refiner = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
                               dtype=env.cfg.dtype)
     k = k if refiner is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
     env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
@@ -128,7 +128,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
     elif isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes
         tree, nodes = getattr(refiner, "tree", refiner), method.params["nodes"]
         if spec.tree == "auto":           # Medusa's greedy search stopped at N nodes (its list is sorted by depth)
-            from rescorers.medusa import tree_from_report
+            from ..refine.medusa import tree_from_report
             tree.use(tree_from_report(meta, spec.name, nodes))
         else:                             # mc_sim_7b_63 is listed best first
             tree.use(tree.choices[:nodes])
@@ -145,7 +145,7 @@ def _needs_heads(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
 def _needs(rescorer: str):
     def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
         from .artefacts import ready
-        return _needs_heads(model, cfg) + ready(rescorers.RESCORERS[rescorer], model)
+        return _needs_heads(model, cfg) + ready(refine.RESCORERS[rescorer], model)
     return needs
 
 
@@ -159,7 +159,7 @@ TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, auto (built from the h
                                                                                              "dynamic"))
 NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (auto: the size and tree "
               "fastest on this machine, from per-rank acceptance on held-out examples)", low=1, auto=True)
-for _r in rescorers.RESCORERS.values():
+for _r in refine.RESCORERS.values():
     if _r.kind == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
         continue
     _heads = HEADS_AUTO if _r.p == 1 else HEADS

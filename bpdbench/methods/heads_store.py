@@ -6,7 +6,7 @@ from pathlib import Path
 from .. import paths
 from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
-from ..heads import Heads, load as load_heads
+from ..nets.heads import Heads, load as load_heads
 from ..artefacts.policy import warn_use
 
 

@@ -161,12 +161,12 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
 
 def _neural(env: Env, tag: str):
     """One of our neural LMs as the draft model, trained on first use (--no-auto-train refuses)."""
-    import rescorers
-    from rescorers.neural import load_lm
+    from .. import refine
+    from ..nets.small_lm import load_lm
     from .artefacts import ensure
     from .draft_lm import NeuralDraftLM
-    ensure(rescorers.get_rescorer(tag), env.cfg, env.tok, env.log)
-    lm = load_lm(rescorers.artefact_dir(tag, env.cfg.model), env.cfg.device,
+    ensure(refine.get_rescorer(tag), env.cfg, env.tok, env.log)
+    lm = load_lm(refine.artefact_dir(tag, env.cfg.model), env.cfg.device,
                  torch.float32 if env.cfg.dtype == "float32" else env.model.dtype)
     return NeuralDraftLM(lm, env.model.lm_head.weight.shape[0])
 
@@ -182,8 +182,8 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     from .. import models
     name = DEFAULT_DRAFT.get(model)
     if name in NEURAL:
-        import rescorers
-        return [(f"draft model {name}", (rescorers.artefact_dir(name, model) / "config.json").exists())]
+        from .. import refine
+        return [(f"draft model {name}", (refine.artefact_dir(name, model) / "config.json").exists())]
     if name is None:
         return [("a draft model (sps:model=<name or path>)", False)]
     spec = models.MODELS[name]

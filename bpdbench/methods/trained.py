@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-import rescorers
+from .. import refine
 from .. import paths
 from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
-from ..drafters.base import DraftModel, DrafterFileError
-from ..drafters.store import load as load_drafter, read_config
+from ..nets.base import DraftModel, DrafterFileError
+from ..nets.checkpoint import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
 from ..artefacts.policy import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
@@ -42,7 +42,7 @@ TOPK = Param("topk", int, "tree=dynamic: frontier nodes per depth and children p
 DYNAMIC_BUDGETS = (4, 8, 16, 32, 64)  # nodes=auto chooses among these verify budgets (experiments/autoshape.py)
 AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (experiments/autoshape.py)
 REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
-               choices=tuple(n for n in rescorers.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
+               choices=tuple(n for n in refine.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
 SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the training data (default: as trained)",
                   low=1)
 PROFILE = Param("profile", str, "training profile of the cached drafter (default: --heads-profile)",
@@ -186,10 +186,10 @@ def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width:
     if method.concrete("depth", depth) > limit:
         raise MethodError(f"{method.label}: depth={method.get('depth')} but this {family} drafter drafts at most "
                           f"{limit}")
-    tree, refine = method.get("tree", 0), method.get("refine")
-    if tree and refine:
+    tree, stage = method.get("tree", 0), method.get("refine")
+    if tree and stage:
         raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
-    k = method.get("k", cfg.k) if refine else 1
+    k = method.get("k", cfg.k) if stage else 1
     if tree != "dynamic" and any(n in method.params for n in ("nodes", "topk")):
         raise MethodError(f"{method.label}: nodes=/topk= shape a dynamic tree; add tree=dynamic")
     if tree == "dynamic":
@@ -225,21 +225,21 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDr
     model, config = resolve(env, method, trained_name, family)
     _check_shape(method, env.cfg, family, model.depth, len(model.proj))
     depth = method.get("depth", model.depth)
-    tree, refine = method.get("tree", 0), method.get("refine")
-    k = method.get("k", env.cfg.k) if refine else 1
-    threshold = method.get("threshold", 0.0)
+    tree, stage = method.get("tree", 0), method.get("refine")
+    k = method.get("k", env.cfg.k) if stage else 1
+    threshold = method.get("threshold", env.cfg.draft_threshold)   # one rule for every head-type drafter
     refiner, alpha, source = None, None, "n/a"
-    if refine:
+    if stage:
         from .artefacts import ensure
         from .heads import alpha_for
-        spec = rescorers.get_rescorer(refine)
+        spec = refine.get_rescorer(stage)
         alpha, source = alpha_for(env, method, spec)
         ensure(spec, env.cfg, env.tok, env.log)
-        refiner = rescorers.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, dtype=env.cfg.dtype)
+        refiner = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, dtype=env.cfg.dtype)
     training = config.get("training") or {}
     env.resolved[method.label] = {"drafter": family, "name": config.get("name"), "path": str(folder(
         method, env.cfg, trained_name)), "depth": depth, "tree": tree, "k": k, "threshold": threshold,
-        "refine": refine, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
+        "refine": stage, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
         "trainable_parameters": config.get("trainable_parameters"), "profile": training.get("profile"),
         "heldout": training.get("heldout")}
     if training.get("quality_warning"):

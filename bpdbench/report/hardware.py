@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pandas as pd
 
-import rescorers
+from .. import refine
 from .. import models, paths
 from ..engine.counters import Counters
 from ..methods.registry import canonical, parse
-from .results import read_examples
+from ..store import read_examples
 
 DEFAULT_METHODS = ("ar", "bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "medusa")
 CONTEXTS = (128, 512, 1024, 2048)
@@ -94,7 +94,7 @@ def heads_shortlist(cfg: dict, vocab: int) -> int:
 def neural_cost(size: str, shortlist: int) -> tuple[int, int]:
     """(params, MACs per token) of a neural rescorer, counted on the real module built on the meta device."""
     import torch
-    from rescorers.neural import SmallLM, make_config
+    from ..nets.small_lm import SmallLM, make_config
     cfg = make_config(size, shortlist)
     with torch.device("meta"):
         lm = SmallLM(cfg, torch.arange(shortlist, device="cpu"))
@@ -111,7 +111,7 @@ def _name(label: str) -> str:
 
 def _rescorer(method: str, shortlist: int) -> tuple[int, int, str]:
     """(params, MACs per token, note) of the method's rescorer, run h times per step."""
-    spec = rescorers.RESCORERS.get(_name(method))   # None for ar, oracle, pld; kind "none" for bpd
+    spec = refine.RESCORERS.get(_name(method))   # None for ar, oracle, pld; kind "none" for bpd
     if spec is not None and spec.size:  # neural, or a tree re-ranked by a neural rescorer
         params, macs = neural_cost(spec.size, shortlist)
         return params, macs, f"neural-{spec.size} rescorer: one forward per draft position"
@@ -170,7 +170,7 @@ def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> lis
                 missing |= r[keys[m]].get("verified") is None
                 c = c.add(Counters.from_dict(r[keys[m]]))
         h = 0 if m == "ar" else int(_heads_used(meta, m, parse(m).get("heads", cfg["heads"])))
-        missing &= getattr(rescorers.RESCORERS.get(_name(m)), "p", 1) > 1   # one chain: drafted+steps is exact
+        missing &= getattr(refine.RESCORERS.get(_name(m)), "p", 1) > 1   # one chain: drafted+steps is exact
         notes = [n for n in (_rescorer(m, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
         rows.append({"task": cfg["task"], "method": m, "n_examples": len(records), "counters": c,
                      "note": "; ".join(notes), **totals(c, m, shape, bpp, h, shortlist, rescorer_bpp)})

@@ -17,7 +17,7 @@ from .. import paths
 from ..methods.registry import canonical, parse
 from .hardware import hardware_table
 from .plots import lines_by_task
-from .summary import to_markdown
+from ..experiments.summary import to_markdown
 
 PAPER_METHOD = {"neural-m": "neural-61m", "oracle:k=16": "oracle-k16"}   # our label -> the paper table's name
 LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle:k=16"]

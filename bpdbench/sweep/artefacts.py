@@ -87,12 +87,12 @@ def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
 
 
 def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
-    import rescorers
+    from .. import refine
     from ..methods.artefacts import ready
     if method.spec.family != "heads":
         return []
     name = "medusa-auto" if method.get("tree") == "auto" else method.name
-    spec = rescorers.RESCORERS.get(name)
+    spec = refine.RESCORERS.get(name)
     return [tag for tag, _ in ready(spec, cfg.model)] if spec is not None else []
 
 
@@ -131,9 +131,9 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
         return "built"
     if a.kind == "method":
         return _build_method(a, log)
-    import rescorers
+    from .. import refine
     from ..methods.artefacts import ensure, ready
-    spec = rescorers.RESCORERS[a.detail]
+    spec = refine.RESCORERS[a.detail]
     if all(ok for _, ok in ready(spec, a.model)):
         return "present"
     ensure(spec, RunConfig(model=a.model, auto_train=auto_train), models.load_tokenizer(a.model), log)
@@ -142,6 +142,7 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
 
 def _build_method(a: Artefact, log: Log) -> str:
     """Build the method once on one example's session: its first use trains or builds what it needs."""
+    from ..experiments.plan import prepare
     from ..experiments.session import open_session
     from ..methods import parse
     cfg, label = a.build_with
@@ -149,6 +150,7 @@ def _build_method(a: Artefact, log: Log) -> str:
     if all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == a.detail):
         return "present"
     log(f"{a.detail} for {a.model}: building it through {label}'s first use")
-    s = open_session(cfg.replace(limit=1, resume=False), log, methods=[method])
+    plan = prepare(cfg.replace(limit=1, resume=False, out=None), "replay", [method], log=log)
+    s = open_session(plan, log)
     s.drafter(method)
     return "built"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import ConfigError
-from ..report.results import write_atomic
+from ..store import write_atomic
 from . import kinds
 from .cells import OK, run_artefact, run_cell
 from .grid import Plan

@@ -56,8 +56,8 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, R
 def _cli_default(kind: str, cfg: RunConfig) -> str:
     """The folder the command writes to without --out, relative to the results root."""
     if kind == "run":
-        from ..experiments.session import out_dir
-        return out_dir(cfg.replace(out=None)).relative_to(paths.results_root()).as_posix()
+        from ..experiments.plan import method_of, run_folder
+        return run_folder(cfg, method_of(cfg)).relative_to(paths.results_root()).as_posix()
     return f"{FOLDER[kind]}/{cfg.task}"
 
 

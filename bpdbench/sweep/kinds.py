@@ -60,13 +60,13 @@ def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dic
 def methods_of(kind: str, cfg: RunConfig, options: dict) -> list[Method]:
     """The methods a cell builds, parsed by the registry (one grammar for every command)."""
     from ..experiments.replay import KS
-    from ..experiments.session import resolve_method, resolve_methods
+    from ..experiments.plan import method_of, methods_of as parsed
     if kind == "run":
-        return [resolve_method(cfg)]
+        return [method_of(cfg)]
     if kind == "tune":
-        return resolve_methods(options["rescorer"])
+        return parsed(options["rescorer"])
     if kind in ("replay", "speed"):
-        chosen = resolve_methods(options["methods"])
+        chosen = parsed(options["methods"])
         return [parse("ar")] + [m for m in chosen if m.label != "ar"] if kind == "speed" else chosen
     if kind == "oracle":
         return [parse("bpd")] + [parse(f"oracle:k={k}") for k in sorted({x for x in KS if x <= cfg.k} | {cfg.k})]
@@ -101,10 +101,10 @@ def tuned_keys(cell) -> list[str]:
     """Ids of the tune cells whose alpha this cell reads (methods that interpolate and are given no alpha)."""
     if cell.kind in ("tune", "oracle", "analyze") or cell.config.alpha is not None:
         return []
-    import rescorers
+    from .. import refine
     out = []
     for m in methods_of(cell.kind, cell.config, cell.options):
-        spec = rescorers.RESCORERS.get(m.name)
+        spec = refine.RESCORERS.get(m.name)
         if spec is not None and spec.interpolates and m.get("alpha") is None:
             out.append(f"tune:{cell.config.model}/{cell.config.task}/{m.name}")
     return out
@@ -119,32 +119,36 @@ def execute(cell, log: Log) -> dict:
 
 
 def _execute(cell, cfg: RunConfig, log: Log) -> dict:
+    """The cell's plan is prepared as the CLI prepares the command's (experiments/plan.py), from the cell's
+    config and its parsed methods, then run by the same function."""
     from ..experiments import commands
+    from ..experiments.plan import prepare
     from ..experiments.run import run
     if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
         raise RuntimeError("test hook: failing on purpose")
-    if cell.kind == "run":
-        with contextlib.ExitStack() as stack:
-            if cell.options.get("private_greedy"):
-                # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
-                # no time); where the reference lives never changes a result (PLACE): the folder stays finished
-                tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-"))
-                cfg = cfg.replace(greedy_dir=tmp)
-            row = run(cfg, log=log, progress=_hook(cell))
-        return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
-    if cell.kind == "replay":
-        return {"rows": len(commands.replay(cfg, cell.options["methods"], True, log,
-                                            cell.options.get("per_category")))}
-    if cell.kind == "oracle":
-        return {"rows": len(commands.oracle(cfg, cfg.k, True, log))}
-    if cell.kind == "analyze":
-        commands.analyze(cfg, log)
-        return {}
-    if cell.kind == "tune":
-        res = commands.tune(cfg.replace(resume=False), cell.options["rescorer"], log)
-        return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
     o = cell.options
-    commands.speed(cfg, o["methods"], o["repeats"], None, o["per_category"], True, log)
+    if cell.kind == "tune":
+        plan = prepare(cfg.replace(resume=False), "tune", methods_of("tune", cfg, o), heldout=True, log=log)
+        res = commands.tune(plan, log)
+        return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
+    methods = methods_of(cell.kind, cfg, o) if cell.kind in ("run", "replay", "speed") else None
+    with contextlib.ExitStack() as stack:
+        if cell.kind == "run" and o.get("private_greedy"):
+            # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
+            # no time); where the reference lives never changes a result (PLACE): the folder stays finished
+            cfg = cfg.replace(greedy_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-")))
+        plan = prepare(cfg, cell.kind, methods, resume=True, per_category=o.get("per_category"), log=log)
+        if cell.kind == "run":
+            row = run(plan, log=log, progress=_hook(cell))
+            return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
+    if cell.kind == "replay":
+        return {"rows": len(commands.replay(plan, log))}
+    if cell.kind == "oracle":
+        return {"rows": len(commands.oracle(plan, cfg.k, log))}
+    if cell.kind == "analyze":
+        commands.analyze(plan, log)
+        return {}
+    commands.speed(plan, o["repeats"], log)
     return {}
 
 

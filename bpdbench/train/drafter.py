@@ -21,8 +21,8 @@ import torch
 
 from .. import models, paths
 from ..config import environment
-from ..drafters.base import DraftModel
-from ..drafters.store import save
+from ..nets.base import DraftModel
+from ..nets.checkpoint import save
 from . import distill
 from .fit import FitConfig, fit
 from .objectives import Rows, agreement, objective
@@ -69,25 +69,25 @@ def _attn(d: int) -> dict:
 
 def _medusa(layers: int):
     def make(d: int, depth: int) -> DraftModel:
-        from ..drafters.medusa import MedusaHeads
+        from ..nets.medusa import MedusaHeads
         return MedusaHeads(d, depth, layers)
     return make
 
 
 def _hydra(layers: int, prefix: bool = False, dropout: float = 0.0):
     def make(d: int, depth: int) -> DraftModel:
-        from ..drafters.hydra import Hydra
+        from ..nets.hydra import Hydra
         return Hydra(d, depth, layers=layers, prefix=prefix, dropout=dropout, **(_attn(d) if prefix else {}))
     return make
 
 
 def _eagle(d: int, depth: int) -> DraftModel:
-    from ..drafters.eagle import Eagle
+    from ..nets.eagle import Eagle
     return Eagle(d, depth, **_attn(d))
 
 
 def _amphista(d: int, depth: int) -> DraftModel:
-    from ..drafters.amphista import Amphista
+    from ..nets.amphista import Amphista
     return Amphista(d, depth, **_attn(d))
 
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import models, paths
-from ..heads import Heads, HeadsInfo, save
+from ..nets.heads import Heads, HeadsInfo, save
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, quality_warning, resolve_dtype
 
 TOPK_TEACHER = 8

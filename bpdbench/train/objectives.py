@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..drafters.amphista import Amphista
-from ..drafters.eagle import Eagle
-from ..drafters.hydra import Hydra
-from ..drafters.medusa import MedusaHeads
+from ..nets.amphista import Amphista
+from ..nets.eagle import Eagle
+from ..nets.hydra import Hydra
+from ..nets.medusa import MedusaHeads
 from .distill import DistillData
 
 
@@ -132,7 +132,7 @@ class Sequential:
         pos = ds.positions[safe]
         if isinstance(m, Eagle):
             return m.unrolled(feat, _emb(m, ds.next_ids[safe]), pos, valid, self.unroll if train else self.depth)
-        from ..drafters.layers import causal_mask
+        from ..nets.layers import causal_mask
         base = m.prefix(feat, pos, causal_mask(valid))
         D = self.depth
         idx = (safe[..., None] + torch.arange(D)).clamp(max=ds.hidden.shape[0] - 1)

@@ -146,7 +146,7 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
     Tests inject `tokenize`/`corpus_files`/`sep_id`; the CLI path uses the target's own tokenizer and its EOS as
     the document separator. Held-out evaluation (capped at `eval_tokens`) runs after the budget.
     """
-    from rescorers.neural import QWEN_05B_MACS, SmallLM, make_config, save_lm
+    from ..nets.small_lm import QWEN_05B_MACS, SmallLM, make_config, save_lm
 
     out = Path(out) if out is not None else neural_dir(size, model_name)
     if shortlist is None:
@@ -199,7 +199,7 @@ def train_cli(kind: str, model: str, order: int, size: str, minutes: float, corp
     from tasks import corpus_files
     files = [Path(c) for c in corpus] if corpus else corpus_files()
     if kind == "ngram":
-        from rescorers.ngram import train_ngram
+        from ..refine.ngram import train_ngram
         tok = models.load_tokenizer(model)
         return train_ngram(order, lambda s: tok(s, add_special_tokens=False)["input_ids"], files,
                            paths.rescorer_dir(f"ngram{order}", model), memory=memory,

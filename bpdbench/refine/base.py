@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bpdbench.engine.types import Lattice
+from ..engine.types import Lattice
 
 
 class Rescorer(Protocol):

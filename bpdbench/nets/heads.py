@@ -17,20 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .layers import ResBlock  # Medusa's block, shared with the trained drafters (same weights layout)
+
 WEIGHTS = "medusa_lm_head.pt"
-
-
-class ResBlock(nn.Module):
-    """Medusa's block; zero-initialised W and b make a fresh head copy the base head (a safe starting point)."""
-
-    def __init__(self, d: int):
-        super().__init__()
-        self.linear = nn.Linear(d, d)
-        nn.init.zeros_(self.linear.weight)
-        nn.init.zeros_(self.linear.bias)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + F.silu(self.linear(x))
 
 
 @dataclass

@@ -5,7 +5,7 @@ into a token trie (bpdbench/tree.py) and accepts the longest path that matches t
 """
 from __future__ import annotations
 
-from rescorers.base import Lattice
+from .base import Lattice
 
 # Medusa's default `mc_sim_7b_63` (63 nodes, depth 4), from the Medusa repository (see ../shared/paper.md).
 MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [0, 3], [4], [0, 4], [2, 0], [0, 5],

@@ -39,9 +39,10 @@ class OutputBusy(FileExistsError):
 class OutputLock:
     """An exclusive, non-blocking lock on a result directory, held for the whole command.
 
-    Re-entrant within one process (the CLI takes it before the model loads, the library function that writes takes
-    it again), because flock locks of two descriptors of one process would otherwise exclude each other."""
-    _held: dict[Path, list] = {}        # resolved dir -> [fd, depth]
+    Taken once per command, before the model loads (experiments/commands.py, run.py, speed.py), and handed to the
+    writers (`AppendOnlyJsonl(..., lock=)`), which never take it again: a second acquisition in one process is a bug
+    and raises, rather than being counted."""
+    _held: dict[Path, list] = {}        # resolved dir -> [fd, 1, created]
 
     def __init__(self, out: Path):
         self.out = Path(out)
@@ -56,8 +57,7 @@ class OutputLock:
     def acquire(self) -> None:
         key = self.out.resolve()
         if key in self._held:
-            self._held[key][1] += 1
-            return
+            raise RuntimeError(f"{self.out}: this process holds its lock already; hand the held lock to the writer")
         created = not self.out.exists()
         ensure_writable_dir(self.out)
         path = self.out / LOCK
@@ -72,6 +72,10 @@ class OutputLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv[:3])}\n".encode(), 0)
         self._held[key] = [fd, 1, created]
+
+    @property
+    def held(self) -> bool:
+        return self.out.resolve() in self._held
 
     def release(self) -> None:
         key = self.out.resolve()
@@ -181,10 +185,17 @@ def read_examples(path: Path, key: Key = by_id) -> list[dict]:
 class AppendOnlyJsonl:
     """The one way result records reach disk: locked directory, repaired tail, one fsynced line per record."""
 
-    def __init__(self, out: Path, name: str, key: Key = by_id, log: Callable[[str], None] = print):
+    def __init__(self, out: Path, name: str, key: Key = by_id, log: Callable[[str], None] = print,
+                 lock: OutputLock | None = None):
+        """`lock`: the folder's lock the command holds (taken before its model loaded); without one the file takes
+        the lock itself and releases it on close."""
         self.out, self.path, self.key, self.log = Path(out), Path(out) / name, key, log
-        self.lock = OutputLock(self.out)
-        self.lock.acquire()
+        if lock is not None and (not lock.held or lock.out.resolve() != self.out.resolve()):
+            raise RuntimeError(f"{self.out}: the lock handed to the writer is not this folder's held lock")
+        self.own = lock is None
+        self.lock = OutputLock(self.out) if self.own else lock
+        if self.own:
+            self.lock.acquire()
         self.keys: set = set()
 
     def __enter__(self) -> "AppendOnlyJsonl":
@@ -194,7 +205,8 @@ class AppendOnlyJsonl:
         self.close()
 
     def close(self) -> None:
-        self.lock.release()
+        if self.own:
+            self.lock.release()
 
     def existing(self) -> list[dict]:
         """What earlier runs finished (after repairing a crash's torn tail)."""
@@ -232,10 +244,11 @@ class AppendOnlyJsonl:
 class ResultWriter:
     """examples.jsonl of one `run`: refuses to mix with an earlier run unless --resume and the settings match."""
 
-    def __init__(self, out: Path, config: dict, resume: bool, log: Callable[[str], None] = print):
+    def __init__(self, out: Path, config: dict, resume: bool, log: Callable[[str], None] = print,
+                 lock: OutputLock | None = None):
         self.out = Path(out)
         self.path = self.out / EXAMPLES
-        self.file = AppendOnlyJsonl(self.out, EXAMPLES, by_id, log)   # lock first: a second writer fails here
+        self.file = AppendOnlyJsonl(self.out, EXAMPLES, by_id, log, lock)   # a second writer fails at the lock
         try:
             precheck_run(self.out, config.get("config", {}), resume)   # checked again under the lock
             self.records = resumable(self.out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,

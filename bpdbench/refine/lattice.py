@@ -13,7 +13,7 @@ from typing import Hashable, Protocol, Sequence
 
 import torch
 
-from rescorers.base import Lattice
+from .base import Lattice
 
 
 # 32 states: about 3-4 ms per call at h=8, k=16, p=16 with a 4-gram on a loaded 2-core CPU, and it matched

@@ -33,7 +33,7 @@ def save(model: DraftModel, out: Path, base_model: str, report: dict, name: str 
             "dims": model.dims(), "emb_scale": model.emb_scale, "trainable_parameters": model.n_params(),
             "training": report}
     if model.type_name == "medusa":
-        from ..heads import HeadsInfo, save as save_heads
+        from .heads import HeadsInfo, save as save_heads
         heads = model.heads
         heads.shortlist = model.shortlist
         save_heads(heads, HeadsInfo(base_model, model.depth, model.layers, shortlist_size=info["shortlist_size"],
@@ -84,7 +84,7 @@ def load(path: Path, embed: torch.Tensor, lm_head: torch.Tensor, dtype: torch.dt
     config = read_config(path)
     name = config.get("name", config["drafter"])
     if config.get("layout") == "medusa-1":
-        from ..heads import HeadsFileError, load as load_heads
+        from .heads import HeadsFileError, load as load_heads
         from .medusa import MedusaHeads
         try:
             heads, hcfg = load_heads(path, embed.shape[1], dtype)

@@ -4,8 +4,8 @@ Isolates the gain from verifying many drafts from the gain of an LM (paper, "16-
 """
 from __future__ import annotations
 
-from rescorers.lattice import kbest_paths
-from rescorers.base import Lattice
+from .lattice import kbest_paths
+from .base import Lattice
 
 
 class KBestRescorer:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..heads import Heads
+from .heads import Heads
 from .base import DraftModel
 
 

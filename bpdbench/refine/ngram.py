@@ -15,12 +15,12 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from rescorers.lattice import DEFAULT_BEAM, pbest_rescored
-from bpdbench.models import sha256_file  # checksum of the trained binary
-from rescorers.base import Lattice
+from .lattice import DEFAULT_BEAM, pbest_rescored
+from ..models import sha256_file  # checksum of the trained binary
+from .base import Lattice
 
 LN10 = math.log(10.0)
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 _FIX = "run `make kenlm` (scripts/install_kenlm.sh)"
 
 

@@ -1,0 +1,145 @@
+"""A command prepared once from its flags: the validated config, the parsed `Method`s, the selected examples and the
+output folder.
+
+Why: the CLI and the sweep hand every command one `Plan`; the session, the decoders and the result writers read
+it and never validate the config, parse a spelling or select examples again. Everything a user can get wrong fails
+in `prepare`, before any model loads; the `Method` objects made here are the ones the drafters are built from and
+whose labels config.json records for the tables.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+from .. import paths
+from ..config import ConfigError, RunConfig
+from ..methods import Method, MethodError, parse, parse_list
+from ..methods.registry import canonical
+from . import artefacts
+from .examples import select_examples
+
+# the result folder of each command under <results>/ (run folders are named after the method, see `run_folder`)
+FOLDERS = {"run": "runs", "replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed",
+           "certify": "certify", "alpha_law": "alpha_law", "tune": ""}
+
+
+@dataclass(frozen=True)
+class Plan:
+    cfg: RunConfig                      # validated
+    kind: str                           # a key of FOLDERS
+    methods: tuple[Method, ...]
+    examples: tuple                     # the selection the session decodes (held-out for tune)
+    out: Path | None                    # None: the command writes no folder (tune writes the alpha table)
+    resume: bool = False
+    per_category: int | None = None
+    heldout: bool = False
+
+    @property
+    def method(self) -> Method:
+        """The one method of `run` (and `tune`)."""
+        return self.methods[0]
+
+    def with_cfg(self, **changes) -> "Plan":
+        """The same plan at other settings that neither select examples nor name methods (alpha-law's
+        temperatures, the sweep's private greedy folder)."""
+        return replace(self, cfg=self.cfg.replace(**changes))
+
+
+def method_of(cfg: RunConfig) -> Method:
+    """`--method` and its alias `--rescorer` (`--rescorer R` is `--method R`) as one method."""
+    method, rescorer = cfg.method, cfg.rescorer
+    try:
+        if canonical(rescorer) not in ("bpd",):
+            if canonical(method) not in ("bpd", canonical(rescorer)):
+                raise ConfigError(f"--method {method} and --rescorer {rescorer} name two methods; pass one "
+                                  f"(--rescorer R is short for --method R)")
+            method = rescorer
+        return parse(method)
+    except MethodError as e:
+        raise ConfigError(str(e)) from None
+
+
+def methods_of(spellings: str | Sequence[str]) -> list[Method]:
+    try:
+        return parse_list(spellings)
+    except MethodError as e:
+        raise ConfigError(str(e)) from None
+
+
+def run_folder(cfg: RunConfig, method: Method) -> Path:
+    """`bpdbench run`'s default folder: task, model, method and dtype; a draft threshold is named only where the
+    method reads one, a sampling run by its settings."""
+    label = method.label
+    if cfg.draft_threshold > 0 and takes_threshold(method) and "threshold=" not in label:
+        label += f"-t{cfg.draft_threshold:g}"
+    if not cfg.sampling.greedy:
+        label += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
+    return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
+
+
+def takes_threshold(method: Method) -> bool:
+    """Whether `--draft-threshold` changes what the method drafts (its own `threshold=` parameter's default)."""
+    return method.label != "ar" and any(p.name == "threshold" for p in method.spec.params)
+
+
+def out_of(cfg: RunConfig, kind: str, methods: Sequence[Method]) -> Path | None:
+    if kind == "tune":
+        return None
+    if cfg.out:
+        return Path(cfg.out)
+    if kind == "run":
+        return run_folder(cfg, methods[0])
+    if kind == "certify":                   # one folder per question asked: methods, sampling, dtype
+        tag = "+".join(m.label for m in methods).replace(":", "-").replace(",", "-").replace("=", "").replace("/", "_")
+        return paths.experiment_dir("certify", f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
+    return paths.experiment_dir(FOLDERS[kind], cfg.task)
+
+
+def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = None,
+              methods: list[Method] | None = None, log=print) -> list:
+    """Everything that can be checked without loading the model: options, data, model folder, heads files against
+    their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
+    and before any model loads, so a bad input costs a second, not a model load."""
+    if not cfg.sampling.greedy:
+        greedy_only = [m.label for m in methods or [] if m.name == "oracle"]
+        if greedy_only:
+            raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
+                              f"decoding only; drop --temperature or the method")
+    examples = select_examples(cfg, heldout, per_category)
+    artefacts.check_model_files(cfg.model, cfg.dtype)
+    artefacts.check_heads(cfg, methods, log)
+    artefacts.check_drafters(cfg, methods)
+    return examples
+
+
+def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
+    """Before anything loads: replay needs a greedy trajectory and our own decode loop."""
+    if not cfg.sampling.greedy:
+        raise ConfigError(f"replay walks each method along the greedy reference, but at --temperature "
+                          f"{cfg.temperature:g} the trajectory depends on the draws, so there is none to replay; "
+                          f"decode for real with `bpdbench run --temperature {cfg.temperature:g} --method M`")
+    external = [m.label for m in methods if m.spec.external]
+    if external:
+        raise ValueError(f"{', '.join(external)} run transformers' own loop and cannot be replayed; "
+                         f"time them with `bpdbench speed`")
+
+
+def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[Method] | None = None, *,
+            resume: bool | None = None, per_category: int | None = None, heldout: bool = False,
+            log=print) -> Plan:
+    """Validate, parse and select once; raise ConfigError (one line) on anything a user can fix."""
+    if kind not in FOLDERS:
+        raise ValueError(f"unknown command kind {kind!r}")
+    cfg = cfg.validate()
+    if methods is None:
+        parsed = [method_of(cfg)] if kind in ("run", "tune") else []
+    elif isinstance(methods, str) or any(isinstance(m, str) for m in methods):
+        parsed = methods_of(methods)
+    else:
+        parsed = list(methods)
+    if kind == "replay":
+        check_replay(cfg, parsed)
+    examples = preflight(cfg, heldout, per_category, parsed, log)
+    return Plan(cfg, kind, tuple(parsed), tuple(examples), out_of(cfg, kind, parsed),
+                cfg.resume if resume is None else resume, per_category, heldout)
