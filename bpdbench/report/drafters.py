@@ -5,24 +5,23 @@ summary.csv`, `bpdbench run --dtype float32 --out results/drafters/runs/...`). D
 speed tables (`results/speed/<task>/speed.csv`: draft_ms_per_step, draft_vs_ar_step)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
 
-from ..methods.registry import REGISTRY, canonical
+from ..methods.base import Method
+from . import load
 
 
-def is_drafter(method: str) -> bool:
-    """A trained drafter's label (eagle, hydra:tree=4, koala:base=hydra, ...), or bpd (the Medusa-1 baseline)."""
-    name = canonical(method).split(":")[0]
-    return name in REGISTRY and REGISTRY[name].family == "drafter"
+def is_drafter(method: Method) -> bool:
+    """A trained drafter (eagle, hydra:tree=4, koala:base=hydra, ...); the tables set bpd (the Medusa-1 baseline)
+    beside them by its label."""
+    return method.spec.family == "drafter"
 
 
 def training_table(results: Path) -> pd.DataFrame:
     rows = []
-    for path in sorted((results / "drafters" / "training").glob("*.json")):
-        r = json.loads(path.read_text())
+    for r in load.reports(results, "drafters/training"):
         held, fit = r.get("heldout", {}), r.get("fit", {})
         row = {"drafter": r.get("name"), "profile": r.get("profile"), "type": r.get("drafter"),
                "trainable_parameters": r.get("trainable_parameters"), "shortlist": r.get("shortlist"),
@@ -37,28 +36,20 @@ def training_table(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def collect_replays(results: Path) -> pd.DataFrame:
+def collect_replays(results: Path) -> load.Rows:
     """Every `replay/<dir>/replay.csv` under results/drafters, with the training profile its drafters were read at
-    (the run's --heads-profile, from its config.json): quick and full drafters replayed on the same task are
-    different rows, never averaged together."""
-    frames = []
-    for path in sorted((results / "drafters" / "replay").glob("*/replay.csv")):
-        df = pd.read_csv(path)
-        config = path.parent / "config.json"
-        profile = json.loads(config.read_text())["config"].get("heads_profile") if config.exists() else None
-        frames.append(df.assign(profile=profile or "quick"))
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if "method" in df:
-        df["method"] = df.method.map(canonical)
-    return df
+    (the run's --heads-profile, from its config.json; quick where none is recorded): quick and full drafters
+    replayed on the same task are different rows, never averaged together."""
+    return load.rows(results, "drafters/replay", "replay.csv",
+                     per_folder=lambda f, df: df.assign(profile=f.heads_profile or "quick"))
 
 
-def efficiency_table(replay: pd.DataFrame) -> pd.DataFrame:
+def efficiency_table(replay: load.Rows) -> pd.DataFrame:
     """Block efficiency per task and profile (rows) and drafter spelling (columns), with bpd (Medusa-1 heads of the
     same profile) beside them."""
     if replay.empty:
-        return replay
-    keep = _profiled(replay[replay.method.map(is_drafter) | (replay.method == "bpd")])
+        return replay.frame
+    keep = _profiled(replay.frame[replay.where(is_drafter) | (replay.frame.method == "bpd")])
     if keep.empty:
         return keep
     wide = keep.pivot_table(index=["task", "profile"], columns="method", values="block_efficiency", aggfunc="last")
@@ -70,22 +61,23 @@ def _profiled(df: pd.DataFrame) -> pd.DataFrame:
     return df if "profile" in df else df.assign(profile="quick")
 
 
-def certificate_table(runs: pd.DataFrame) -> pd.DataFrame:
+def certificate_table(runs: load.Rows) -> pd.DataFrame:
     """float32 runs of drafters: lossless_rate (1.0 required) per task and method."""
-    if runs.empty or "method" not in runs:
+    if runs.empty or "method" not in runs.frame:
         return pd.DataFrame()
-    keep = runs[runs.method.map(is_drafter) & (runs.dtype == "float32")]
+    keep = runs.frame[runs.where(is_drafter) & (runs.frame.dtype == "float32")]
     cols = [c for c in ("task", "method", "n_examples", "new_tokens", "block_efficiency", "lossless_rate",
                         "n_exact", "n_near_tie", "n_lost") if c in keep]
     return keep[cols].reset_index(drop=True)
 
 
-def repetition_table(replay: pd.DataFrame) -> pd.DataFrame:
+def repetition_table(replay: load.Rows) -> pd.DataFrame:
     """Share of adjacent identical tokens in each method's drafts (first path per step), beside the greedy text's
     own share: drafts that repeat more than the text does waste verified tokens (the paper's repetition analysis)."""
-    if replay.empty or "draft_repeat_share" not in replay:
+    if replay.empty or "draft_repeat_share" not in replay.frame:
         return pd.DataFrame()
-    keep = replay[replay.method.map(is_drafter) | (replay.method == "bpd")].dropna(subset=["draft_repeat_share"])
+    keep = replay.frame[replay.where(is_drafter) | (replay.frame.method == "bpd")]
+    keep = keep.dropna(subset=["draft_repeat_share"])
     keep = _profiled(keep)
     if keep.empty:
         return keep

@@ -26,8 +26,8 @@ import pandas as pd
 from .. import refine
 from .. import models, paths
 from ..engine.counters import Counters
-from ..methods.registry import canonical, parse
-from ..store import read_examples
+from ..methods.base import Method
+from . import load
 
 DEFAULT_METHODS = ("ar", "bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "medusa")
 CONTEXTS = (128, 512, 1024, 2048)
@@ -81,9 +81,9 @@ def model_shape(name: str) -> Shape:
     raise FileNotFoundError(f"no config.json for model '{name}' (looked in {', '.join(map(str, candidates))})")
 
 
-def heads_shortlist(cfg: dict, vocab: int) -> int:
+def heads_shortlist(folder: load.ResultFolder, vocab: int) -> int:
     """Draft vocabulary size from the heads' config; heads without a shortlist project onto the full vocabulary."""
-    path = Path(cfg["heads_path"]) if cfg.get("heads_path") else paths.heads_dir(cfg["model"], cfg["heads_profile"])
+    path = Path(folder.heads_path) if folder.heads_path else paths.heads_dir(folder.model, folder.heads_profile)
     if (path / "config.json").exists():
         size = json.loads((path / "config.json").read_text()).get("bpdbench", {}).get("shortlist_size")
         return int(size) if size else vocab
@@ -101,17 +101,9 @@ def neural_cost(size: str, shortlist: int) -> tuple[int, int]:
     return lm.num_params(), cfg.macs_per_token()
 
 
-def _name(label: str) -> str:
-    """The registry name behind a label (`bpd:heads=3` -> bpd); labels that are not methods stay as they are."""
-    try:
-        return parse(label).name
-    except ValueError:
-        return label
-
-
-def _rescorer(method: str, shortlist: int) -> tuple[int, int, str]:
-    """(params, MACs per token, note) of the method's rescorer, run h times per step."""
-    spec = refine.RESCORERS.get(_name(method))   # None for ar, oracle, pld; kind "none" for bpd
+def _rescorer(name: str, shortlist: int) -> tuple[int, int, str]:
+    """(params, MACs per token, note) of the rescorer of the method registered as `name`, run h times per step."""
+    spec = refine.RESCORERS.get(name)   # None for ar, oracle, pld; kind "none" for bpd
     if spec is not None and spec.size:  # neural, or a tree re-ranked by a neural rescorer
         params, macs = neural_cost(spec.size, shortlist)
         return params, macs, f"neural-{spec.size} rescorer: one forward per draft position"
@@ -120,12 +112,13 @@ def _rescorer(method: str, shortlist: int) -> tuple[int, int, str]:
     return 0, 0, ""
 
 
-def totals(c: Counters, method: str, shape: Shape, bpp: int, h: int, shortlist: int, rescorer_bpp: int = 4
+def totals(c: Counters, name: str, shape: Shape, bpp: int, h: int, shortlist: int, rescorer_bpp: int = 4
            ) -> dict[str, float]:
-    """Absolute bytes and FLOPs over the counted examples (divide by new_tokens for per-token figures)."""
+    """Absolute bytes and FLOPs over the counted examples (divide by new_tokens for per-token figures); `name`: the
+    method's registry name (bpd, neural-m, ...), which says what rescorer it runs."""
     d, P = shape.d, shape.linear_params
     scored = c.verified + (c.serial_calls - c.steps)          # + the prefill's last position, once per example
-    r_params, r_macs, _ = _rescorer(method, shortlist)
+    r_params, r_macs, _ = _rescorer(name, shortlist)
     out = {"param_bytes": c.serial_calls * P * bpp + c.steps * (h * (d * d + d) + (shortlist * d if h else 0)) * bpp
            + c.steps * h * r_params * rescorer_bpp,
            "flops": scored * 2 * P + 2 * c.steps * (h * d * d + h * shortlist * d) + c.steps * h * 2 * r_macs,
@@ -135,11 +128,11 @@ def totals(c: Counters, method: str, shape: Shape, bpp: int, h: int, shortlist: 
     return out
 
 
-def _heads_used(meta: dict, label: str, heads):
+def _heads_used(folder: load.ResultFolder, label: str, heads):
     """A method's head count; `heads=auto` reads what the run resolved it to (config.json)."""
     if heads != "auto":
         return heads
-    res = meta.get("resolved", {}).get("methods", {}).get(label, {})
+    res = folder.resolved.get("methods", {}).get(label, {})
     return res.get("n_heads", (res.get("auto") or {}).get("params", {}).get("heads", 0))
 
 
@@ -148,32 +141,30 @@ def ar_counters(new_tokens: int) -> Counters:
     return Counters(new_tokens=new_tokens, serial_calls=new_tokens, steps=new_tokens - 1, verified=new_tokens - 1)
 
 
-def task_rows(task_dir: Path, methods: tuple[str, ...] = DEFAULT_METHODS) -> list[dict]:
-    """Per method: summed counters and absolute costs for one `results/replay/<task>` directory."""
-    meta = json.loads((task_dir / "config.json").read_text())
-    cfg = meta["config"]
-    shape = model_shape(cfg["model"])
-    bpp, rescorer_bpp = DTYPE_BYTES[cfg["dtype"]], DTYPE_BYTES[meta.get("rescorer_dtype", "float32")]
-    shortlist = heads_shortlist(cfg, shape.vocab)
-    records = [r for r in read_examples(task_dir / "replay.jsonl") if r.get("new_tokens")]
+def task_rows(folder: load.ResultFolder, methods: tuple[Method, ...]) -> list[dict]:
+    """Per method: summed counters and absolute costs for one `results/replay/<task>` folder."""
+    shape = model_shape(folder.model)
+    bpp, rescorer_bpp = DTYPE_BYTES[folder.dtype], DTYPE_BYTES[folder.rescorer_dtype or "float32"]
+    shortlist = heads_shortlist(folder, shape.vocab)
+    records = [r for r in folder.examples("replay.jsonl") if r.get("new_tokens")]   # method keys: current labels
     if not records:
         return []
-    keys = {canonical(k): k for k in records[0] if isinstance(records[0][k], dict)}   # old files: old spellings
-    present = [canonical(m) for m in methods if m == "ar" or (canonical(m) in keys and _name(m) != "oracle")]
+    keys = {k for k, v in records[0].items() if isinstance(v, dict)}
+    present = [m for m in methods if m.name == "ar" or (m.label in keys and m.name != "oracle")]
     rows = []
     for m in present:
         c, missing = Counters(), False
         for r in records:
-            if m == "ar":
+            if m.name == "ar":
                 c = c.add(ar_counters(r["new_tokens"]))
             else:
-                missing |= r[keys[m]].get("verified") is None
-                c = c.add(Counters.from_dict(r[keys[m]]))
-        h = 0 if m == "ar" else int(_heads_used(meta, m, parse(m).get("heads", cfg["heads"])))
-        missing &= getattr(refine.RESCORERS.get(_name(m)), "p", 1) > 1   # one chain: drafted+steps is exact
-        notes = [n for n in (_rescorer(m, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
-        rows.append({"task": cfg["task"], "method": m, "n_examples": len(records), "counters": c,
-                     "note": "; ".join(notes), **totals(c, m, shape, bpp, h, shortlist, rescorer_bpp)})
+                missing |= r[m.label].get("verified") is None
+                c = c.add(Counters.from_dict(r[m.label]))
+        h = 0 if m.name == "ar" else int(_heads_used(folder, m.label, m.get("heads", folder.heads)))
+        missing &= getattr(refine.RESCORERS.get(m.name), "p", 1) > 1   # one chain: drafted+steps is exact
+        notes = [n for n in (_rescorer(m.name, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
+        rows.append({"task": folder.task, "method": m.label, "n_examples": len(records), "counters": c,
+                     "note": "; ".join(notes), **totals(c, m.name, shape, bpp, h, shortlist, rescorer_bpp)})
     return rows
 
 
@@ -200,17 +191,18 @@ def per_token(rows: list[dict], task: str) -> dict:
 
 def hardware_table(results: Path, methods: tuple[str, ...] = DEFAULT_METHODS,
                    task_order: list[str] | None = None) -> pd.DataFrame:
-    """Rows for 'all' (every task pooled) then each task, methods in `methods` order."""
-    files = sorted((results / "replay").glob("*/replay.jsonl"))
-    rows = [r for f in files if (f.parent / "config.json").exists() for r in task_rows(f.parent, methods)]
+    """Rows for 'all' (every task pooled) then each task, methods in `methods` order (spellings: old ones too;
+    those that name no method are left out)."""
+    wanted = load.methods(methods)
+    rows = [r for f in load.folders(results, "replay", "replay.jsonl") if f.has_config for r in task_rows(f, wanted)]
     if not rows:
         return pd.DataFrame()
     order = task_order or []
     tasks = sorted({r["task"] for r in rows}, key=lambda t: (order.index(t) if t in order else len(order), t))
     out = []
     for task in ["all", *tasks]:
-        for m in methods:
-            sel = [r for r in rows if r["method"] == canonical(m) and task in ("all", r["task"])]
+        for m in wanted:
+            sel = [r for r in rows if r["method"] == m.label and task in ("all", r["task"])]
             if sel:
                 out.append(per_token(sel, task))
     return pd.DataFrame(out)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .load import ResultFolder
+
 
 def lines_by_task(df: pd.DataFrame, x: str, y: str, path: Path, xlabel: str, ylabel: str, title: str,
                   log2_x: bool = False, task_order: list[str] | None = None, subtitle: str = "") -> Path | None:
@@ -71,11 +73,9 @@ def plot_speed_by_category(df: pd.DataFrame, path: Path, subtitle: str) -> Path 
     return path
 
 
-def speed_caption(config: dict, n_prompts: int) -> str:
-    """Model, dtype, heads, threads, tokens, repeats and n of a speed run, from its config.json."""
-    run, env, res = config.get("config", {}), config.get("environment", {}), config.get("resolved", {})
-    heads = res.get("heads", {}) or {}
-    return (f"{run.get('model')}, {env.get('dtype', run.get('dtype'))}, {run.get('heads')} heads "
-            f"({heads.get('profile', run.get('heads_profile'))}), {env.get('threads')} threads, "
-            f"{res.get('max_new_tokens', run.get('max_new_tokens'))} new tokens, median of "
-            f"{config.get('repeats')}, n = {n_prompts} prompts")
+def speed_caption(folder: ResultFolder, n_prompts: int) -> str:
+    """Model, dtype, heads, threads, tokens, repeats and n of a speed run, from its config.json (the profile of the
+    heads it read, which --heads-path can make differ from --heads-profile)."""
+    profile = folder.heads_info.get("profile", folder.heads_profile)
+    return (f"{folder.model}, {folder.dtype}, {folder.heads} heads ({profile}), {folder.threads} threads, "
+            f"{folder.max_new_tokens} new tokens, median of {folder.repeats}, n = {n_prompts} prompts")

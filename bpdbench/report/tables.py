@@ -6,6 +6,8 @@ Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/ref
 where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
 `results/replay/<task>/replay.jsonl`), the Medusa tree variants from `results/medusa/<task>/replay.csv`, the
 speed tables from `results/speed/<task>/`, and the float32 certificates from `results/certificates/*/summary.csv`.
+Every folder is found and read by load.py, whose `method` column already holds current labels: the readers here
+select and pivot.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import paths
-from ..methods.registry import canonical, parse
+from . import load
 from .hardware import hardware_table
 from .plots import lines_by_task
 from ..experiments.summary import to_markdown
@@ -30,35 +32,18 @@ def reference_tables() -> pd.DataFrame | None:
     return pd.read_csv(path) if path.exists() else None
 
 
-def _collect(results: Path, sub: str, name: str) -> pd.DataFrame:
-    """Every task's CSV of one kind; method names read through the registry, so files written with older
-    spellings (bpd-h3, oracle-k16) land in the same rows as new ones (bpd:heads=3, oracle:k=16)."""
-    frames = [pd.read_csv(p) for p in sorted((results / sub).glob(f"*/{name}"))]
-    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-    if "method" in df:
-        df["method"] = df.method.map(canonical)
-    return df
-
-
 def speed_table(results: Path, name: str) -> pd.DataFrame:
     """`bpdbench speed` outputs of every task, with the settings that make a speedup comparable."""
-    import json
-    frames = []
-    for path in sorted((results / "speed").glob(f"*/{name}")):
-        config = json.loads((path.parent / "config.json").read_text())
-        env, res = config.get("environment", {}), config.get("resolved", {})
-        df = pd.read_csv(path)
-        df["method"] = df.method.map(canonical)
-        run = config.get("config", {})
-        df.insert(0, "task", run.get("task", path.parent.name))
-        df.insert(1, "model", run.get("model"))   # e.g. the 1.5B target with the 0.5B as its assistant
-        frames.append(df.assign(max_new_tokens=res.get("max_new_tokens"), repeats=config.get("repeats"),
-                                dtype=env.get("dtype"), threads=env.get("threads")))
-    return pd.concat(frames, ignore_index=True).round(3) if frames else pd.DataFrame()
+    def settings(f: load.ResultFolder, df: pd.DataFrame) -> pd.DataFrame:
+        df.insert(0, "task", f.task)
+        df.insert(1, "model", f.model)   # e.g. the 1.5B target with the 0.5B as its assistant
+        return df.assign(max_new_tokens=f.max_new_tokens, repeats=f.repeats, dtype=f.dtype, threads=f.threads)
+    df = load.rows(results, "speed", name, per_folder=settings).frame
+    return df.round(3) if not df.empty else df
 
 
 def lattice_table(results: Path) -> pd.DataFrame:
-    ours = _collect(results, "replay", "replay.csv")
+    ours = load.table(results, "replay", "replay.csv")
     if ours.empty:
         return ours
     ours = ours[ours.method.isin(LATTICE_METHODS)]
@@ -120,11 +105,12 @@ def build(results: Path | None = None) -> list[Path]:
         path = lines_by_task(df, x, y, out / f"{name}.png", xlabel, ylabel, title, task_order=TASK_ORDER, **kw)
         written.extend([path] if path else [])
 
-    rep = _collect(results, "replay", "replay.csv")
-    heads_of = {m: parse(m).get("heads") for m in rep.method.unique() if m.startswith("bpd")
-                and "=auto" not in m} if not rep.empty else {}
+    replayed = load.rows(results, "replay", "replay.csv")
+    rep = replayed.frame
+    bpd = {lab: m for lab, m in replayed.methods.items() if m.name == "bpd" and not m.auto}
+    heads_of = {lab: m.get("heads") for lab, m in bpd.items()}
     if any(heads_of.values()):
-        by_h = rep[rep.method.isin(list(heads_of)) & ~rep.method.str.contains("threshold")]
+        by_h = rep[replayed.where(lambda m: m.label in bpd and m.get("threshold") is None)]
         by_h = by_h.assign(heads=by_h.method.map(lambda m: heads_of[m] or 8))
         emit("efficiency_vs_heads", by_h.pivot_table(index="task", columns="heads", values="block_efficiency")
              .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed; 8 = all heads)")
@@ -134,19 +120,19 @@ def build(results: Path | None = None) -> list[Path]:
         med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle:k=16"])]
         emit("medusa_vs_bpd", med.pivot_table(index="task", columns="method", values="block_efficiency").round(3)
              .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)")
-    trees = _collect(results, "medusa", "replay.csv")   # `bpdbench replay --out results/medusa/<task>`
+    trees = load.table(results, "medusa", "replay.csv")   # `bpdbench replay --out results/medusa/<task>`
     if not trees.empty:
         emit("medusa_trees", trees.pivot_table(index="task", columns="method", values="block_efficiency", sort=False)
              .round(3).reset_index(), "Medusa trees vs linear BPD on the same trajectories: mc_sim_7b_63, a tree "
              "built from the heads' measured accuracy (medusa-auto), and mc_sim over a lattice re-ranked by "
              "neural-m (medusa-neural-m); block efficiency, replayed")
-    oracle = _collect(results, "oracle", "oracle.csv")
+    oracle = load.table(results, "oracle", "oracle.csv")
     emit("oracle_vs_k", oracle, "Oracle block efficiency vs k")
     plot("oracle_vs_k", oracle, "k", "block_efficiency", "k (top-k per head)", "oracle block efficiency",
          "Oracle block efficiency vs k", log2_x=True)
-    emit("repetition", _collect(results, "analysis", "repetition.csv"),
+    emit("repetition", load.table(results, "analysis", "repetition.csv"),
          "Consecutive repetition in drafts, before/after 2-gram rescoring")
-    entropy = _collect(results, "analysis", "entropy.csv")
+    entropy = load.table(results, "analysis", "entropy.csv")
     emit("entropy", entropy, "Per-head entropy and h_max")
     plot("entropy", entropy, "head", "mean_entropy", "head", "mean entropy (nats)", "Mean entropy per head")
     emit("hardware_utilization", hardware_table(results, task_order=TASK_ORDER),
@@ -157,17 +143,17 @@ def build(results: Path | None = None) -> list[Path]:
          "sum of method medians)")
     emit("speed_by_category", speed_table(results, "speed_by_category.csv"),
          "Speedup per Spec-Bench / MT-Bench category (`bpdbench speed`)")
-    for path in sorted((results / "speed").glob("*/speed_by_category.csv")):
-        written.extend(_speed_figure(path, out))
+    for folder in load.folders(results, "speed", "speed_by_category.csv"):
+        written.extend(_speed_figure(folder, out))
     sampled = sampling_table(results)
     emit("sampling", sampled, "Block efficiency and speedup vs AR at T = 0 (greedy), 0.7 and 1.0 (speculative "
          "sampling); speedup at T > 0 per token against AR sampling of the same examples in the same process "
          "(`bpdbench sweep grids/sampling.toml`, results/sampling/)")
-    runs = _collect(results, "runs", "summary.csv")
+    runs = load.table(results, "runs", "summary.csv")
     if not runs.empty:
         emit("runs", runs.drop(columns=[c for c in ("accepted_per_head",) if c in runs]),
              "Decoding runs (real, certified): quality, block efficiency, losslessness, speed")
-    certs = _collect(results, "certificates", "summary.csv")      # grids/certificates.toml
+    certs = load.table(results, "certificates", "summary.csv")      # grids/certificates.toml
     if not certs.empty:
         emit("certificates", certs[[c for c in CERTIFICATE_COLUMNS if c in certs]], "Float32 certificates, one real "
              "run per method and task (`bpdbench sweep grids/certificates.toml`): lossless_rate must be 1.0")
@@ -175,7 +161,7 @@ def build(results: Path | None = None) -> list[Path]:
     emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
          "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
     rep = drafters.collect_replays(results)
-    runs = _collect(results, "drafters/runs", "summary.csv")
+    runs = load.rows(results, "drafters/runs", "summary.csv")
     emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Trained drafters vs bpd (Medusa-1 heads), "
          "block efficiency on the same greedy trajectories (replayed)")
     emit("drafters_repetition", drafters.repetition_table(rep), "Adjacent repeated tokens in each method's drafts "
@@ -188,11 +174,9 @@ def build(results: Path | None = None) -> list[Path]:
 def sampling_table(results: Path) -> pd.DataFrame:
     """results/sampling/<task>/<method>-T<t>/summary.csv -> one row per task and method, a block efficiency and a
     speedup column per temperature (greedy runs: T = 0)."""
-    frames = [pd.read_csv(p) for p in sorted((results / "sampling").glob("*/*/summary.csv"))]
-    if not frames:
-        return pd.DataFrame()
-    df = pd.concat(frames, ignore_index=True)
-    df["method"] = df.method.map(canonical)
+    df = load.table(results, "sampling", "summary.csv", depth=2)
+    if df.empty:
+        return df
     df["T"] = df["temperature"].fillna(0.0) if "temperature" in df else 0.0
     wide = df.pivot_table(index=["task", "method"], columns="T", values=["block_efficiency", "speedup_vs_ar"])
     wide.columns = [f"{'BE' if v == 'block_efficiency' else 'speedup'} T={t:g}" for v, t in wide.columns]
@@ -206,13 +190,10 @@ def sampling_table(results: Path) -> pd.DataFrame:
     return wide.join(n).round(3).reset_index()
 
 
-def _speed_figure(path: Path, out: Path) -> list[Path]:
+def _speed_figure(folder: load.ResultFolder, out: Path) -> list[Path]:
     """One heatmap per speed run (`speed_by_category_<run>.png`), drawn from its CSV and config.json."""
-    import json
     from .plots import plot_speed_by_category, speed_caption
-    df = pd.read_csv(path)
-    df["method"] = df.method.map(canonical)
-    config = json.loads((path.parent / "config.json").read_text())
+    df = folder.read("speed_by_category.csv")
     n = int(df[df.method == "ar"].n_prompts.sum()) if (df.method == "ar").any() else 0
-    png = plot_speed_by_category(df, out / f"speed_by_category_{path.parent.name}.png", speed_caption(config, n))
+    png = plot_speed_by_category(df, out / f"speed_by_category_{folder.path.name}.png", speed_caption(folder, n))
     return [png] if png else []

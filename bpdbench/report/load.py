@@ -1,0 +1,190 @@
+"""The one reader of result folders behind every table: `results/<kind>/<folder>/{config.json, *.csv, *.jsonl}`.
+
+Why one: each table reader used to glob its own folders, read config.json keys its own way (the speed table the
+environment's dtype, the drafter tables the run's heads profile, the hardware table the run's dtype) and re-parse
+method spellings with canonical(), so two tables could disagree on the same folder and an old spelling (bpd-h3,
+oracle-k16) was only as current as the reader that remembered to map it. Here a folder is read once into a
+`ResultFolder` (config.json once, its methods parsed once with the one grammar, methods/spelling.py), and a kind's
+CSV rows come back with `method` set to the parsed Method's label, beside the Methods themselves (`Rows`), so
+readers select and pivot on labels and ask the Method for its name, parameters or family instead of parsing text.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import pandas as pd
+
+from ..methods.base import Method, MethodError
+from ..methods.registry import parse
+from ..store import CONFIG, read_examples
+
+
+@lru_cache(maxsize=None)
+def method(spelling: str) -> Method | None:
+    """The Method a spelling names, old spellings included (bpd-h3 -> bpd:heads=3); None where it names no method
+    (a file written by a method since removed): its rows keep their text, as the tables always did. Cached, so
+    every folder and table that meets a spelling shares one parse of it."""
+    try:
+        return parse(spelling)
+    except MethodError:
+        return None
+
+
+def label(spelling: Any) -> Any:
+    """The current label of a spelling, or the value itself where it is no method (or no string at all)."""
+    m = method(spelling) if isinstance(spelling, str) else None
+    return m.label if m is not None else spelling
+
+
+def methods(spellings: Iterable[str]) -> tuple[Method, ...]:
+    """The Methods of some spellings in order, one per label (old and new spellings of one method are one), those
+    that name no method left out."""
+    found: dict[str, Method] = {}
+    for s in spellings:
+        m = method(s) if isinstance(s, str) else None
+        if m is not None:
+            found.setdefault(m.label, m)
+    return tuple(found.values())
+
+
+@dataclass(frozen=True)
+class ResultFolder:
+    """One result folder and its config.json, read once. The typed fields are what the tables compare runs by;
+    where the file records a value twice (asked for in `config`, used in `environment`/`resolved`), the used one
+    wins, since that is what the numbers were measured with. A folder without config.json (tests' fixtures, hand-
+    copied CSVs) is still a folder: its fields are None, `task` its first folder name under the kind, no methods."""
+    path: Path
+    kind: str                       # the sub-folder of the results root: "replay", "drafters/runs", ...
+    task: str
+    model: str | None
+    dtype: str | None
+    threads: int | None
+    max_new_tokens: int | None
+    heads: int | str | None         # --heads (a count, or "auto")
+    heads_path: str | None          # --heads-path: heads read from a folder instead of the profile's cache
+    heads_profile: str | None       # --heads-profile: the profile trained heads and drafters are read at
+    repeats: int | None             # timing repeats of a `speed` run
+    config: Mapping[str, Any]       # the whole config.json ({} when there is none), for what only one table needs
+    methods: tuple[Method, ...]     # what the run was asked for (its `methods`, else its `config.method`)
+    has_config: bool
+
+    @property
+    def resolved(self) -> Mapping[str, Any]:
+        """What the run resolved (auto sizes, max_new_tokens, the heads it read): `resolved` in config.json."""
+        return self.config.get("resolved") or {}
+
+    @property
+    def heads_info(self) -> Mapping[str, Any]:
+        """The record of the heads the run read (path, profile, held-out agreement); run folders keep it under
+        `resolved`, replay folders at the top level."""
+        return self.resolved.get("heads") or self.config.get("heads") or {}
+
+    @property
+    def rescorer_dtype(self) -> str | None:
+        """The dtype neural rescorers ran in (replays); None in files written before it was recorded."""
+        return self.config.get("rescorer_dtype")
+
+    def read(self, file: str) -> pd.DataFrame:
+        """A CSV of this folder, its `method` column in current labels."""
+        return _relabel(pd.read_csv(self.path / file))[0]
+
+    def examples(self, file: str) -> list[dict]:
+        """A JSONL of this folder (store.read_examples: each id once), each record's per-method entries (the dict
+        values: replay.jsonl keeps one counters dict per method, under the spelling it was written with) keyed by
+        current labels; plain fields (id, new_tokens) stay as they are."""
+        return [{label(k) if isinstance(v, dict) else k: v for k, v in r.items()}
+                for r in read_examples(self.path / file)]
+
+
+def read_folder(path: Path, kind: str, root: Path | None = None) -> ResultFolder:
+    """`path`'s config.json read into a ResultFolder (`root`: the kind's folder, for the task of a folder without
+    config.json; by default `path`'s parent)."""
+    file = path / CONFIG
+    raw: dict = json.loads(file.read_text()) if file.exists() else {}
+    run, env, res = raw.get("config") or {}, raw.get("environment") or {}, raw.get("resolved") or {}
+    asked = raw.get("methods") or ([run["method"]] if run.get("method") else [])
+    first = path.relative_to(root).parts[0] if root is not None else path.name
+    return ResultFolder(
+        path=path, kind=kind, task=run.get("task") or first, model=run.get("model"),
+        dtype=env.get("dtype") or run.get("dtype"), threads=env.get("threads") or run.get("threads"),
+        max_new_tokens=res.get("max_new_tokens") or run.get("max_new_tokens"), heads=run.get("heads"),
+        heads_path=run.get("heads_path"), heads_profile=run.get("heads_profile"), repeats=raw.get("repeats"),
+        config=raw, methods=methods(asked if isinstance(asked, list) else [asked]), has_config=file.exists())
+
+
+def folders(results: Path, kind: str, file: str | None = None, depth: int = 1) -> list[ResultFolder]:
+    """The folders `depth` levels under `results/<kind>` (sampling: `<task>/<method>-T<t>`, 2), those holding
+    `file` when it is given, in path order (the order every table has always listed them in)."""
+    root = Path(results) / kind
+    pattern = "/".join(["*"] * depth)
+    found = [p.parent for p in root.glob(f"{pattern}/{file}")] if file else [p for p in root.glob(pattern)
+                                                                             if p.is_dir()]
+    return [read_folder(p, kind, root) for p in sorted(found)]
+
+
+def reports(results: Path, kind: str) -> list[dict]:
+    """The JSON reports filed directly under `results/<kind>` (training reports of `bpdbench train-drafter`), in
+    name order."""
+    return [json.loads(p.read_text()) for p in sorted((Path(results) / kind).glob("*.json"))]
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Every folder's rows of one CSV, concatenated in folder order, with the Method behind each label."""
+    frame: pd.DataFrame                 # `method`: current labels; empty (no columns) when no folder has the file
+    methods: Mapping[str, Method]       # label -> Method for every label in `method` that names one
+    folders: tuple[ResultFolder, ...]
+
+    @property
+    def empty(self) -> bool:
+        return self.frame.empty
+
+    def where(self, keep: Callable[[Method], bool]) -> pd.Series:
+        """A row mask: rows whose method satisfies `keep` (rows whose label names no method: False)."""
+        if "method" not in self.frame:
+            return pd.Series(False, index=self.frame.index)
+        ok = {lab: keep(m) for lab, m in self.methods.items()}
+        return self.frame["method"].map(lambda lab: ok.get(lab, False)).astype(bool)
+
+    def subset(self, mask: pd.Series) -> "Rows":
+        """The rows under `mask`, with the same Methods (readers filter, then pivot)."""
+        return Rows(self.frame[mask], self.methods, self.folders)
+
+
+def rows(results: Path, kind: str, file: str, depth: int = 1,
+         per_folder: Callable[[ResultFolder, pd.DataFrame], pd.DataFrame] | None = None) -> Rows:
+    """`file` of every folder of a kind. `per_folder` adds what a table takes from each folder's record (the speed
+    table its model and settings, the drafter tables the heads profile) before the folders are concatenated."""
+    found = folders(results, kind, file, depth)
+    frames, labelled = [], {}
+    for f in found:
+        df, ms = _relabel(pd.read_csv(f.path / file))
+        labelled.update(ms)
+        frames.append(per_folder(f, df) if per_folder else df)
+    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return Rows(frame, labelled, tuple(found))
+
+
+def table(results: Path, kind: str, file: str, depth: int = 1) -> pd.DataFrame:
+    """`rows(...).frame`: for the tables that only select and pivot on labels."""
+    return rows(results, kind, file, depth).frame
+
+
+def _relabel(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Method]]:
+    """`df` with its `method` spellings replaced by current labels, and the Methods of those labels (each distinct
+    spelling parsed once)."""
+    if "method" not in df:
+        return df, {}
+    found: dict[str, Method] = {}
+    new: dict[Any, Any] = {}
+    for s in df["method"].unique():
+        m = method(s) if isinstance(s, str) else None
+        new[s] = m.label if m is not None else s
+        if m is not None:
+            found.setdefault(m.label, m)
+    df["method"] = df["method"].map(new)
+    return df, found
