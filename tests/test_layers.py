@@ -17,7 +17,7 @@ RANK = {"engine": 0, "nets": 0, "store": 0, "paths": 0, "stats": 0,
         "methods": 4, "train": 4,
         "experiments": 5,
         "report": 6, "sweep": 6,
-        "cli_common": 7, "cli_train": 8, "cli": 9, "__init__": 9}
+        "cli": 7, "__init__": 7}
 DECODING = ("engine", "nets", "refine", "methods", "artefacts", "hardware", "store", "models")
 
 

@@ -1,0 +1,48 @@
+"""The commands that list what there is: methods, models, tasks, rescorers.
+
+They read the registries and what the caches hold; `methods` also says for each method whether what it needs
+(heads, a rescorer artefact, a second model) is ready, so a user sees what a run would build before starting one.
+"""
+from __future__ import annotations
+
+from ..config import RunConfig
+from .errors import one_line_errors
+from .options import DEFAULT_MODEL, HeadsPath, HeadsProfile, Model
+
+
+@one_line_errors
+def methods(model: Model = DEFAULT_MODEL, heads_profile: HeadsProfile = "quick", heads_path: HeadsPath = None) -> None:
+    """List every method with what it needs (heads, a rescorer artefact, a second model) and whether that is ready."""
+    from ..methods import REGISTRY
+    cfg = RunConfig(model=model, heads_profile=heads_profile, heads_path=heads_path)
+    for spec in REGISTRY.values():
+        needs = spec.needs(model, cfg) if spec.needs else []
+        state = ", ".join(f"{what} {'ready' if ok else 'MISSING'}" for what, ok in needs) or "nothing"
+        params = ",".join(p.name + ("~" if p.auto else "") for p in spec.params)
+        print(f"{spec.name:16s} {('[' + params + ']') if params else '':28s} {spec.description}")
+        print(f"{'':16s} needs: {state}{'; timed with speed only' if spec.external else ''}")
+    print("~: the parameter also takes `auto`, the shape fastest on this machine (docs/methods.md, draft shapes)")
+
+
+@one_line_errors
+def models() -> None:
+    """List registered models and their cache state."""
+    from ..models import MODELS, cache_state
+    for spec in MODELS.values():
+        print(f"{spec.name:22s} {cache_state(spec.name):22s} {spec.note}")
+
+
+@one_line_errors
+def tasks() -> None:
+    """List tasks."""
+    from tasks import TASKS
+    for t in TASKS.values():
+        print(f"{t.name:15s} {t.group:6s} {', '.join(t.metrics) or '-'}")
+
+
+@one_line_errors
+def rescorers() -> None:
+    """List the refine stages (each is also a method: `bpdbench methods`)."""
+    from ..refine import RESCORERS
+    for r in RESCORERS.values():
+        print(f"{r.name:15s} {r.description}")
