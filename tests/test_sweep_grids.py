@@ -54,7 +54,10 @@ MACHINE = ("dtype", "heads_path")      # what a grid resolves on this machine (d
     ("certificates", ["certificates/*/summary.csv"]),
     ("peers", ["speed/*-peers/speed.csv", "speed/mt_bench-1.5b-sps/speed.csv"]),
     ("drafters", ["drafters/replay/*/replay.csv", "drafters/runs/*/summary.csv", "speed/mt_bench-hydra/speed.csv"]),
-    ("sampling", ["sampling/*/*/summary.csv"])])
+    ("sampling", ["sampling/*/*/summary.csv"]),
+    ("paper", ["runs/*-fp32-quick/summary.csv", "runs/*-bf16-*/summary.csv", "medusa/*/replay.csv",
+               "speed/mt_bench/speed.csv", "speed/mt_bench-1.5b/speed.csv", "speed/mt_bench-auto/speed.csv",
+               "speed/mt_bench-pld/speed.csv", "alpha_law/*/alpha_law.csv"])])
 def test_committed_folders_are_finished_cells_of_their_grid(name, folders):
     """Every committed folder the retired scripts wrote is a cell of its grid, finished where this machine resolves
     the grid as the folder's did (dtype auto, ~ in heads_path)."""
@@ -83,3 +86,44 @@ def test_tables_render_the_certificates_summary(tmp_path):
     build(tmp_path)
     rows = lambda text: [x for x in text.splitlines() if x.startswith("| ")]   # noqa: E731
     assert rows((tmp_path / "tables" / "certificates.md").read_text()) == rows((committed / "summary.md").read_text())
+
+
+def _committed_folders(root: Path) -> list[str]:
+    return sorted(str(p.parent.relative_to(root)) for p in root.rglob("config.json")
+                  if "tables" not in p.parent.relative_to(root).parts)
+
+
+def test_every_committed_result_folder_is_the_cell_of_one_grid():
+    """The recipe behind every number in results/: each folder holding a config.json is the output of exactly one
+    cell of grids/*.toml (`bpdbench sweep grids/<name>.toml --dry-run` lists it)."""
+    from bpdbench.sweep import grid
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo.parent / "shared" / "data" / "xsum").is_dir():
+        pytest.skip("needs ../shared/data")
+    root = (repo / "results").resolve()
+    owners: dict[str, list[str]] = {}
+    for path in sorted((repo / "grids").glob("*.toml")):
+        plan = grid.load(path)
+        if plan.results.resolve() != root:
+            continue                            # a grid that writes elsewhere (throughput) owns no committed folder
+        for cell in plan.cells:
+            if cell.rel:
+                owners.setdefault(cell.rel, []).append(path.name)
+    folders = _committed_folders(root)
+    assert folders, "no committed results found"
+    assert [f for f in folders if f not in owners] == []
+    assert {f: g for f, g in owners.items() if f in folders and len(set(g)) > 1} == {}
+
+
+def test_alpha_law_cells(tmp_path):
+    from bpdbench.sweep import grid
+    from bpdbench.config import ConfigError
+    path = tmp_path / "g.toml"
+    path.write_text('[sweep]\nresults = "res"\n\n[[alpha_law]]\ntasks = ["mt_bench"]\ngamma_max = 4\n'
+                    'temperatures = [0, 1]\ndtype = "float32"\n')
+    (cell,) = grid.load(path).cells
+    assert (cell.kind, cell.rel, cell.config.method) == ("alpha_law", "alpha_law/mt_bench", "sps:gamma=4")
+    assert cell.options == {"gamma_max": 4, "temperatures": [0.0, 1.0]} and cell.config.temperature is None
+    path.write_text('[sweep]\nresults = "res"\n\n[[alpha_law]]\ntasks = ["mt_bench"]\ntemperatures = [-1]\n')
+    with pytest.raises(ConfigError, match="temperatures must be"):
+        grid.load(path)

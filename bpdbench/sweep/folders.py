@@ -20,8 +20,8 @@ from ..config import ConfigError, RunConfig
 # where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
 # the file a finished cell of each kind leaves (written last, after config.json)
 SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
-           "speed": "speed.csv"}
-FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed"}
+           "speed": "speed.csv", "alpha_law": "alpha_law.csv"}
+FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed", "alpha_law": "alpha_law"}
 # the separators of a method spelling that a folder name replaces (scripts/certify.sh: tr ':,=' '---')
 SEPARATORS = re.compile(r"[:,=]")
 PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed")

@@ -24,17 +24,19 @@ from ..methods import Method
 from .artefacts import Artefact, artefacts_for
 from .folders import place
 
-KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed")
+KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law")
 # what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "run": {"limit": 10, "methods": ["bpd"]},
     "replay": {"limit": 30, "methods": ["bpd", "16best-0gram", "oracle:k=16"]},
     "oracle": {"limit": 30}, "analyze": {"limit": 30}, "tune": {"limit": 20},
     "speed": {"limit": 20, "max_new_tokens": 128, "repeats": 3,
-              "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]}}
+              "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]},
+    "alpha_law": {"limit": 4, "max_new_tokens": 64, "gamma_max": 8, "temperatures": [0.0, 0.7, 1.0]}}
 KIND_KEYS = {"run": {"methods", "out", "private_greedy"}, "replay": {"methods", "per_category", "folder", "out"},
              "oracle": {"folder", "out"}, "analyze": {"folder", "out"}, "tune": {"methods", "out"},
-             "speed": {"methods", "repeats", "per_category", "folder", "out"}}
+             "speed": {"methods", "repeats", "per_category", "folder", "out"},
+             "alpha_law": {"draft", "gamma_max", "temperatures", "folder", "out"}}
 SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads": int, "gpus": (int, float),
               "retries": int, "tables": bool}
 # RunConfig fields the sweep sets itself (axes, roots, resume): not grid keys
@@ -238,11 +240,13 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
     valid = set(SETTINGS) | {"tasks", "task", "models", "model", "temperatures", "temperature", "seeds", "seed",
                              "threads", "gpus"} | KIND_KEYS[kind] | ({"method"} if kind in ("run", "tune") else set())
     _check_keys(block, valid, where)
-    sampled = [k for k in block if k in SAMPLING]
+    sampled = [k for k in block if k in SAMPLING and not (kind == "alpha_law" and k == "temperatures")]
     if sampled and kind not in ("run", "speed"):
         raise GridError(f"{where}: {sampled[0]}: {kind} decodes greedily; sampling options go in [[run]] and "
                         f"[[speed]] blocks")
     merged = _merge(CLI_DEFAULTS[kind], defaults, block, where)
+    if kind == "alpha_law":                    # its temperatures are measured in one folder, not an axis
+        merged = {**merged, "law_temperatures": merged.pop("temperatures", None)}
     if kind not in ("run", "speed"):           # [defaults]' sampling options are for the cells that sample
         merged = {k: v for k, v in merged.items() if k not in SAMPLING}
     if "tasks" not in block and "task" not in block:

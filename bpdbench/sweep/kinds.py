@@ -53,6 +53,16 @@ def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dic
         repeats = _count(merged.get("repeats", 3), "repeats", where)
         per_category = _count(merged.get("per_category"), "per_category", where)
         yield {}, {"methods": ",".join(_spellings(methods, where)), "repeats": repeats, "per_category": per_category}
+    elif kind == "alpha_law":
+        from ..experiments.alpha_law import spelling
+        gamma = _count(merged.get("gamma_max"), "gamma_max", where)
+        draft, temps = merged.get("draft"), merged.get("law_temperatures")
+        if draft is not None and (not isinstance(draft, str) or not draft):
+            raise ConfigError(f"{where}: draft must be a model name, got {draft!r}")
+        if not isinstance(temps, list) or not temps or not all(
+                isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in temps):
+            raise ConfigError(f"{where}: temperatures must be a list of numbers >= 0 (0: greedy), got {temps!r}")
+        yield {"method": spelling(draft, gamma)}, {"gamma_max": gamma, "temperatures": [float(t) for t in temps]}
     else:
         yield {}, {}
 
@@ -61,7 +71,7 @@ def methods_of(kind: str, cfg: RunConfig, options: dict) -> list[Method]:
     """The methods a cell builds, parsed by the registry (one grammar for every command)."""
     from ..experiments.replay import KS
     from ..experiments.plan import method_of, methods_of as parsed
-    if kind == "run":
+    if kind in ("run", "alpha_law"):
         return [method_of(cfg)]
     if kind == "tune":
         return parsed(options["rescorer"])
@@ -131,6 +141,10 @@ def _execute(cell, cfg: RunConfig, log: Log) -> dict:
         plan = prepare(cfg.replace(resume=False), "tune", methods_of("tune", cfg, o), heldout=True, log=log)
         res = commands.tune(plan, log)
         return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
+    if cell.kind == "alpha_law":
+        from ..experiments import alpha_law
+        plan = prepare(cfg, "alpha_law", methods_of("alpha_law", cfg, o), log=log)
+        return {"folder": str(alpha_law.run(plan, o["gamma_max"], tuple(o["temperatures"]), log))}
     methods = methods_of(cell.kind, cfg, o) if cell.kind in ("run", "replay", "speed") else None
     with contextlib.ExitStack() as stack:
         if cell.kind == "run" and o.get("private_greedy"):
@@ -179,7 +193,7 @@ def finished(cell, root: Path) -> bool:
     out = root / cell.rel
     summary, conf = out / SUMMARY[cell.kind], out / "config.json"
     try:
-        if cell.kind == "analyze":           # analyze writes its config.json last
+        if cell.kind in ("analyze", "alpha_law"):    # they write their config.json last
             if not summary.exists():
                 return False
         elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns:
@@ -213,24 +227,37 @@ PLACE = ("threads", "resume", "out", "data_dir", "greedy_dir")
 def _matches(cell, meta: dict) -> bool:
     from ..experiments.speed import UNUSED
     from ..methods import canonical
-    want = _norm(cell.config.to_dict())
+    want = _aliased(_norm(cell.config.to_dict()))
     if cell.kind == "speed":
         want = {k: v for k, v in want.items() if k not in UNUSED}
     # a field an older config.json lacks was added since with its default, which is what that run did
-    have = {**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})}
+    have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})})
     if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in PLACE):
         return False
     labels = [m.label for m in methods_of(cell.kind, cell.config, cell.options)]
     recorded = [canonical(m) for m in meta.get("methods", [])]
+    if cell.kind == "run" and not recorded and have.get("method"):   # older run folders name it in config only
+        recorded = [canonical(have["method"])]
     if cell.kind == "speed":
         recorded += list(meta.get("resolved", {}).get("skipped", {}))
         return (sorted(recorded) == sorted(labels) and meta.get("repeats") == cell.options["repeats"]
                 and meta.get("per_category") == cell.options["per_category"])
     if cell.kind == "analyze":          # always plain and 2-gram drafts: its config is all there is to match
         return True
+    if cell.kind == "alpha_law" and (meta.get("gamma_max") != cell.options["gamma_max"]
+                                     or [float(t) for t in meta.get("temperatures", [])] != cell.options["temperatures"]):
+        return False
     if cell.kind == "replay" and meta.get("per_category") != cell.options.get("per_category"):
         return False
     return recorded == labels
+
+
+def _aliased(config: dict) -> dict:
+    """`--rescorer R` is `--method R`: a run recorded as method bpd + rescorer R is the cell spelling method R."""
+    rescorer = config.get("rescorer")
+    if "method" in config and rescorer not in (None, "none"):
+        return {**config, "method": rescorer, "rescorer": "none"}
+    return config
 
 
 def _tuned(cell, root: Path) -> bool:
