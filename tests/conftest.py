@@ -96,6 +96,27 @@ def tiny_model_dir(tmp_path_factory):
     return write_tiny_hf_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="module")
+def loaded(tiny_model_dir):
+    """(model, tokenizer) of the tiny HF checkpoint, loaded as the commands load it (float32), once per module."""
+    from bpdbench import models
+    torch.set_num_threads(1)
+    return models.load(str(tiny_model_dir), "float32")
+
+
+@pytest.fixture(scope="module")
+def noisy_model(tiny_model):
+    """The target with noise on every weight: it agrees with the target often but not always, so steps accept
+    partly and the draft cache is rolled back mid-draft (a different seed agrees almost never)."""
+    import copy
+    model = copy.deepcopy(tiny_model)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2 * p.abs().mean())
+    return model
+
+
 def decode(model, prompt, max_new, eos_ids=(), heads=None, n_heads=0, rescorer=None, k=1, threshold=0.0):
     """The engine's loop with a heads drafter (or none: AR), in the argument order the decoding tests read best."""
     from bpdbench.engine import Limits, generate

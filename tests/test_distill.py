@@ -105,9 +105,8 @@ def test_build_is_cached_atomic_and_loads(eos_model, tmp_path, monkeypatch):
     monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: _prompts())
     monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
     tok = SimpleNamespace(pad_token_id=0)
-    monkeypatch.setitem(distill.BUDGETS, "ci", distill.Budget(9, 20, None, batch=4, prompt_positions=4,
-                                                               dtype="float32", eval_every=3))
-    out = distill.build("tiny", "ci", eos_model, tok, log=lambda m: None)
+    budget = distill.Budget(9, 20, None, batch=4, prompt_positions=4, dtype="float32", eval_every=3, name="ci")
+    out = distill.build("tiny", budget, eos_model, tok, log=lambda m: None)
     assert out == distill.path_for("tiny", "ci") and not out.with_name(out.name + ".tmp").exists()
     ds = distill.load(out)
     assert ds.meta["sequences"] == 9 and ds.meta["budget_name"] == "ci" and ds.hidden.dtype == torch.bfloat16
@@ -161,10 +160,9 @@ def test_safety_cap_stops_loudly_and_the_data_records_it(eos_model, tmp_path, mo
     monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: _prompts())
     monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
     monkeypatch.setattr(distill, "predict_seconds", lambda *a: 1e-6)  # a calibration that promises far too much
-    monkeypatch.setitem(distill.BUDGETS, "ci", distill.Budget(9, 20, 10**6, batch=2, prompt_positions=4,
-                                                               dtype="float32"))
+    budget = distill.Budget(9, 20, 10**6, batch=2, prompt_positions=4, dtype="float32", name="ci")
     lines = []
-    ds = distill.load(distill.build("tiny", "ci", eos_model, SimpleNamespace(pad_token_id=0), log=lines.append))
+    ds = distill.load(distill.build("tiny", budget, eos_model, SimpleNamespace(pad_token_id=0), log=lines.append))
     assert ds.meta["truncated_by_time"] is True and ds.meta["expected_from"] == "calibration"
     assert "safety time cap" in ds.meta["quality_warning"] and ds.meta["sequences"] < 9
     assert any(m.startswith("WARNING:") and "safety cap" in m for m in lines)
@@ -190,12 +188,12 @@ def test_drafter_below_the_floor_warns_and_a_run_with_it_says_and_records_it(tin
     monkeypatch.setattr(distill, "prompt_pool", synthetic_prompts)
     monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
     monkeypatch.setattr(pacing, "QUALITY_FLOOR", 1.0)
-    monkeypatch.setitem(distill.BUDGETS, "ci", replace(distill.BUDGETS["ci"], n_prompts=12, gen_tokens=12))
-    monkeypatch.setitem(drafter.PROFILES, "ci", replace(drafter.PROFILES["ci"], steps=5))
+    data = replace(distill.BUDGETS["ci"], n_prompts=12, gen_tokens=12)
+    profile = replace(drafter.PROFILES["ci"], steps=5, data=data)     # saved where `ci` is: hydra:profile=ci finds it
     name = str(tiny_model_dir)
     model, tok = models.load(name, "float32")
     lines = []
-    path = drafter.train("hydra", "ci", name, model, tok, log=lines.append)
+    path = drafter.train("hydra", profile, name, model, tok, log=lines.append)
     report = json.loads((path / "report.json").read_text())
     warning = report["quality_warning"]
     assert "below the quality floor" in warning and report["data"]["dtype"] == "float32"

@@ -20,10 +20,11 @@ from bpdbench.nets.base import DraftModel
 from bpdbench.nets.eagle import Eagle
 from bpdbench.nets.hydra import Hydra
 from bpdbench.nets.layers import causal_mask
-from bpdbench.engine import Limits, Proposal, generate, ratios, replay, teacher_forced
+from bpdbench.engine import Limits, Proposal, generate, ratios
 from bpdbench.methods import Env, parse
 from bpdbench.methods.trained import TrainedDrafter
 from tests.drafter_fixtures import build_tiny_drafters
+from tests.helpers import decode_and_replay, eos_limits
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 SPELLINGS = ("eagle", "eagle:tree=3", "eagle:depth=5,threshold=0.2", "eagle:refine=16best-0gram,k=4", "hydra",
@@ -85,21 +86,14 @@ def _env(model, tok, name, limits, **cfg) -> Env:
 def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
     model, tok, name, cache, _ = tiny
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
-    refs = {tuple(p): generate(model, None, list(p), Limits(max_new)).tokens for p in PROMPTS}
-    eos = frozenset() if eos_at is None else frozenset({refs[tuple(PROMPTS[0])][eos_at]})
-    limits = Limits(max_new, eos)
+    limits = eos_limits(model, PROMPTS[0], eos_at, max_new)
     env = _env(model, tok, name, limits)
     for spelling in SPELLINGS:
         method = parse(spelling)
         drafter = method.spec.build(env, method)
         accepted = 0
         for prompt in PROMPTS:
-            greedy = generate(model, None, list(prompt), limits).tokens
-            real = generate(model, drafter, list(prompt), limits)
-            assert real.tokens == greedy, spelling
-            hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)
-            sim = replay(drafter, list(prompt), greedy, hidden, limits, memo={})
-            assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
+            real = decode_and_replay(model, drafter, prompt, limits, features=True, label=spelling, memo={})
             accepted += real.counters.accepted
         assert accepted > 0, spelling        # trained on the tiny model's own continuations: some drafts hit
         resolved = env.resolved[method.label]
@@ -152,19 +146,21 @@ def test_perfect_drafter_accepts_everything_and_wrong_one_nothing(tiny, kind, tr
     prompt, limits = list(PROMPTS[0]), Limits(41)
     greedy = generate(model, None, prompt, limits).tokens
     for shift, accept_all in ((0, True), (1, False)):
-        scripted = Scripted(greedy, len(prompt), shift, kind)
-        drafter = TrainedDrafter("scripted", scripted, depth=4, tree=tree)
-        if kind == "parallel":                       # parallel drafters read the position from the context
-            drafter.propose = _with_position(drafter, scripted, len(prompt))
-        real = generate(model, drafter, prompt, limits)
-        c = real.counters
-        assert real.tokens == greedy
+        drafter = scripted_drafter(greedy, prompt, shift, kind, tree=tree)
+        c = decode_and_replay(model, drafter, prompt, limits, greedy, features=True).counters
         if accept_all:
             assert c.accepted == c.drafted and ratios(c)["block_efficiency"] == 41 / (1 + 8)
         else:
             assert c.accepted == 0 and c.serial_calls == 41
-        hidden = teacher_forced(model, prompt, greedy, with_prompt=True)
-        assert replay(drafter, prompt, greedy, hidden, limits).to_dict() == c.to_dict()
+
+
+def scripted_drafter(greedy: list[int], prompt: list[int], shift: int, kind: str, **shape) -> TrainedDrafter:
+    """A depth-4 TrainedDrafter over `Scripted` (`shape`: its tree options) for decoding `prompt`."""
+    scripted = Scripted(greedy, len(prompt), shift, kind)
+    drafter = TrainedDrafter("scripted", scripted, depth=4, **shape)
+    if kind == "parallel":                       # parallel drafters read the position from the context
+        drafter.propose = _with_position(drafter, scripted, len(prompt))
+    return drafter
 
 
 def _with_position(drafter: TrainedDrafter, scripted: Scripted, start: int):

@@ -12,14 +12,14 @@ import torch
 
 from bpdbench import models
 from bpdbench.config import RunConfig
-from bpdbench.engine import Limits, SamplingParams, SpeculativeSampling, generate, ratios, replay, teacher_forced
+from bpdbench.engine import Limits, SamplingParams, SpeculativeSampling, generate, ratios
 from bpdbench.experiments import autoshape
 from bpdbench.methods import Env, parse
 from bpdbench.methods.base import Method, MethodError
 from bpdbench.methods.dynamic import dynamic_tree, generate as expand_all, leaves, rerank
-from bpdbench.methods.trained import TrainedDrafter
 from tests.drafter_fixtures import build_tiny_drafters
-from tests.test_drafters import PROMPTS, Scripted, _with_position
+from tests.helpers import decode_and_replay, eos_limits
+from tests.test_drafters import PROMPTS, scripted_drafter
 
 FAMILIES = ("eagle", "hydra", "hydra++", "amphista", "koala")
 
@@ -100,9 +100,7 @@ def _env(model, tok, name, limits) -> Env:
 def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
     model, tok, name, cache = tiny
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
-    refs = {tuple(p): generate(model, None, list(p), Limits(max_new)).tokens for p in PROMPTS}
-    eos = frozenset() if eos_at is None else frozenset({refs[tuple(PROMPTS[0])][eos_at]})
-    limits = Limits(max_new, eos)
+    limits = eos_limits(model, PROMPTS[0], eos_at, max_new)
     env = _env(model, tok, name, limits)
     for family in FAMILIES:
         spelling = f"{family}:tree=dynamic,nodes=12,topk=3"
@@ -110,12 +108,7 @@ def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
         drafter = method.spec.build(env, method)
         accepted = 0
         for prompt in PROMPTS:
-            greedy = generate(model, None, list(prompt), limits).tokens
-            real = generate(model, drafter, list(prompt), limits)
-            assert real.tokens == greedy, spelling
-            hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)
-            assert replay(drafter, list(prompt), greedy, hidden, limits, memo={}).to_dict() == \
-                real.counters.to_dict(), (spelling, prompt)
+            real = decode_and_replay(model, drafter, prompt, limits, features=True, label=spelling, memo={})
             accepted += real.counters.accepted
         assert accepted > 0, spelling
         assert env.resolved[method.label]["nodes"] == 12 and env.resolved[method.label]["topk"] == 3
@@ -127,27 +120,17 @@ def test_perfect_drafter_accepts_everything_wrong_one_nothing_and_eos_stops(tiny
     prompt, limits = list(PROMPTS[0]), Limits(41)
     greedy = generate(model, None, prompt, limits).tokens
     for shift, accept_all in ((0, True), (1, False)):
-        scripted = Scripted(greedy, len(prompt), shift, kind)
-        drafter = TrainedDrafter("scripted", scripted, depth=4, tree="dynamic", nodes=10, topk=3)
-        if kind == "parallel":
-            drafter.propose = _with_position(drafter, scripted, len(prompt))
-        real = generate(model, drafter, prompt, limits)
-        c = real.counters
-        assert real.tokens == greedy
+        drafter = scripted_drafter(greedy, prompt, shift, kind, tree="dynamic", nodes=10, topk=3)
+        c = decode_and_replay(model, drafter, prompt, limits, greedy, features=True).counters
         if accept_all:
             assert c.accepted == 32 and ratios(c)["block_efficiency"] == 41 / 9
         else:
             assert c.accepted == 0 and c.serial_calls == 41
-        hidden = teacher_forced(model, prompt, greedy, with_prompt=True)
-        assert replay(drafter, prompt, greedy, hidden, limits).to_dict() == c.to_dict()
     # an EOS inside an accepted tree path: decoding stops right after it, nothing drafted past it is kept
-    eos_limits = Limits(41, frozenset({greedy[6]}))
-    scripted = Scripted(greedy, len(prompt), 0, kind)
-    drafter = TrainedDrafter("scripted", scripted, depth=4, tree="dynamic", nodes=10, topk=3)
-    if kind == "parallel":
-        drafter.propose = _with_position(drafter, scripted, len(prompt))
-    out = generate(model, drafter, prompt, eos_limits)
-    assert out.tokens == generate(model, None, prompt, eos_limits).tokens == greedy[: greedy.index(greedy[6]) + 1]
+    eos_at_6 = Limits(41, frozenset({greedy[6]}))
+    drafter = scripted_drafter(greedy, prompt, 0, kind, tree="dynamic", nodes=10, topk=3)
+    out = generate(model, drafter, prompt, eos_at_6)
+    assert out.tokens == generate(model, None, prompt, eos_at_6).tokens == greedy[: greedy.index(greedy[6]) + 1]
 
 
 def test_point_mass_q_runs_at_positive_temperature(tiny, monkeypatch):
@@ -233,8 +216,4 @@ def test_medusa_dynamic_is_lossless_and_replays(tiny_model_dir):
     drafter = method.spec.build(env, method)
     assert env.resolved[method.label]["nodes"] == 10
     for prompt in PROMPTS:
-        greedy = generate(model, None, list(prompt), limits).tokens
-        real = generate(model, drafter, list(prompt), limits)
-        assert real.tokens == greedy
-        hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)
-        assert replay(drafter, list(prompt), greedy, hidden, limits, memo={}).to_dict() == real.counters.to_dict()
+        decode_and_replay(model, drafter, prompt, limits, features=True, memo={})

@@ -138,12 +138,11 @@ def _flagged_heads(tiny_model_dir, tmp_path, monkeypatch, lines):
     monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
     prompts = [([5 + i, 17, 3, 42, 8, 11 + i], 10) for i in range(12)]
     monkeypatch.setattr(train_heads, "prompt_pool", lambda tok, n, max_tokens, seed, gen: prompts[:n])
-    monkeypatch.setitem(train_heads.PROFILES, "ci", train_heads.Profile(
-        n_prompts=12, gen_tokens=10, steps=10, batch_gen=4, num_heads=4, shortlist=64, greedy_positions=10**5,
-        gen_dtype="auto"))
+    profile = train_heads.Profile(n_prompts=12, gen_tokens=10, steps=10, batch_gen=4, num_heads=4, shortlist=64,
+                                  greedy_positions=10**5, gen_dtype="auto", name="ci")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    return train_heads.train(str(tiny_model_dir), "ci", model, tok, log=lines.append, out=tmp_path / "heads")
+    return train_heads.train(str(tiny_model_dir), profile, model, tok, log=lines.append, out=tmp_path / "heads")
 
 
 def test_heads_below_the_floor_warn_and_a_run_with_them_says_and_records_it(tiny_model_dir, tmp_path, monkeypatch):

@@ -5,18 +5,17 @@ everything, a random one nothing; output always equals greedy and replay equals 
 corpus builders work on fixtures; bad option values fail when parsed."""
 from __future__ import annotations
 
-import json
 import random
 
 import numpy as np
 import pytest
-import torch
 
 from bpdbench.config import RunConfig
-from bpdbench.engine import DraftContext, Limits, generate, replay
+from bpdbench.engine import DraftContext, Limits, generate
 from bpdbench.methods import Env, MethodError, parse
 from bpdbench.methods.hierarchy import HierarchyDrafter, _add
 from bpdbench.methods.lookup import SEP, FrequencyTable, stream
+from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error, write_corpus
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 
@@ -94,23 +93,19 @@ def test_exact_history_accepts_everything_random_accepts_nothing(tiny_model, eos
     the model never chooses. Both are lossless and replay exactly."""
     rng, drafted = random.Random(0), 0
     for prompt in PROMPTS:
-        ref = generate(tiny_model, None, list(prompt), Limits(max_new)).tokens
-        limits = Limits(max_new, frozenset() if eos_at is None else frozenset({ref[eos_at]}))
+        limits = eos_limits(tiny_model, prompt, eos_at, max_new)
         greedy = generate(tiny_model, None, list(prompt), limits).tokens
         exact = FrequencyTable.build(stream([list(prompt) + greedy]), sizes=(3,), top=1)
         d = HierarchyDrafter("h", "s", 1, 6, 3, history=exact)
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
+        real = decode_and_replay(tiny_model, d, prompt, limits, greedy)
         if len(set(zip(prompt[-2:] + greedy, prompt[-1:] + greedy[1:], greedy[1:]))) == len(greedy) - 1:
             assert real.counters.accepted == real.counters.drafted > 0              # no 3-gram is ambiguous
-        others = [t for t in range(96) if t not in set(greedy)]
+        others = never_written(greedy)
         noise = [[rng.choice(others + list(prompt)) for _ in range(400)]]   # keys match, drafts never can
         d = HierarchyDrafter("h", "sl", 3, 4, 3, history=_table(noise), static=_table(noise))
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy and real.counters.accepted == 0
+        real = decode_and_replay(tiny_model, d, prompt, limits, greedy)
+        assert real.counters.accepted == 0
         drafted += real.counters.drafted
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
     assert drafted > 0
 
 
@@ -119,11 +114,7 @@ def test_context_database_follows_a_loop(tiny_model):
     outputs loop: lossless, replays exactly, and accepts most of a loop."""
     limits = Limits(60)
     for prompt in PROMPTS:
-        greedy = generate(tiny_model, None, list(prompt), limits).tokens
-        d = HierarchyDrafter("h", "c", 3, 5, 3)
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
+        real = decode_and_replay(tiny_model, HierarchyDrafter("h", "c", 3, 5, 3), prompt, limits)
         assert real.counters.accepted > 20
 
 
@@ -135,24 +126,7 @@ def test_context_database_follows_a_loop(tiny_model):
                                              ("hierarchy:ngram=x", "is not a int"),
                                              ("hierarchy:tokens=3", "unknown parameter")])
 def test_bad_options_fail_when_parsed(spelling, expect):
-    with pytest.raises(MethodError) as e:
-        parse(spelling)
-    assert expect in str(e.value) and "\n" not in str(e.value)
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    from bpdbench import models
-    torch.set_num_threads(1)
-    return models.load(str(tiny_model_dir), "float32")
-
-
-def _corpus_dir(root):
-    corpus = root / "corpus"
-    corpus.mkdir(parents=True)
-    rows = [{"text": f"the cat sat on the mat number {i}. the dog sat on the log."} for i in range(30)]
-    (corpus / "c4_en_validation_2k.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return root
+    assert expect in parse_error(spelling)
 
 
 def test_builders_on_fixtures(loaded, tiny_model_dir, tmp_path, monkeypatch):
@@ -164,7 +138,7 @@ def test_builders_on_fixtures(loaded, tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     model, tok = loaded
     name = str(tiny_model_dir)
-    cfg = RunConfig(model=name, dtype="float32", data_dir=str(_corpus_dir(tmp_path / "data")))
+    cfg = RunConfig(model=name, dtype="float32", data_dir=str(write_corpus(tmp_path / "data")))
     env = Env(model, tok, cfg, Limits(16), log=lambda m: None)
     m = parse("hierarchy:history=ci")
     d = m.spec.build(env, m)

@@ -3,7 +3,6 @@ a datastore holding the exact greedy text accepts everything and a misleading on
 for every counter), bad spellings, the datastore builder (corpus + model history, cached) and `nodes=auto`."""
 from __future__ import annotations
 
-import json
 import random
 from collections import Counter
 
@@ -11,11 +10,12 @@ import numpy as np
 import pytest
 
 from bpdbench.experiments.plan import prepare
-from bpdbench.engine import DraftContext, Limits, generate, replay
-from bpdbench.methods import MethodError, parse
+from bpdbench.engine import DraftContext, Limits, generate
+from bpdbench.methods import parse
 from bpdbench.methods.lookup import SEP, stream
 from bpdbench.methods.rest import RestDrafter, top_prefixes
 from bpdbench.methods.suffix_store import SuffixIndex
+from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error, write_corpus
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7])
 
@@ -73,21 +73,18 @@ def test_exact_datastore_accepts_everything_misleading_one_nothing(tiny_model, e
     once, so the draft is the greedy continuation. A datastore whose spans all continue with tokens the model never
     chooses drafts and accepts nothing. Both lossless; replay == real decoding."""
     for prompt in PROMPTS:
-        ref = generate(tiny_model, None, list(prompt), Limits(max_new)).tokens
-        limits = Limits(max_new, frozenset() if eos_at is None else frozenset({ref[eos_at]}))
+        limits = eos_limits(tiny_model, prompt, eos_at, max_new)
         greedy = generate(tiny_model, None, list(prompt), limits).tokens
         d = RestDrafter("r", SuffixIndex.build(stream([list(prompt) + greedy])), nodes=16, eos=limits.eos_ids)
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy and real.counters.accepted == real.counters.drafted > 0
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
+        real = decode_and_replay(tiny_model, d, prompt, limits, greedy)
+        assert real.counters.accepted == real.counters.drafted > 0
         seq = list(prompt) + greedy
-        others = [t for t in range(96) if t not in set(greedy)]
+        others = never_written(greedy)
         rng = random.Random(len(prompt))
         docs = [[a, b] + rng.sample(others, 3) for a, b in zip(seq, seq[1:])] * 2
-        d = RestDrafter("r", SuffixIndex.build(stream(docs)), nodes=8)
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy and real.counters.accepted == 0 and real.counters.drafted > 0
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
+        real = decode_and_replay(tiny_model, RestDrafter("r", SuffixIndex.build(stream(docs)), nodes=8), prompt,
+                                 limits, greedy)
+        assert real.counters.accepted == 0 and real.counters.drafted > 0
 
 
 @pytest.mark.parametrize("spelling,expect", [("rest:nodes=3", "nodes must be >= 4"),
@@ -97,17 +94,7 @@ def test_exact_datastore_accepts_everything_misleading_one_nothing(tiny_model, e
                                              ("rest:history=huge", "history must be one of"),
                                              ("rest:tokens=3", "unknown parameter")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
-    with pytest.raises(MethodError) as e:
-        parse(spelling)
-    assert expect in str(e.value) and "\n" not in str(e.value)
-
-
-def _corpus_dir(root):
-    corpus = root / "corpus"
-    corpus.mkdir(parents=True)
-    rows = [{"text": f"the cat sat on the mat number {i}. the dog sat on the log."} for i in range(30)]
-    (corpus / "c4_en_validation_2k.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return root
+    assert expect in parse_error(spelling)
 
 
 def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tmp_path, monkeypatch):
@@ -123,7 +110,7 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     model, tok = models.load(str(tiny_model_dir), "float32")
     name = str(tiny_model_dir)
-    cfg = RunConfig(model=name, dtype="float32", data_dir=str(_corpus_dir(tmp_path / "data")))
+    cfg = RunConfig(model=name, dtype="float32", data_dir=str(write_corpus(tmp_path / "data")))
     assert ("corpus suffix index", False) in REGISTRY["sam"].needs(name, cfg)
     logs: list[str] = []
     env = Env(model, tok, cfg, Limits(16), log=logs.append)

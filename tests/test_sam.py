@@ -14,10 +14,11 @@ import torch
 from bpdbench.experiments.plan import prepare
 from bpdbench.engine import DraftContext, Limits, Proposal, SamplingParams, SpeculativeSampling, generate, replay
 from bpdbench.engine.replay import teacher_forced
-from bpdbench.methods import MethodError, parse
+from bpdbench.methods import parse
 from bpdbench.methods.lookup import SEP, stream
 from bpdbench.methods.sam import SamDrafter
 from bpdbench.methods.suffix_store import SuffixAutomaton, SuffixIndex
+from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 
@@ -120,16 +121,13 @@ def test_exact_static_accepts_everything_noise_fallback_nothing(tiny_model, eos_
     drafting tokens the model never chooses accepts nothing. Lossless, and replay == real decoding, with the hidden
     states the fallback sees in both."""
     for prompt in PROMPTS:
-        ref = generate(tiny_model, None, list(prompt), Limits(max_new)).tokens
-        limits = Limits(max_new, frozenset() if eos_at is None else frozenset({ref[eos_at]}))
+        limits = eos_limits(tiny_model, prompt, eos_at, max_new)
         greedy = generate(tiny_model, None, list(prompt), limits).tokens
         exact = SuffixIndex.build(stream([list(prompt) + greedy]))
-        d = SamDrafter("s", tokens=6, threshold=1, bias=0, static=exact)
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy and real.counters.accepted == real.counters.drafted > 0
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
-        noise = [t for t in range(96) if t not in set(greedy)]
-        fb = HiddenFallback(noise)
+        real = decode_and_replay(tiny_model, SamDrafter("s", tokens=6, threshold=1, bias=0, static=exact), prompt,
+                                 limits, greedy)
+        assert real.counters.accepted == real.counters.drafted > 0
+        fb = HiddenFallback(never_written(greedy))
         d = SamDrafter("s", tokens=6, threshold=10_000, static=None, fallback=fb)
         real = generate(tiny_model, d, list(prompt), limits)
         assert real.tokens == greedy and real.counters.accepted == 0 and fb.calls and fb.resets == 1
@@ -143,7 +141,7 @@ def test_fallback_stays_in_sync_when_sam_drafts(tiny_model):
     prompt = [5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6]
     limits = Limits(40)
     greedy = generate(tiny_model, None, prompt, limits).tokens
-    fb = HiddenFallback([t for t in range(96) if t not in set(greedy)])
+    fb = HiddenFallback(never_written(greedy))
     d = SamDrafter("s", tokens=5, threshold=2, static=None, fallback=fb)
     real = generate(tiny_model, d, prompt, limits)
     assert real.tokens == greedy and real.counters.accepted > 0 and fb.calls > 0
@@ -156,11 +154,8 @@ def test_dynamic_automaton_follows_a_loop(tiny_model):
     from bpdbench.methods.hierarchy import HierarchyDrafter
     limits = Limits(60)
     for prompt in PROMPTS:
-        greedy = generate(tiny_model, None, list(prompt), limits).tokens
         d = SamDrafter("s", tokens=8, threshold=2, fallback=HierarchyDrafter("h", "c", 2, 4, 3))
-        real = generate(tiny_model, d, list(prompt), limits)
-        assert real.tokens == greedy and real.counters.accepted > 20
-        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
+        assert decode_and_replay(tiny_model, d, prompt, limits).counters.accepted > 20
 
 
 @pytest.mark.parametrize("spelling,expect", [("sam:fallback=nope", "unknown method 'nope'"),
@@ -172,9 +167,7 @@ def test_dynamic_automaton_follows_a_loop(tiny_model):
                                              ("sam:threshold=x", "is not a int"),
                                              ("sam:static=big", "static must be one of")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
-    with pytest.raises(MethodError) as e:
-        parse(spelling)
-    assert expect in str(e.value) and "\n" not in str(e.value)
+    assert expect in parse_error(spelling)
 
 
 def test_nested_spelling_round_trips():

@@ -3,8 +3,6 @@ for itself accepts everything (so block efficiency follows from γ alone); repla
 γ schedule grows and shrinks as transformers' does; the registry spelling builds, and bad setups fail in one line."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 
@@ -22,18 +20,6 @@ def other_model():
     """Same vocabulary as `tiny_model`, different weights: drafts that are sometimes wrong."""
     torch.set_num_threads(1)
     return make_tiny_model(vocab=96, seed=1)
-
-
-@pytest.fixture(scope="module")
-def noisy_model(tiny_model):
-    """The target with noise on every weight: it agrees with the target often but not always, so steps accept
-    partly and the draft cache is rolled back mid-draft (a different seed agrees almost never)."""
-    model = copy.deepcopy(tiny_model)
-    torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.2 * p.abs().mean())
-    return model
 
 
 def _cache_in_step(d: DraftModelDrafter) -> None:
@@ -148,13 +134,6 @@ def test_heuristic_grows_after_full_acceptance_and_shrinks_after_rejection(tiny_
     assert noisy.tokens == generate(tiny_model, None, list(PROMPTS[1]), limits).tokens
     gammas = [s[0] for s in noisy.step_log]
     assert any(b > a for a, b in zip(gammas, gammas[1:])) and any(b < a for a, b in zip(gammas, gammas[1:]))
-
-
-@pytest.fixture(scope="module")
-def loaded(tiny_model_dir):
-    from bpdbench import models
-    torch.set_num_threads(1)
-    return models.load(str(tiny_model_dir), "float32")
 
 
 def _env(loaded, model_name: str, limits: Limits) -> Env:

@@ -18,7 +18,7 @@ import json
 import shutil
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +28,7 @@ from .. import models, paths
 from ..config import environment
 from .heads import _greedy_batch, _teacher_topk, prompt_pool
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, resolve_dtype
+from .profiles import name_of, named, resolve, settings
 
 Log = Callable[[str], None]
 FILE = "data.pt"
@@ -45,6 +46,7 @@ class Budget:
     eval_every: int = 10             # every 10th sequence is held out (per-depth agreement)
     shortlist_rank: int = 65536      # how many token ids the frequency ranking keeps
     seed: int = 0
+    name: str = ""                   # the data's folder and meta.json's budget_name (BUDGETS: its key)
 
 
 # Batches of 32 make 1.7x the greedy tokens per second of 16 on 2 cores (bf16 GEMMs; measured 143 vs 83 tokens/s),
@@ -54,9 +56,9 @@ class Budget:
 # ci: fp32 and tiny, every prompt, identical on every machine (see train/heads.py on bf16 flips).
 # Quick prompts are cut to 64 tokens in batches of 64 rows (finished rows leave the batch): on 2 AVX2 cores in float32
 # the prefill of 160-token prompts cost as much as the generation (151 prompt tokens/s, ~110 greedy positions/s).
-BUDGETS = {"quick": Budget(1024, 128, 28000, batch=64, max_prompt_tokens=64),
-           "full": Budget(4096, 128, 90000, max_prompt_tokens=192),
-           "ci": Budget(16, 32, None, batch=8, dtype="float32")}
+BUDGETS = named({"quick": Budget(1024, 128, 28000, batch=64, max_prompt_tokens=64),
+                 "full": Budget(4096, 128, 90000, max_prompt_tokens=192),
+                 "ci": Budget(16, 32, None, batch=8, dtype="float32")})
 
 
 @dataclass
@@ -122,30 +124,34 @@ def load(path: Path) -> DistillData:
     return DistillData(**state, meta=meta)
 
 
-def ensure(model_name: str, budget: str, model=None, tok=None, log: Log = print) -> DistillData:
-    """The cached dataset, built first when missing (every trainer calls this, so the data is made once)."""
-    path = path_for(model_name, budget)
+def ensure(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print) -> DistillData:
+    """The cached dataset, built first when missing (every trainer calls this, so the data is made once). `budget`: a
+    name in BUDGETS or a Budget (its name names the folder)."""
+    path = path_for(model_name, name_of(budget))
     if not (path / FILE).exists():
         build(model_name, budget, model, tok, log)
     return load(path)
 
 
-def build(model_name: str, budget: str, model=None, tok=None, log: Log = print, out: Path | None = None) -> Path:
-    """Generate, rank the vocabulary, and write `data.pt` + `meta.json` atomically (a killed build leaves none)."""
+def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print, out: Path | None = None
+          ) -> Path:
+    """Generate, rank the vocabulary, and write `data.pt` + `meta.json` atomically (a killed build leaves none).
+    `budget`: a name in BUDGETS, or a Budget used as given (its name names the folder and is recorded)."""
     import tasks
 
-    b = BUDGETS[budget]
-    out = out or path_for(model_name, budget)
+    b = resolve(budget, BUDGETS)
+    name = b.name
+    out = out or path_for(model_name, name)
     t0 = time.time()
     torch.manual_seed(b.seed)
     dtype, why = resolve_dtype(b.dtype, log)
     if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
         model, tok = models.load(model_name, dtype, "cpu")
     prompts = prompt_pool(tok, b.n_prompts, b.max_prompt_tokens, b.seed, b.gen_tokens)
-    pacer = Pacer(f"'{budget}' distillation data", b.greedy_positions, log,
+    pacer = Pacer(f"'{name}' distillation data", b.greedy_positions, log,
                   predict_seconds(model_name, dtype, b.greedy_positions, b.batch, prompts)
                   if b.greedy_positions else None)
-    log(f"distillation data '{budget}' for {model_name}: up to {len(prompts)} prompts")
+    log(f"distillation data '{name}' for {model_name}: up to {len(prompts)} prompts")
     log(pacer.header(b.batch, dtype, why))
     seqs = generate(model, tok, prompts, b, log, pacer)
     gen_seconds = time.time() - t0
@@ -155,14 +161,14 @@ def build(model_name: str, budget: str, model=None, tok=None, log: Log = print, 
     state["rank"] = _rank(tok, train, b.shortlist_rank, tasks.default_data_dir(),
                           set(eos if isinstance(eos, list) else [eos]))
     n_greedy = sum(len(s["next_ids"]) - s["n_prompt"] for s in seqs)
-    meta = {"model": model_name, "budget": asdict(b), "budget_name": budget, "sequences": len(seqs),
+    meta = {"model": model_name, "budget": settings(b), "budget_name": name, "sequences": len(seqs),
             "rows": int(state["hidden"].shape[0]), "greedy_positions": n_greedy,
             "generation_seconds": round(gen_seconds, 1), "seconds": round(time.time() - t0, 1),
             "dtype": dtype, "dtype_reason": why, "truncated_by_time": pacer.truncated_by_time,
             "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
             "expected_from": pacer.source,
             "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), "cpu", dtype)}
-    warning = data_warning(f"the '{budget}' distillation data", n_greedy, b.greedy_positions,
+    warning = data_warning(f"the '{name}' distillation data", n_greedy, b.greedy_positions,
                            pacer.truncated_by_time)
     if warning:
         meta["quality_warning"] = warning

@@ -27,24 +27,26 @@ from . import distill
 from .fit import FitConfig, fit
 from .objectives import Rows, agreement, objective
 from .pacing import quality_warning
+from .profiles import name_of, named, resolve, settings
 
 Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Profile:
-    data: str                      # the distillation budget (train/distill.BUDGETS)
+    data: str | distill.Budget     # the distillation budget: a name in train/distill.BUDGETS, or the budget itself
     cpu_seconds: float | None      # fit budget in core-seconds (train/fit.py; None: `steps`)
     steps: int = 0
     depth: int = 5
     shortlist: int = 16384         # drafting vocabulary: the data's most frequent ids
     seed: int = 0
+    name: str = ""                 # the drafter's folder and the report's profile (PROFILES: its key)
 
 
 # quick: the data (about 250 s of two idle cores, once for every drafter) plus a fit of 480 core-seconds (four
 # minutes of two idle cores) stays within 10 minutes; full: 30 minutes of two cores on 3x the data.
-PROFILES = {"quick": Profile("quick", 480.0), "full": Profile("full", 3600.0),
-            "ci": Profile("ci", None, steps=12, depth=3, shortlist=4096)}
+PROFILES = named({"quick": Profile("quick", 480.0), "full": Profile("full", 3600.0),
+                  "ci": Profile("ci", None, steps=12, depth=3, shortlist=4096)})
 
 
 @dataclass(frozen=True)
@@ -104,11 +106,12 @@ def drafter_dir(model: str, name: str, profile: str) -> Path:
     return paths.drafter_dir(model, name, profile)
 
 
-def check(name: str, profile: str, adversarial: float) -> str:
-    """The cache name of a trainer request, or a one-line ValueError (before anything loads)."""
+def check(name: str, profile: str | Profile, adversarial: float) -> str:
+    """The cache name of a trainer request, or a one-line ValueError (before anything loads). A profile given as an
+    object is not looked up."""
     if name not in FAMILIES:
         raise ValueError(f"unknown drafter '{name}'; valid: {', '.join(FAMILIES)}")
-    if profile not in PROFILES:
+    if isinstance(profile, str) and profile not in PROFILES:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(PROFILES)}")
     if adversarial < 0 or adversarial != adversarial:
         raise ValueError(f"--adversarial must be >= 0, got {adversarial}")
@@ -117,14 +120,17 @@ def check(name: str, profile: str, adversarial: float) -> str:
     return name + ("-adv" if adversarial else "")
 
 
-def train(name: str, profile: str, model_name: str, model=None, tok=None, log: Log = print, out: Path | None = None,
-          adversarial: float = 0.0) -> Path:
-    """Train, score on the held-out sequences, save (config.json, weights, shortlist, rank, report.json)."""
+def train(name: str, profile: str | Profile, model_name: str, model=None, tok=None, log: Log = print,
+          out: Path | None = None, adversarial: float = 0.0, lr: float | None = None) -> Path:
+    """Train, score on the held-out sequences, save (config.json, weights, shortlist, rank, report.json).
+    `profile`: a name in PROFILES, or a Profile used as given (its name names the folder and the report's profile;
+    its data, a budget name or a distill.Budget); `lr`: the family's learning rate unless given."""
     if name.endswith("-adv"):                       # the cache name of an adversarial KOALA asks for the term
         name, adversarial = name[:-4], adversarial or 0.1
     saved = check(name, profile, adversarial)
-    p, fam = PROFILES[profile], FAMILIES[name]
-    fam = replace(fam, adversarial=adversarial)
+    p, fam = resolve(profile, PROFILES), FAMILIES[name]
+    fam = replace(fam, adversarial=adversarial, lr=fam.lr if lr is None else lr)
+    data = name_of(p.data)
     load0 = os.getloadavg()[0]
     ds = distill.ensure(model_name, p.data, model, tok, log)
     t0 = time.time()
@@ -142,7 +148,7 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     train_seqs = [q for i, q in enumerate(train_seqs) if i % VAL_EVERY]
     pool = train_seqs if obj.sequential else ds.rows(train_seqs)
     proj = lm_w[shortlist].float()
-    log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{p.data}' data: "
+    log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{data}' data: "
         f"{len(train_seqs)} sequences, {int(rows.greedy.sum())} greedy rows in all, shortlist {len(shortlist)}, "
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
     from ..hardware.dtype import choose as fast_dtype
@@ -154,16 +160,17 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     drafter.eval()
     heldout = agreement(obj, rows, held, proj, shortlist)
     seconds = time.time() - t0
-    report = {"drafter": drafter.type_name, "name": saved, "profile": profile, "model": model_name,
+    report = {"drafter": drafter.type_name, "name": saved, "profile": p.name, "model": model_name,
               "trainable_parameters": n_params, "emb_scale": drafter.emb_scale, "shortlist": len(shortlist),
               "depth": p.depth,
               "seconds": round(seconds, 1), "data_seconds": ds.meta.get("seconds"),
               "seconds_with_data": round(seconds + float(ds.meta.get("seconds") or 0), 1),
-              "heldout": heldout, "fit": stats, "fit_config": asdict(cfg), "profile_config": asdict(p),
+              "heldout": heldout, "fit": stats, "fit_config": asdict(cfg),
+              "profile_config": settings(p) | {"data": data},
               "family": {k: v for k, v in asdict(fam).items() if k != "build"},
               "data": {k: ds.meta.get(k) for k in ("budget_name", "sequences", "rows", "greedy_positions",
                                                      "generation_seconds")}
-              | {"path": str(distill.path_for(model_name, p.data)), "heldout_sequences": len(held),
+              | {"path": str(distill.path_for(model_name, data)), "heldout_sequences": len(held),
                  "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
               "environment": environment(torch.get_num_threads(), "cpu", "float32")}
@@ -174,10 +181,10 @@ def train(name: str, profile: str, model_name: str, model=None, tok=None, log: L
     drafter.shortlist = shortlist
     drafter.emb = None
     default = out is None
-    out = out or drafter_dir(model_name, saved, profile)
+    out = out or drafter_dir(model_name, saved, p.name)
     save(drafter, out, model_name, report, saved, ds.rank)
     if default:                 # the cached drafter's report is a result too (`bpdbench tables`: drafters_training)
-        copy = paths.results_root() / "drafters" / "training" / f"{model_name.replace('/', '_')}-{saved}-{profile}.json"
+        copy = paths.results_root() / "drafters" / "training" / f"{model_name.replace('/', '_')}-{saved}-{p.name}.json"
         copy.parent.mkdir(parents=True, exist_ok=True)
         copy.write_text(json.dumps(report, indent=2))
     log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "

@@ -14,7 +14,7 @@ import math
 import random
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from .. import models, paths
 from ..nets.heads import Heads, HeadsInfo, save
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, quality_warning, resolve_dtype
+from .profiles import named, resolve, settings
 
 TOPK_TEACHER = 8
 
@@ -48,6 +49,7 @@ class Profile:
     bf16_fit: bool = False             # bf16 autocast in the head fit (~1.8x faster on AVX512-BF16, same agreement;
                                        # with gen_dtype auto, only where auto resolves to bfloat16)
     gen_dtype: str = "auto"            # the base's dtype while generating: auto = this machine's fast dtype
+    name: str = ""                     # the heads' folder and the report's profile (PROFILES: its key)
 
 
 # Why sizes in greedy positions: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
@@ -64,11 +66,12 @@ class Profile:
 # 2 AVX2 cores (151 prompt tokens/s against ~110 greedy positions/s), for 32 teacher positions per prompt.
 # Batches of 64 rows: a forward over 64 rows costs 2.5 decode steps in bf16 on AVX512-BF16 and ~5.5 in fp32 on AVX2
 # (results/calibration/), against 1.14 and ~2.7 for 16 rows, so 64 rows make 1.8-2x the greedy positions per second.
-PROFILES = {"quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=64, greedy_positions=16000,
-                             fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
-            "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
-                            fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
-            "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")}
+PROFILES = named({
+    "quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=64, greedy_positions=16000,
+                     fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
+    "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
+                    fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
+    "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")})
 
 
 def heads_dir(model: str, profile: str) -> Path:
@@ -328,13 +331,15 @@ def agreement(lm_w, w, b, data, shortlist, h: int) -> dict:
             "positions": int(valid.sum(0)[0])}
 
 
-def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[str], None] = print,
+def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Callable[[str], None] = print,
           out: Path | None = None) -> Path:
-    """Train heads with a named profile and save them (Medusa-1 layout) with their agreement report."""
+    """Train heads with a named profile and save them (Medusa-1 layout) with their agreement report. `profile`: a
+    name in PROFILES, or a Profile used as given (its name names the folder and the report's profile)."""
     import tasks
 
-    p = PROFILES[profile]
-    out = out or heads_dir(model_name, profile)
+    p = resolve(profile, PROFILES)
+    name = p.name
+    out = out or heads_dir(model_name, name)
     t0 = time.time()
     torch.manual_seed(p.seed)
     dtype, why = resolve_dtype(p.gen_dtype, log)
@@ -343,10 +348,10 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
         model, tok = models.load(model_name, dtype, "cpu")   # the fast dtype generates; heads fit in fp32
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
-    pacer = Pacer(f"{profile} heads", p.greedy_positions, log,
+    pacer = Pacer(f"{name} heads", p.greedy_positions, log,
                   predict_seconds(model_name, dtype, p.greedy_positions, p.batch_gen, prompts)
                   if p.greedy_positions else None)
-    log(f"training '{profile}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
+    log(f"training '{name}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
     log(pacer.header(p.batch_gen, dtype, why))
     data = self_distill(model, tok, prompts, p.batch_gen, log, p.greedy_positions, pacer=pacer)
     generated = sum(len(d[3]) for d in data)
@@ -361,16 +366,16 @@ def train(model_name: str, profile: str, model=None, tok=None, log: Callable[[st
     log(f"  {x.shape[0]} training positions ({int(gen.sum())} greedy), shortlist {len(shortlist)}")
     weights = 1.0 + (p.greedy_weight - 1.0) * gen.float()  # the greedy part is what acceptance is measured on
     w, b = fit(lm_w, x, tid, tlp, valid, shortlist, p, log, weights)
-    report = {"profile": profile, "prompts_used": len(data), "train_positions": int(x.shape[0]),
+    report = {"profile": name, "prompts_used": len(data), "train_positions": int(x.shape[0]),
               "greedy_positions": int(gen.sum()),
               "seconds": round(time.time() - t0, 1),
-              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **asdict(p),
+              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **settings(p),
               "gen_dtype": dtype, "gen_dtype_reason": why, "generated_greedy_positions": generated,
               "truncated_by_time": pacer.truncated_by_time,
               "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
               "expected_from": pacer.source}
-    warning = quality_warning(f"'{profile}' heads", (report["heldout"]["top1"] or [None])[0],
-                              data_warning(f"the '{profile}' heads' data", generated, p.greedy_positions,
+    warning = quality_warning(f"'{name}' heads", (report["heldout"]["top1"] or [None])[0],
+                              data_warning(f"the '{name}' heads' data", generated, p.greedy_positions,
                                            pacer.truncated_by_time))
     if warning:
         report["quality_warning"] = warning
