@@ -101,7 +101,7 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     """rest's datastore (fixture corpus + the tiny model's ci history) and sam's corpus index are built on first use,
     cached, reused, recorded in the resolved config and listed by `bpdbench methods`; decoding stays lossless."""
     import torch
-    from bpdbench import models
+    from bpdbench import models, train  # noqa: F401  (train registers the history builder a first use calls)
     from bpdbench.config import RunConfig
     from bpdbench.methods import Env
     from bpdbench.methods import suffix_store
