@@ -89,12 +89,13 @@ def test_tables_render_the_certificates_summary(tmp_path):
 
 
 def _committed_folders(root: Path) -> list[str]:
-    return sorted(str(p.parent.relative_to(root)) for p in root.rglob("config.json")
-                  if "tables" not in p.parent.relative_to(root).parts)
+    return sorted({str(p.parent.relative_to(root)) for name in ("config.json", "certify.json")
+                   for p in root.rglob(name) if "tables" not in p.parent.relative_to(root).parts})
 
 
 def test_every_committed_result_folder_is_the_cell_of_one_grid():
-    """The recipe behind every number in results/: each folder holding a config.json is the output of exactly one
+    """The recipe behind every number in results/: each folder holding a config.json (certify: certify.json) is the
+    output of exactly one
     cell of grids/*.toml (`bpdbench sweep grids/<name>.toml --dry-run` lists it)."""
     from bpdbench.sweep import grid
     repo = Path(__file__).resolve().parents[1]
@@ -127,3 +128,38 @@ def test_alpha_law_cells(tmp_path):
     path.write_text('[sweep]\nresults = "res"\n\n[[alpha_law]]\ntasks = ["mt_bench"]\ntemperatures = [-1]\n')
     with pytest.raises(ConfigError, match="temperatures must be"):
         grid.load(path)
+
+
+def test_certify_cells(tmp_path):
+    from bpdbench.config import ConfigError
+    from bpdbench.sweep import grid
+    path = tmp_path / "g.toml"
+    path.write_text('[sweep]\nresults = "res"\n\n[[certify]]\ntasks = ["mt_bench"]\nmethods = ["pld"]\n'
+                    'temperature = 0.7\nsamples = 50\nrules = ["exact", "no-residual"]\ndtype = "float32"\n')
+    (cell,) = grid.load(path).cells
+    assert (cell.kind, cell.rel) == ("certify", "certify/mt_bench-pld-T0.7-float32")
+    assert cell.options == {"methods": "pld", "rules": ["exact", "no-residual"], "samples": 50, "positions": 4,
+                            "level": 0.01} and cell.config.temperature == 0.7
+    path.write_text('[sweep]\nresults = "res"\n\n[[certify]]\ntasks = ["mt_bench"]\nmethods = ["pld"]\n'
+                    'temperature = 0.7\nlevel = 2\n')
+    with pytest.raises(ConfigError, match="level must be"):
+        grid.load(path)
+
+
+def test_a_certify_cell_runs_and_is_then_finished(tiny_model_dir, data, tmp_path, monkeypatch):
+    from bpdbench.sweep import cells, grid, kinds
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "g.toml"
+    path.write_text("\n".join([
+        "[sweep]", f'results = "{tmp_path / "res"}"', "", "[[certify]]", 'tasks = ["xsum"]', 'methods = ["pld"]',
+        f'model = "{tiny_model_dir}"', 'dtype = "float32"', "temperature = 1.0", "limit = 1", "samples = 20",
+        "positions = 1", 'rules = ["exact"]']))
+    plan = grid.load(path, data=str(data))
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(plan.results))
+    monkeypatch.setenv("BPDBENCH_DATA", str(data))
+    (cell,) = plan.cells
+    assert not kinds.finished(cell, plan.results)
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok"
+    assert kinds.finished(cell, plan.results)
+    meta = json.loads((plan.results / cell.rel / "certify.json").read_text())
+    assert meta["methods"] == ["pld"] and meta["sweep"]["cell"] == cell.rel

@@ -57,7 +57,7 @@ def sweep(grid: Annotated[str, typer.Argument(help="grid file (TOML), e.g. grids
                                                            "each worker's $BPDBENCH_DATA or ../shared/data)")] = None,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="list the cells, what is finished and what each "
                                                                   "waits for; run nothing")] = False) -> None:
-    """Run a grid of run/replay/oracle/analyze/tune/speed/alpha_law cells as Ray tasks; finished cells and examples are kept,
+    """Run a grid of run/replay/oracle/analyze/tune/speed/alpha_law/certify cells as Ray tasks; finished cells and examples are kept,
     failed cells are retried and reported (exit 1), results land in one tree that `bpdbench tables` reads."""
     from ..sweep import driver, grid as grid_lib
     if cpus is not None and cpus < 1:

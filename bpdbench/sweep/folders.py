@@ -20,7 +20,8 @@ from ..config import ConfigError, RunConfig
 # where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
 # the file a finished cell of each kind leaves (written last, after config.json)
 SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
-           "speed": "speed.csv", "alpha_law": "alpha_law.csv"}
+           "speed": "speed.csv", "alpha_law": "alpha_law.csv", "certify": "certify_summary.csv"}
+CONFIG_FILE = {"certify": "certify.json"}          # where a kind records its settings, when not config.json
 FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed", "alpha_law": "alpha_law"}
 # the separators of a method spelling that a folder name replaces (scripts/certify.sh: tr ':,=' '---')
 SEPARATORS = re.compile(r"[:,=]")
@@ -45,19 +46,25 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, R
     if template is not None:
         rel = expand(template, kind, cfg)
     else:
-        rel = f"{folder or FOLDER[kind]}/{cfg.task}" if kind != "run" else _cli_default(kind, cfg)
-        if kind != "run" and not cfg.sampling.greedy:   # one folder per temperature and seed, named as run's are
+        rel = f"{folder or FOLDER[kind]}/{cfg.task}" if kind not in ("run", "certify") else _cli_default(kind, cfg, merged)
+        if kind not in ("run", "certify") and not cfg.sampling.greedy:   # one folder per temperature and seed, named as run's are
             rel += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
-    if rel != _cli_default(kind, cfg):                  # as `--out <results>/<rel>` would
+    if rel != _cli_default(kind, cfg, merged):                  # as `--out <results>/<rel>` would
         cfg = cfg.replace(out=str(Path(results) / rel))
     return rel, cfg
 
 
-def _cli_default(kind: str, cfg: RunConfig) -> str:
+def _cli_default(kind: str, cfg: RunConfig, merged: dict | None = None) -> str:
     """The folder the command writes to without --out, relative to the results root."""
     if kind == "run":
         from ..experiments.plan import method_of, run_folder
         return run_folder(cfg, method_of(cfg)).relative_to(paths.results_root()).as_posix()
+    if kind == "certify":               # named by its methods, sampling settings and dtype
+        from ..experiments.plan import methods_of, out_of
+        methods = (merged or {}).get("methods")
+        spellings = ",".join(methods) if isinstance(methods, list) else str(methods)
+        return out_of(cfg.replace(out=None), "certify", methods_of(spellings)).relative_to(
+            paths.results_root()).as_posix()
     return f"{FOLDER[kind]}/{cfg.task}"
 
 

@@ -24,7 +24,7 @@ from ..methods import Method
 from .artefacts import Artefact, artefacts_for
 from .folders import place
 
-KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law")
+KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law", "certify")
 # what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
 CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "run": {"limit": 10, "methods": ["bpd"]},
@@ -32,11 +32,13 @@ CLI_DEFAULTS: dict[str, dict[str, Any]] = {
     "oracle": {"limit": 30}, "analyze": {"limit": 30}, "tune": {"limit": 20},
     "speed": {"limit": 20, "max_new_tokens": 128, "repeats": 3,
               "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]},
-    "alpha_law": {"limit": 4, "max_new_tokens": 64, "gamma_max": 8, "temperatures": [0.0, 0.7, 1.0]}}
+    "alpha_law": {"limit": 4, "max_new_tokens": 64, "gamma_max": 8, "temperatures": [0.0, 0.7, 1.0]},
+    "certify": {"limit": 3, "rules": ["exact"], "samples": 300, "positions": 4, "level": 0.01}}
 KIND_KEYS = {"run": {"methods", "out", "private_greedy"}, "replay": {"methods", "per_category", "folder", "out"},
              "oracle": {"folder", "out"}, "analyze": {"folder", "out"}, "tune": {"methods", "out"},
              "speed": {"methods", "repeats", "per_category", "folder", "out"},
-             "alpha_law": {"draft", "gamma_max", "temperatures", "folder", "out"}}
+             "alpha_law": {"draft", "gamma_max", "temperatures", "folder", "out"},
+             "certify": {"methods", "rules", "samples", "positions", "level", "out"}}
 SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads": int, "gpus": (int, float),
               "retries": int, "tables": bool}
 # RunConfig fields the sweep sets itself (axes, roots, resume): not grid keys
@@ -241,13 +243,13 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
                              "threads", "gpus"} | KIND_KEYS[kind] | ({"method"} if kind in ("run", "tune") else set())
     _check_keys(block, valid, where)
     sampled = [k for k in block if k in SAMPLING and not (kind == "alpha_law" and k == "temperatures")]
-    if sampled and kind not in ("run", "speed"):
+    if sampled and kind not in ("run", "speed", "certify"):
         raise GridError(f"{where}: {sampled[0]}: {kind} decodes greedily; sampling options go in [[run]] and "
                         f"[[speed]] blocks")
     merged = _merge(CLI_DEFAULTS[kind], defaults, block, where)
     if kind == "alpha_law":                    # its temperatures are measured in one folder, not an axis
         merged = {**merged, "law_temperatures": merged.pop("temperatures", None)}
-    if kind not in ("run", "speed"):           # [defaults]' sampling options are for the cells that sample
+    if kind not in ("run", "speed", "certify"):    # [defaults]' sampling options are for the cells that sample
         merged = {k: v for k, v in merged.items() if k not in SAMPLING}
     if "tasks" not in block and "task" not in block:
         raise GridError(f"{where}: name its tasks, e.g. tasks = [\"xsum\"]")

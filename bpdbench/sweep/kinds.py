@@ -53,6 +53,17 @@ def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dic
         repeats = _count(merged.get("repeats", 3), "repeats", where)
         per_category = _count(merged.get("per_category"), "per_category", where)
         yield {}, {"methods": ",".join(_spellings(methods, where)), "repeats": repeats, "per_category": per_category}
+    elif kind == "certify":
+        rules = merged.get("rules")
+        rules = [rules] if isinstance(rules, str) else rules
+        level = merged.get("level")
+        if not isinstance(rules, list) or not rules or not all(isinstance(r, str) and r for r in rules):
+            raise ConfigError(f"{where}: rules must be a list of acceptance rules, e.g. [\"exact\", \"no-residual\"]")
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+            raise ConfigError(f"{where}: level must be in (0, 1), got {level!r}")
+        yield {}, {"methods": ",".join(_spellings(methods, where)), "rules": rules,
+                   "samples": _count(merged.get("samples"), "samples", where),
+                   "positions": _count(merged.get("positions"), "positions", where), "level": float(level)}
     elif kind == "alpha_law":
         from ..experiments.alpha_law import spelling
         gamma = _count(merged.get("gamma_max"), "gamma_max", where)
@@ -75,7 +86,7 @@ def methods_of(kind: str, cfg: RunConfig, options: dict) -> list[Method]:
         return [method_of(cfg)]
     if kind == "tune":
         return parsed(options["rescorer"])
-    if kind in ("replay", "speed"):
+    if kind in ("replay", "speed", "certify"):
         chosen = parsed(options["methods"])
         return [parse("ar")] + [m for m in chosen if m.label != "ar"] if kind == "speed" else chosen
     if kind == "oracle":
@@ -141,6 +152,11 @@ def _execute(cell, cfg: RunConfig, log: Log) -> dict:
         plan = prepare(cfg.replace(resume=False), "tune", methods_of("tune", cfg, o), heldout=True, log=log)
         res = commands.tune(plan, log)
         return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
+    if cell.kind == "certify":
+        from ..experiments.sampling_certificate import certify
+        plan = prepare(cfg, "certify", methods_of("certify", cfg, o), log=log)
+        res = certify(plan, ",".join(o["rules"]), o["samples"], o["positions"], o["level"], log)
+        return {"families": len(res["families"])}
     if cell.kind == "alpha_law":
         from ..experiments import alpha_law
         plan = prepare(cfg, "alpha_law", methods_of("alpha_law", cfg, o), log=log)
@@ -187,13 +203,13 @@ def _hook(cell):
 def finished(cell, root: Path) -> bool:
     """The cell's summary exists, was written after its config.json (a crash after a new config.json leaves an older
     summary behind), and config.json records the cell's settings and methods. Folders the CLI wrote count too."""
-    from .folders import SUMMARY
+    from .folders import CONFIG_FILE, SUMMARY
     if cell.kind == "tune":
         return _tuned(cell, root)
     out = root / cell.rel
-    summary, conf = out / SUMMARY[cell.kind], out / "config.json"
+    summary, conf = out / SUMMARY[cell.kind], out / CONFIG_FILE.get(cell.kind, "config.json")
     try:
-        if cell.kind in ("analyze", "alpha_law"):    # they write their config.json last
+        if cell.kind in ("analyze", "alpha_law", "certify"):    # they write their config last
             if not summary.exists():
                 return False
         elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns:
@@ -244,6 +260,8 @@ def _matches(cell, meta: dict) -> bool:
                 and meta.get("per_category") == cell.options["per_category"])
     if cell.kind == "analyze":          # always plain and 2-gram drafts: its config is all there is to match
         return True
+    if cell.kind == "certify" and any(meta.get(k) != cell.options[k] for k in ("rules", "samples", "positions", "level")):
+        return False
     if cell.kind == "alpha_law" and (meta.get("gamma_max") != cell.options["gamma_max"]
                                      or [float(t) for t in meta.get("temperatures", [])] != cell.options["temperatures"]):
         return False
