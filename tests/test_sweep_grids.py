@@ -88,34 +88,6 @@ def test_tables_render_the_certificates_summary(tmp_path):
     assert rows((tmp_path / "tables" / "certificates.md").read_text()) == rows((committed / "summary.md").read_text())
 
 
-def _committed_folders(root: Path) -> list[str]:
-    return sorted({str(p.parent.relative_to(root)) for name in ("config.json", "certify.json")
-                   for p in root.rglob(name) if "tables" not in p.parent.relative_to(root).parts})
-
-
-def test_every_committed_result_folder_is_the_cell_of_one_grid():
-    """The recipe behind every number in results/: each folder holding a config.json (certify: certify.json) is the
-    output of exactly one
-    cell of grids/*.toml (`bpdbench sweep grids/<name>.toml --dry-run` lists it)."""
-    from bpdbench.sweep import grid
-    repo = Path(__file__).resolve().parents[1]
-    if not (repo.parent / "shared" / "data" / "xsum").is_dir():
-        pytest.skip("needs ../shared/data")
-    root = (repo / "results").resolve()
-    owners: dict[str, list[str]] = {}
-    for path in sorted((repo / "grids").glob("*.toml")):
-        plan = grid.load(path)
-        if plan.results.resolve() != root:
-            continue                            # a grid that writes elsewhere (throughput) owns no committed folder
-        for cell in plan.cells:
-            if cell.rel:
-                owners.setdefault(cell.rel, []).append(path.name)
-    folders = _committed_folders(root)
-    assert folders, "no committed results found"
-    assert [f for f in folders if f not in owners] == []
-    assert {f: g for f, g in owners.items() if f in folders and len(set(g)) > 1} == {}
-
-
 def test_alpha_law_cells(tmp_path):
     from bpdbench.sweep import grid
     from bpdbench.config import ConfigError
