@@ -8,7 +8,7 @@ whose labels config.json records for the tables.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -33,17 +33,11 @@ class Plan:
     out: Path | None                    # None: the command writes no folder (tune writes the alpha table)
     resume: bool = False
     per_category: int | None = None
-    heldout: bool = False
 
     @property
     def method(self) -> Method:
         """The one method of `run` (and `tune`)."""
         return self.methods[0]
-
-    def with_cfg(self, **changes) -> "Plan":
-        """The same plan at other settings that neither select examples nor name methods (alpha-law's
-        temperatures, the sweep's private greedy folder)."""
-        return replace(self, cfg=self.cfg.replace(**changes))
 
 
 def method_of(cfg: RunConfig) -> Method:
@@ -142,4 +136,4 @@ def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[M
         check_replay(cfg, parsed)
     examples = preflight(cfg, heldout, per_category, parsed, log)
     return Plan(cfg, kind, tuple(parsed), tuple(examples), out_of(cfg, kind, parsed),
-                cfg.resume if resume is None else resume, per_category, heldout)
+                cfg.resume if resume is None else resume, per_category)

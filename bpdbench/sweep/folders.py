@@ -16,13 +16,14 @@ from pathlib import Path
 
 from .. import paths
 from ..config import ConfigError, RunConfig
+from ..experiments.plan import FOLDERS
 
 # where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
 # the file a finished cell of each kind leaves (written last, after config.json)
 SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
            "speed": "speed.csv", "alpha_law": "alpha_law.csv", "certify": "certify_summary.csv"}
 CONFIG_FILE = {"certify": "certify.json"}          # where a kind records its settings, when not config.json
-FOLDER = {"replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed", "alpha_law": "alpha_law"}
+FOLDER = {k: v for k, v in FOLDERS.items() if k not in ("run", "certify", "tune")}
 # the separators of a method spelling that a folder name replaces (scripts/certify.sh: tr ':,=' '---')
 SEPARATORS = re.compile(r"[:,=]")
 PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed")
@@ -43,29 +44,31 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, R
                                or folder.startswith(".")):
         raise ConfigError(f"folder must be one folder name under the results root, got {folder!r}; for a path "
                           f"use out = \"a/b/{{task}}\"")
+    default = _cli_default(kind, cfg, merged)
     if template is not None:
         rel = expand(template, kind, cfg)
+    elif kind in ("run", "certify"):     # named by their methods and settings, as the command names them
+        rel = default
     else:
-        rel = f"{folder or FOLDER[kind]}/{cfg.task}" if kind not in ("run", "certify") else _cli_default(kind, cfg, merged)
-        if kind not in ("run", "certify") and not cfg.sampling.greedy:   # one folder per temperature and seed, named as run's are
+        rel = f"{folder or FOLDER[kind]}/{cfg.task}"
+        if not cfg.sampling.greedy:      # one folder per temperature and seed, named as run's are
             rel += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
-    if rel != _cli_default(kind, cfg, merged):                  # as `--out <results>/<rel>` would
+    if rel != default:                   # as `--out <results>/<rel>` would
         cfg = cfg.replace(out=str(Path(results) / rel))
     return rel, cfg
 
 
-def _cli_default(kind: str, cfg: RunConfig, merged: dict | None = None) -> str:
-    """The folder the command writes to without --out, relative to the results root."""
+def _cli_default(kind: str, cfg: RunConfig, merged: dict) -> str:
+    """The folder the command writes to without --out, relative to the results root (experiments/plan.py names it)."""
+    from ..experiments.plan import method_of, methods_of, out_of
     if kind == "run":
-        from ..experiments.plan import method_of, run_folder
-        return run_folder(cfg, method_of(cfg)).relative_to(paths.results_root()).as_posix()
-    if kind == "certify":               # named by its methods, sampling settings and dtype
-        from ..experiments.plan import methods_of, out_of
-        methods = (merged or {}).get("methods")
-        spellings = ",".join(methods) if isinstance(methods, list) else str(methods)
-        return out_of(cfg.replace(out=None), "certify", methods_of(spellings)).relative_to(
-            paths.results_root()).as_posix()
-    return f"{FOLDER[kind]}/{cfg.task}"
+        methods = [method_of(cfg)]
+    elif kind == "certify":
+        spellings = merged.get("methods")
+        methods = methods_of(",".join(spellings) if isinstance(spellings, list) else str(spellings))
+    else:
+        methods = []
+    return out_of(cfg.replace(out=None), kind, methods).relative_to(paths.results_root()).as_posix()
 
 
 def expand(template: object, kind: str, cfg: RunConfig) -> str:
