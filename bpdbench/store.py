@@ -250,7 +250,8 @@ class ResultWriter:
         self.path = self.out / EXAMPLES
         self.file = AppendOnlyJsonl(self.out, EXAMPLES, by_id, log, lock)   # a second writer fails at the lock
         try:
-            precheck_run(self.out, config.get("config", {}), resume)   # checked again under the lock
+            if lock is None:            # a command holding the lock checked before its model loaded
+                precheck_run(self.out, config.get("config", {}), resume)
             self.records = resumable(self.out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,
                                      ignore=RUN_RESUME_IGNORES, file=self.file)
             write_atomic(self.out / CONFIG, json.dumps(config, indent=2, default=str))
