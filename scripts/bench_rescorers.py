@@ -34,15 +34,15 @@ def build(name: str, s):
     try:
         return s.drafter(parse(name)), "trained"
     except Exception:  # noqa: BLE001 - only neural rescorers can be timed without their artefact
-        from bpdbench.methods.heads import HeadsDrafter
+        from bpdbench.methods.lattice import HeadsSource, LatticeDrafter
         from bpdbench.nets.small_lm import SmallLM, make_config
         from bpdbench.refine.neural import NeuralRescorer
         if not name.startswith("neural-"):
             raise
         heads, _ = s.env.heads()
         lm = SmallLM(make_config(name[-1], len(heads.shortlist)), heads.shortlist).eval()
-        return HeadsDrafter(name, heads, s.cfg.heads, s.model.lm_head, s.cfg.k,
-                            refiner=NeuralRescorer(name, lm, alpha=0.5, k=s.cfg.k)), "random weights"
+        return LatticeDrafter(name, HeadsSource(heads, s.model.lm_head), s.cfg.heads, s.cfg.k,
+                              refiner=NeuralRescorer(name, lm, alpha=0.5, k=s.cfg.k)), "random weights"
 
 
 def main() -> None:

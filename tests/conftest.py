@@ -120,12 +120,12 @@ def noisy_model(tiny_model):
 def decode(model, prompt, max_new, eos_ids=(), heads=None, n_heads=0, rescorer=None, k=1, threshold=0.0):
     """The engine's loop with a heads drafter (or none: AR), in the argument order the decoding tests read best."""
     from bpdbench.engine import Limits, generate
-    from bpdbench.methods.heads import HeadsDrafter
+    from bpdbench.methods.lattice import HeadsSource, LatticeDrafter
 
     drafter = None
     if heads is not None and n_heads:
-        drafter = HeadsDrafter("test", heads, n_heads, model.lm_head, k=k if rescorer is not None else 1,
-                               threshold=threshold, refiner=rescorer)
+        drafter = LatticeDrafter("test", HeadsSource(heads, model.lm_head), n_heads,
+                                 k=k if rescorer is not None else 1, threshold=threshold, refiner=rescorer)
     return generate(model, drafter, list(prompt), Limits(max_new, frozenset(eos_ids)))
 
 

@@ -124,12 +124,12 @@ def test_horizontal_heads_then_mag_is_lossless_and_replays(tiny_model, split, le
     """The heads draft the first `split` positions, MaG continues after them; with `tree`, MaG's own draft from
     the first position is verified beside it in the same trie."""
     heads = random_heads(tiny_model.lm_head, 4, seed=3, std=0.05)
-    from bpdbench.methods.heads import HeadsDrafter
+    from bpdbench.methods.lattice import HeadsSource, LatticeDrafter
     limits = Limits(40)
     two = 0
     for prompt in PROMPTS:
         greedy = generate(tiny_model, None, list(prompt), limits).tokens
-        d = CascadeDrafter("c", HeadsDrafter("c", heads, split, tiny_model.lm_head), split, length,
+        d = CascadeDrafter("c", LatticeDrafter("c", HeadsSource(heads, tiny_model.lm_head), split), split, length,
                            MaG(4, _greedy_bigram(greedy)), tree=tree)
         hidden = teacher_forced(tiny_model, list(prompt), greedy)
         real = decode_and_replay(tiny_model, d, prompt, limits, greedy, hidden)
@@ -139,7 +139,7 @@ def test_horizontal_heads_then_mag_is_lossless_and_replays(tiny_model, split, le
             ctx = DraftContext(list(prompt) + greedy[:m], hidden[m - 1], 100)
             d.index.sync(ctx.tokens)
             paths = d.propose(ctx).paths
-            top = HeadsDrafter("h", heads, split, tiny_model.lm_head).propose(ctx).paths[0]
+            top = LatticeDrafter("h", HeadsSource(heads, tiny_model.lm_head), split).propose(ctx).paths[0]
             alone = d.mag.draft(d.index, [], length)
             assert paths[0][:split] == top
             assert paths[0][split:] == d.mag.draft(d.index, top, length - split)[: len(paths[0]) - split]

@@ -39,7 +39,7 @@ import torch
 from ..engine import DraftContext, Proposal
 from .base import THRESHOLD, Method, MethodError, MethodSpec, Param
 from .env import Env
-from .heads import HeadsDrafter
+from .lattice import HeadsSource, LatticeDrafter
 from .lookup import MaG, ContextIndex, cut_after_eos
 from .sps import DraftModelDrafter
 
@@ -94,7 +94,7 @@ class CascadeDrafter:
     """`tree`: verify the bottom level's own draft (from the first position) beside the cascade's, as a second
     path of one trie: the top level's guess at the first positions and MaG's copy are both tried."""
 
-    def __init__(self, name: str, top: HeadsDrafter | AssistedDraftModel | None, split: int, length: int,
+    def __init__(self, name: str, top: LatticeDrafter | AssistedDraftModel | None, split: int, length: int,
                  mag: MaG | None, eos: frozenset[int] = frozenset(), tree: bool = False):
         self.name, self.top, self.split, self.length, self.mag, self.eos = name, top, split, length, mag, eos
         self.tree = tree
@@ -124,7 +124,7 @@ class CascadeDrafter:
     def _top(self, ctx: DraftContext, n: int) -> list[int]:
         if self.top is None or n <= 0:
             return []
-        if isinstance(self.top, HeadsDrafter):
+        if isinstance(self.top, LatticeDrafter):
             lat = self.top.lattice(ctx)
             return [] if lat is None else lat.ids[:n, 0].tolist()
         return self.top.draft(ctx, n)
@@ -194,7 +194,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
         if split > heads.num_heads:
             raise MethodError(f"{label}: split={split} but the heads have only {heads.num_heads}")
         threshold = method.get("threshold", env.cfg.draft_threshold)
-        drafter.top = HeadsDrafter(label, heads, split, env.model.lm_head, 1, threshold)
+        drafter.top = LatticeDrafter(label, HeadsSource(heads, env.model.lm_head), split, 1, threshold)
         resolved.update(n_heads=split, threshold=threshold)
     elif top == "sps":
         from .sps import load_draft

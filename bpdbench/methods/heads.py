@@ -1,8 +1,9 @@
 """Blockwise parallel decoding and the paper's draft refinements: heads draft a top-k lattice, a refiner picks paths.
 
-`bpd` verifies the heads' top-1 path (Stern et al.). Every refinement of the paper is the same drafter with a
-refiner from `rescorers/` (n-gram and neural rescoring, p-best paths, Medusa trees), so they share the drafting
-code, the draft threshold and the heads, and differ only in the refine stage.
+`bpd` verifies the heads' top-1 path (Stern et al.). Every refinement of the paper is the same drafter
+(methods/lattice.py: LatticeDrafter over the heads) with a refiner from `refine/` (n-gram and neural rescoring,
+p-best paths, Medusa trees), so they share the drafting code, the draft threshold and the heads, and differ only in
+the refine stage. The heads draft all their depths whatever the generation budget left (the loop clips the paths).
 
 Speculative sampling (T > 0): q is a point mass. The lattice is a deterministic function of the context (the base's
 hidden state and, for rescorers, the decided tokens), and every refiner picks paths deterministically from it, so a
@@ -13,69 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from .. import refine
 from .. import paths
 from ..config import RunConfig
-from ..engine import DraftContext, Lattice, Proposal
-from ..nets.heads import Heads
 from dataclasses import replace
 
 from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .env import Env
-
-
-class HeadsDrafter:
-    """Top-k candidates of each head at the current position, then the refiner's paths (none: the top-1 path).
-
-    `threshold` > 0 truncates the draft before the first head whose top-1 probability is below it. Why: on a CPU
-    the verify forward's cost grows with the block (a 9-token block costs ~1.35 decode steps in bf16, a 2-token one
-    barely more than one), while heads far out rarely hit. All heads are still scored in one call: drafting is
-    bound by reading the shortlisted projection, which one head costs as much as eight."""
-
-    def __init__(self, name: str, heads: Heads, n_heads: int, lm_head, k: int = 1, threshold: float = 0.0,
-                 refiner=None):
-        self.name, self.heads, self.n, self.lm_head = name, heads, n_heads, lm_head
-        self.k, self.threshold, self.refiner = k, threshold, refiner
-
-    def reset(self, prompt_ids: list[int]) -> None:
-        if self.refiner is not None:
-            self.refiner.reset(list(prompt_ids))
-
-    def lattice(self, ctx: DraftContext) -> Lattice | None:
-        """The lattice at this position; in replay it is kept in the example's memo under everything it depends
-        on (heads, how many, k, threshold, position), so drafters sharing those share one computation."""
-        if ctx.memo is None:
-            return self._lattice(ctx)
-        key = ("heads-lattice", id(self.heads), self.n, self.k, self.threshold, len(ctx.tokens))
-        if key not in ctx.memo:
-            ctx.memo[key] = self._lattice(ctx)
-        return ctx.memo[key]
-
-    def _lattice(self, ctx: DraftContext) -> Lattice | None:
-        logits = self.heads.draft_logits(ctx.hidden, self.n, self.lm_head, context=ctx.tokens).float()
-        logp, idx = torch.log_softmax(logits, -1).topk(self.k, dim=-1)
-        if self.threshold > 0:
-            unsure = (logp[:, 0].exp() < self.threshold).nonzero()
-            if len(unsure):
-                n = int(unsure[0])
-                if n == 0:
-                    return None
-                logp, idx = logp[:n], idx[:n]
-        return Lattice(self.heads.to_token_ids(idx).cpu(), logp.cpu())
-
-    def propose(self, ctx: DraftContext) -> Proposal:
-        lat = self.lattice(ctx)
-        if lat is None:
-            return Proposal()
-        if self.refiner is None:
-            return Proposal([lat.ids[:, 0].tolist()], lattice=lat)
-        return Proposal(self.refiner.refine(lat, ctx.tokens), lattice=lat)
-
-    def observe(self, tokens: list[int]) -> None:
-        if hasattr(self.refiner, "observe"):
-            self.refiner.observe(tokens)
+from .lattice import HeadsSource, LatticeDrafter
 
 
 def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[float | None, str]:
@@ -94,7 +40,7 @@ def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[floa
     return spec.default_alpha, "default (not tuned)"
 
 
-def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
+def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
     heads, meta = env.heads()
     if method.get("tree") == "auto":
         rescorer = "medusa-auto"
@@ -133,7 +79,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> HeadsDrafter:
         else:                             # mc_sim_7b_63 is listed best first
             tree.use(tree.choices[:nodes])
         env.resolved[method.label].update(nodes=tree.p)
-    return HeadsDrafter(method.label, heads, n, env.model.lm_head, k, threshold, refiner)
+    return LatticeDrafter(method.label, HeadsSource(heads, env.model.lm_head), n, k, threshold, refiner)
 
 
 def _needs_heads(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:

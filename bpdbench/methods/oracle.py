@@ -10,13 +10,14 @@ from __future__ import annotations
 from ..engine import DraftContext, Proposal
 from .base import HEADS, Method, MethodError, MethodSpec, Param
 from .env import Env
-from .heads import HeadsDrafter, _needs_heads
+from .heads import _needs_heads
+from .lattice import HeadsSource, LatticeDrafter
 
 
 class OracleDrafter:
     needs_reference = True
 
-    def __init__(self, name: str, inner: HeadsDrafter):
+    def __init__(self, name: str, inner: LatticeDrafter):
         self.name, self.inner = name, inner
         self.reference: list[int] | None = None
         self.start = 0
@@ -52,7 +53,7 @@ def build(env: Env, method: Method) -> OracleDrafter:
     k = method.get("k", env.cfg.k)
     n = method.get("heads", env.cfg.heads)
     env.resolved[method.label] = {"n_heads": n, "k": k}
-    inner = HeadsDrafter(method.label, heads, n, env.model.lm_head, k=k)
+    inner = LatticeDrafter(method.label, HeadsSource(heads, env.model.lm_head), n, k=k)
     return OracleDrafter(method.label, inner)
 
 
