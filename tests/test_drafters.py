@@ -22,7 +22,8 @@ from bpdbench.nets.hydra import Hydra
 from bpdbench.nets.layers import causal_mask
 from bpdbench.engine import Limits, Proposal, generate, ratios
 from bpdbench.methods import Env, parse
-from bpdbench.methods.trained import TrainedDrafter
+from bpdbench.methods.lattice import LatticeDrafter
+from bpdbench.methods.trained import TrainedDrafter, drafter_for
 from tests.drafter_fixtures import build_tiny_drafters
 from tests.helpers import decode_and_replay, eos_limits
 
@@ -154,16 +155,17 @@ def test_perfect_drafter_accepts_everything_and_wrong_one_nothing(tiny, kind, tr
             assert c.accepted == 0 and c.serial_calls == 41
 
 
-def scripted_drafter(greedy: list[int], prompt: list[int], shift: int, kind: str, **shape) -> TrainedDrafter:
-    """A depth-4 TrainedDrafter over `Scripted` (`shape`: its tree options) for decoding `prompt`."""
+def scripted_drafter(greedy: list[int], prompt: list[int], shift: int, kind: str, **shape
+                     ) -> LatticeDrafter | TrainedDrafter:
+    """The depth-4 drafter of `Scripted` (`shape`: its tree options) for decoding `prompt`."""
     scripted = Scripted(greedy, len(prompt), shift, kind)
-    drafter = TrainedDrafter("scripted", scripted, depth=4, **shape)
+    drafter = drafter_for("scripted", scripted, depth=4, **shape)
     if kind == "parallel":                       # parallel drafters read the position from the context
         drafter.propose = _with_position(drafter, scripted, len(prompt))
     return drafter
 
 
-def _with_position(drafter: TrainedDrafter, scripted: Scripted, start: int):
+def _with_position(drafter: LatticeDrafter | TrainedDrafter, scripted: Scripted, start: int):
     propose = drafter.propose
 
     def wrapped(ctx) -> Proposal:

@@ -1,14 +1,16 @@
 """Trained draft models (bpdbench/drafters: EAGLE, Hydra, Hydra++, Amphista, Medusa/KOALA heads) as drafters.
 
-One adapter for every family, so they differ only in the model: a chain is drafted depth by depth along the top-1
-path (sequential models condition each depth on the tokens drafted before it; parallel models give all depths in
-one call) and kept as a lattice (top-k per depth), on which the paper's refiners apply (`refine=ngram4`,
-`16best-ngram4`, `medusa`); a tree (`tree=W`) keeps, at every depth, the W best nodes by cumulative draft
-log-probability among the children (top-W) of the previous depth's nodes, every node conditioned on its own path,
-all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed width). `tree=dynamic` is EAGLE-2's
-whole policy (methods/dynamic.py): `topk` frontier nodes expanded with `topk` children each, for `depth` levels,
-then the `nodes` best of all generated nodes kept (nodes=auto: the budget fastest on this machine). Verification
-is the base's, so any draft is lossless.
+One entry for every family, so they differ only in the model. A chain is kept as a lattice (top-k per depth), on
+which the paper's refiners apply (`refine=ngram4`, `16best-ngram4`, `medusa`): a parallel model gives all depths
+in one call, so its chain is the heads' drafter (methods/lattice.py: LatticeDrafter over the model); a sequential
+model conditions each depth on the tokens drafted before it, so its chain is drafted here depth by depth along the
+top-1 path, under the same threshold rule and refine code, and stops at the first unsure depth without computing
+the later ones. Either chain drafts at most the generation budget left. A tree (`tree=W`) keeps, at every depth,
+the W best nodes by cumulative draft log-probability among the children (top-W) of the previous depth's nodes,
+every node conditioned on its own path, all nodes of a depth in one batched call (EAGLE-2's expansion with a fixed
+width). `tree=dynamic` is EAGLE-2's whole policy (methods/dynamic.py): `topk` frontier nodes expanded with `topk`
+children each, for `depth` levels, then the `nodes` best of all generated nodes kept (nodes=auto: the budget
+fastest on this machine). Verification is the base's, so any draft is lossless.
 
 Each family's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here.
 """
@@ -25,10 +27,12 @@ from ..config import RunConfig
 from ..nets.base import DraftModel, DrafterFileError
 from ..nets.checkpoint import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
+from ..refine import Rescorer
 from ..artefacts.policy import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .dynamic import DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree
 from .env import Env
+from .lattice import LatticeDrafter, ParallelSource, Refined, sure_depths
 
 PROFILES = ("quick", "full", "ci")
 DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
@@ -51,13 +55,16 @@ PATH = Param("path", str, "a drafter folder (bpdbench train-drafter --out), inst
 COMMON = (DEPTH, TREE, NODES, TOPK, K, REFINE, ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
 
 
-class TrainedDrafter:
-    """A draft model in the loop. Sequential models keep a per-example session in step with the decided context
-    (fed from DraftContext.accepted_hidden for feature models); `threshold` > 0 stops a chain before the first depth
-    whose top-1 probability is below it (fewer tokens to draft and to verify)."""
+class TrainedDrafter(Refined):
+    """A draft model's trees, and a sequential model's chains (a parallel model's chain is a LatticeDrafter:
+    `drafter_for`). Sequential models keep a per-example session in step with the decided context (fed from
+    DraftContext.accepted_hidden for feature models)."""
 
     def __init__(self, name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1,
-                 threshold: float = 0.0, refiner=None, nodes: int = DYNAMIC_NODES, topk: int = DYNAMIC_TOPK):
+                 threshold: float = 0.0, refiner: Rescorer | None = None, nodes: int = DYNAMIC_NODES,
+                 topk: int = DYNAMIC_TOPK):
+        if model.kind == "parallel" and not tree:
+            raise ValueError(f"{name}: a parallel model's chain is drafted by LatticeDrafter; use drafter_for")
         self.name, self.model, self.depth, self.tree = name, model, depth, tree
         self.nodes, self.topk = nodes, topk
         self.k, self.threshold, self.refiner = k, threshold, refiner
@@ -65,8 +72,7 @@ class TrainedDrafter:
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.session = self.model.session() if self.model.kind == "sequential" else None
-        if self.refiner is not None:
-            self.refiner.reset(list(prompt_ids))
+        super().reset(prompt_ids)
 
     @torch.no_grad()
     def propose(self, ctx: DraftContext) -> Proposal:
@@ -81,16 +87,7 @@ class TrainedDrafter:
             return Proposal(paths, probs=[[1.0] * len(p) for p in paths])   # q: point masses on the tree
         if self.tree:
             return Proposal(self._tree(expand, n))
-        lat = self._chain(expand, n)
-        if lat is None:
-            return Proposal()
-        if self.refiner is None:
-            return Proposal([lat.ids[:, 0].tolist()], lattice=lat)
-        return Proposal(self.refiner.refine(lat, ctx.tokens), lattice=lat)
-
-    def observe(self, tokens: list[int]) -> None:
-        if hasattr(self.refiner, "observe"):
-            self.refiner.observe(tokens)
+        return self.proposal(self._chain(expand, n), ctx)
 
     def _expansion(self, ctx: DraftContext, n: int):
         if self.session is not None:
@@ -104,10 +101,11 @@ class TrainedDrafter:
         return lp.tolist(), self.model.to_token_ids(ix).tolist()
 
     def _chain(self, expand, n: int) -> Lattice | None:
+        """Depth by depth, stopping before the first unsure depth (later depths are never computed)."""
         path, ids, lps = [], [], []
         for _ in range(n):
             lp, ix = torch.log_softmax(expand.logits([path])[0].float(), -1).topk(self.k)
-            if self.threshold > 0 and float(lp[0].exp()) < self.threshold:
+            if sure_depths(lp[:1], self.threshold) == 0:
                 break
             tok = self.model.to_token_ids(ix)
             ids.append(tok)
@@ -221,7 +219,17 @@ def check(method: Method, cfg: RunConfig, trained_name: str, family: str) -> Non
     _check_shape(method, cfg, family, int(config["depth"]), width)
 
 
-def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDrafter:
+def drafter_for(name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1, threshold: float = 0.0,
+                refiner: Rescorer | None = None, nodes: int = DYNAMIC_NODES, topk: int = DYNAMIC_TOPK
+                ) -> LatticeDrafter | TrainedDrafter:
+    """The drafter of a draft model in a given shape: a parallel model's chain is a lattice like the heads' (cut to
+    the budget, as every trained drafter's draft is), anything else a TrainedDrafter."""
+    if model.kind == "parallel" and not tree:
+        return LatticeDrafter(name, ParallelSource(model), depth, k, threshold, refiner, budgeted=True)
+    return TrainedDrafter(name, model, depth, tree, k, threshold, refiner, nodes, topk)
+
+
+def build(env: Env, method: Method, trained_name: str, family: str) -> LatticeDrafter | TrainedDrafter:
     model, config = resolve(env, method, trained_name, family)
     _check_shape(method, env.cfg, family, model.depth, len(model.proj))
     depth = method.get("depth", model.depth)
@@ -247,8 +255,8 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> TrainedDr
     if tree == "dynamic":
         env.resolved[method.label].update(nodes=method.concrete("nodes", DYNAMIC_NODES),
                                           topk=method.get("topk", DYNAMIC_TOPK))
-    return TrainedDrafter(method.label, model, depth, tree, k, threshold, refiner,
-                          method.concrete("nodes", DYNAMIC_NODES), method.get("topk", DYNAMIC_TOPK))
+    return drafter_for(method.label, model, depth, tree, k, threshold, refiner,
+                       method.concrete("nodes", DYNAMIC_NODES), method.get("topk", DYNAMIC_TOPK))
 
 
 class _Defaults:
