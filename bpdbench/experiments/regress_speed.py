@@ -11,7 +11,8 @@ the machine fingerprint equals the baseline's.
 Why a busy machine fails as "inconclusive": efficiencies compare the calibrated forwards with the timed run, so
 both must see an idle machine. A curve measured while another process kept one of two cores busy (1-token step
 52 ms instead of 36, 16 tokens 1.41 steps instead of 1.98: AVX512-BF16 EPYC, float32), or a run timed beside other
-work, moved medusa's engine efficiency from 1.11 to 0.75-0.88 on an unchanged engine. The calibration is measured
+work, gave medusa an engine efficiency of 0.75-0.88 where the same code measures 1.26 on the idle machine (the
+baseline: 1.11), and failed the check. The calibration is measured
 again where it was busy (hardware/calibration.ensure); the run says it was busy instead of blaming the engine, and
 still fails: a check that passes when it could not measure could never fail. The calibration is not re-measured
 when idle: it times the engine's own verify, so a fresh one would absorb an engine that got slower.
