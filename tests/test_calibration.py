@@ -133,7 +133,8 @@ def test_results_record_the_cached_calibration(tiny_model_dir, tmp_path):
     from bpdbench.hardware import kernels
     cal.linear = kernels.choose("float32", "cpu", 1).backend          # what the run's model loads with
     path = lib.save(cal)
-    assert run(tmp_path / "b") == {"file": str(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16)}
+    assert run(tmp_path / "b") == {"file": str(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16),
+                                   "measured_at": "", "others_cores": None}
 
 
 def test_costs_divide_by_the_step_of_their_own_round():
@@ -177,3 +178,46 @@ def test_a_lazily_projected_tree_costs_the_full_tree_less_the_rows_it_skips(tmp_
     old = Calibration.from_dict({**cal.to_dict(), "head": {}})
     lib.save(old, lib.cache_path("m", "float32", "cpu", 2))
     assert lib.cached("m", "float32", "cpu", 2) is None
+
+
+@pytest.mark.unit
+def test_a_calibration_measured_beside_other_work_is_measured_again(monkeypatch):
+    """A curve timed while another process kept a core busy has a slower step and a flatter curve than the
+    machine's own; every prediction and `auto` size would read it, so the next use measures it again, once."""
+    from dataclasses import replace
+    idle, busy = replace(hand_made(), others_cores=0.05), replace(hand_made(), others_cores=0.9)
+    assert busy.busy and not idle.busy and not hand_made().busy        # older files (no meter): trusted
+    assert Calibration.from_dict(json.loads(json.dumps(busy.to_dict()))).others_cores == 0.9
+    measured = []
+    monkeypatch.setattr(lib, "estimate_seconds", lambda *a, **k: 1.0)
+    monkeypatch.setattr(lib, "measure", lambda *a, **k: measured.append(1) or idle)
+    monkeypatch.setattr(lib, "cached", lambda *a: busy)
+    said = []
+    assert lib.ensure("m", "float32", "cpu", 2, model=object(), log=said.append) is idle and measured == [1]
+    assert any("measured while other processes kept 0.90 cores busy" in s for s in said)
+    monkeypatch.setattr(lib, "cached", lambda *a: idle)
+    assert lib.ensure("m", "float32", "cpu", 2, model=object(), log=said.append) is idle and measured == [1]
+
+
+@pytest.mark.unit
+def test_the_contention_meter_sees_another_busy_process():
+    import subprocess
+    import sys
+    import time
+
+    from bpdbench.hardware.contention import Meter, is_busy
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)                                       # the child is running before the interval starts
+        with Meter() as m:
+            time.sleep(1.5)
+    finally:
+        spin.kill()
+    if math.isnan(m.others_cores):
+        pytest.skip("no /proc/stat here")
+    assert m.others_cores > 0.6 and is_busy(m.others_cores)
+    with Meter() as mine:                                   # our own work is not counted as others'
+        t = time.process_time()
+        while time.process_time() - t < 1.0:
+            pass
+    assert mine.others_cores < m.others_cores - 0.5

@@ -55,6 +55,11 @@ def test_speed_check_compares_efficiencies_anywhere_and_speedups_on_the_same_mac
     faster = {"pld": {"time_efficiency": 0.99, "engine_efficiency": 1.3, "speedup_vs_ar": 1.2}}
     assert regress_speed.compare(base, faster, same_machine=False) == []        # better is not a regression
     assert regress_speed.compare(base, {}, False) == ["speed/pld: missing from the current run"]
+    busy = {"pld": {**same["pld"], "others_cores": 0.8}}            # timed beside other work: not the engine's fault
+    (msg,) = regress_speed.compare(base, busy, same_machine=False)
+    assert msg.startswith("speed: inconclusive") and "0.80 cores" in msg
+    idle = {"pld": {**slow["pld"], "others_cores": 0.1}}
+    assert "time efficiency 0.600" in regress_speed.compare(base, idle, same_machine=False)[0]
 
 
 def test_regress_speed_fails_on_a_slowed_engine(tiny_model_dir, tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ from typing import Callable
 import pandas as pd
 
 from ..config import RunConfig
+from ..hardware import contention
 from ..methods import Method, MethodUnavailable, Output, parse
 from ..store import AppendOnlyJsonl, OutputLock, resumable, write_atomic
 from ..stats import bootstrap_ratio
@@ -72,7 +73,8 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
     experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt."""
     load = _load()
-    runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device)
+    with contention.Meter() as others:
+        runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device)
     load = max(load, _load())
     ref = runs["ar"][0][1].tokens
     records = []
@@ -90,7 +92,7 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                                     else None),
                         "first_divergence": None if wrong is None else first_divergence(wrong, ref),
                         "verified": rs[0][1].verified, "verify_sizes": rs[0][1].verify_sizes,
-                        "load_average": load,
+                        "load_average": load, "others_cores": others.others_cores,
                         **({"sampled": True} if sampled else _certificate(certify, prompt, wrong, ref, rs))})
     return records
 
@@ -143,6 +145,7 @@ def summarize(records: list[dict], keys: tuple[str, ...] = ("method",), cal=None
                      "speedup_vs_ar": speedup, **_intervals(ok, sampled, known),
                      **prediction.summary_columns(ok, ar_pred, speedup),
                      "load_average_max": float(g.load_average.max()) if "load_average" in g else float("nan"),
+                     "others_cores_max": float(g.others_cores.max()) if "others_cores" in g else float("nan"),
                      "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
                      "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
                      **_drafting(ok, ar_step),
@@ -302,10 +305,10 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         summarize(records, ("category", "method"), cal).to_csv(out / "speed_by_category.csv", index=False)
     lost = report_divergence(summary, records, log, frozenset(m.label for m in chosen if m.spec.external))
     _record_drafting(cal, summary)
-    busy = summary.load_average_max.max()
-    if busy == busy and busy > (os.cpu_count() or 1):
-        log(f"WARNING: load average reached {busy:.1f} on {os.cpu_count()} cores while timing: other work shared "
-            f"the CPU, so these timings are slower and noisier than this machine's (recorded: load_average_max)")
+    busy = summary.others_cores_max.max()
+    if contention.is_busy(busy):
+        log(f"WARNING: while timing, {contention.describe(busy)}: these timings are slower and noisier than this "
+            f"machine's own (recorded per prompt: others_cores)")
     for row in summary.itertuples():
         if row.engine_efficiency == row.engine_efficiency:
             log(f"{row.method}: measured {row.speedup_vs_ar:.2f}x [{row.speedup_ci_low:.2f}, "

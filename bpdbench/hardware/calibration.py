@@ -20,7 +20,7 @@ from typing import Callable
 
 from .. import paths
 from .fingerprint import current
-from . import kernels
+from . import contention, kernels
 from .forward_timing import costs as _costs, crop_to, shapes as _shapes, time_shapes as _time_shapes
 from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
 
@@ -102,6 +102,12 @@ class Calibration:
     # projects only its inner nodes (engine.loop.LazyArgmax), so its cost is the full tree's less the rows skipped
     head: dict[int, float] = field(default_factory=dict)
     version: int = 1
+    others_cores: float | None = None    # cores other processes kept busy meanwhile (hardware/contention.py)
+
+    @property
+    def busy(self) -> bool:
+        """Measured beside other work: its step is slower and its curve flatter than this machine's."""
+        return contention.is_busy(self.others_cores)
 
     @property
     def middle(self) -> int:
@@ -189,8 +195,9 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     chain: dict[int, dict[int, float]] = {}
     tree: dict[int, dict[int, float]] = {}
     steps: dict[int, float] = {}
+    meter = contention.Meter()
     try:
-        with torch.inference_mode():
+        with torch.inference_mode(), meter:
             cache = DynamicCache()
             x = torch.tensor([ids[:-1]], device=model.device)
             secs, out = timed(lambda: model.model(input_ids=x, past_key_values=cache, use_cache=True), device)
@@ -220,7 +227,8 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
                        measured_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                        step_ms_by_context={c: steps[c] for c in contexts}, load_average=_load_average(),
                        linear=kernels.backend_of(model),
-                       head={r: secs * 1000 / step_ms for r, secs in head.items()})
+                       head={r: secs * 1000 / step_ms for r, secs in head.items()},
+                       others_cores=None if meter.others_cores != meter.others_cores else meter.others_cores)
 
 
 def _load_average() -> list[float] | None:
@@ -268,7 +276,8 @@ def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict 
     if cal is None:
         return None
     return {"file": str(cache_path(model_name, dtype, device, threads)), "key": cal.fingerprint.get("key"),
-            "step_ms": cal.step_ms, "cost16": cal.cost(16)}
+            "step_ms": cal.step_ms, "cost16": cal.cost(16), "measured_at": cal.measured_at,
+            "others_cores": cal.others_cores}
 
 
 def save(cal: Calibration, path: Path | None = None) -> Path:
@@ -330,8 +339,10 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     dtype = resolve(dtype, device, threads, log)
     threads = threads or torch.get_num_threads()
     cal = None if force else cached(model_name, dtype, device, threads)
+    if cal is not None and (not cal.busy or (model is None and loader is None)):
+        return cal             # a busy curve with nothing to measure it again with: kept (`--show` says it was busy)
     if cal is not None:
-        return cal
+        log(f"the cached calibration was measured while {contention.describe(cal.others_cores)}: measuring again")
     if model is None:
         if loader is None:
             raise ValueError(f"no calibration of {model_name} {dtype} is cached here and no model was given to "
@@ -348,4 +359,7 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     path = save(cal)
     log(f"calibrated in {cal.seconds:.0f} s: one step {cal.step_ms:.1f} ms, 16 tokens {cal.cost(16):.2f} steps; "
         f"{path}")
+    if cal.busy:
+        log(f"WARNING: while calibrating, {contention.describe(cal.others_cores)}; this curve is kept for now and "
+            f"measured again on its next use (or `bpdbench calibrate --force` on an idle machine)")
     return cal

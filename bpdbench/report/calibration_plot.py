@@ -69,6 +69,9 @@ def show_table(cal, console=None) -> None:
     steps = ", ".join(f"{ms:.1f} ms @{c}" for c, ms in sorted(cal.step_ms_by_context.items()))
     fp = cal.fingerprint
     load = f"; load average {cal.load_average[0]:.2f} when measured" if cal.load_average else ""
+    if cal.others_cores is not None:
+        load += f"; other processes {cal.others_cores:.2f} cores" + (" (BUSY: not this machine's own)" if cal.busy
+                                                                      else "")
     console.print(f"decode step {cal.step_ms:.1f} ms (context {cal.middle}; {steps}); prefill "
                   f"{cal.prefill_tok_per_s:.0f} tok/s; measured in {cal.seconds:.0f} s at {cal.measured_at}{load}",
                   highlight=False)

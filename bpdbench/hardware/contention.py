@@ -1,0 +1,63 @@
+"""How much CPU other processes took while we timed something, in cores.
+
+Why: on a 2-core machine one other busy process halves a 2-thread forward's speed, and it does not do so evenly: a
+1-token step slows more than a 64-token forward, so a calibration measured beside other work has a slower step and
+a flatter curve (measured on an AVX512-BF16 EPYC, float32: 52 ms and 16 tokens = 1.41 steps beside one busy core,
+36 ms and 1.98 steps idle). Every prediction, every `auto` draft size and the speed regression read that curve, so
+a busy measurement must be seen, not silently kept. The load average cannot tell: it counts our own threads and
+lags a minute. This meter reads the machine's busy CPU time (/proc/stat) and subtracts this process's own
+(`os.times`), over the measured interval.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+
+BUSY_CORES = 0.25      # more than a quarter of a core used by others: timings are not this machine's own
+MIN_SECONDS = 1.0      # shorter intervals are a few clock ticks (10 ms): no verdict (NaN) rather than noise
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU-seconds all processes spent busy since boot (every core), or None where /proc/stat is absent."""
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+@dataclass
+class Meter:
+    """`with Meter() as m: ...` then `m.others_cores`: the average number of cores other processes kept busy
+    (NaN where the machine's counters cannot be read, or over less than MIN_SECONDS)."""
+    others_cores: float = math.nan
+
+    def __enter__(self) -> "Meter":
+        self._start = (_machine_busy_seconds(), _own_seconds(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        busy0, own0, t0 = self._start
+        busy1, own1, t1 = _machine_busy_seconds(), _own_seconds(), time.perf_counter()
+        if busy0 is None or busy1 is None or t1 - t0 < MIN_SECONDS:
+            return
+        self.others_cores = round(max(0.0, (busy1 - busy0) - (own1 - own0)) / (t1 - t0), 3)
+
+
+def is_busy(others_cores: float | None) -> bool:
+    return others_cores is not None and not math.isnan(others_cores) and others_cores > BUSY_CORES
+
+
+def describe(others_cores: float) -> str:
+    return f"other processes kept {others_cores:.2f} cores busy (more than {BUSY_CORES} is not an idle machine)"
