@@ -155,3 +155,35 @@ def test_chains_keep_their_budget_rule(tiny_model):
     assert heads_drafter.lattice(_ctx(hidden, budget=2)).ids.shape == (4, 1)
     with pytest.raises(ValueError, match="drafter_for"):
         TrainedDrafter("m", medusa, 4)
+
+
+def test_a_fixed_medusa_tree_computes_only_its_depths_and_drafts_the_same_paths(tiny_model_dir):
+    """medusa:nodes=N verifies a tree no deeper than its deepest node, so the heads past it are not computed; every
+    path and every kept row of the lattice is what all heads would give (same rows, same top-k)."""
+    from bpdbench import models
+    from bpdbench.config import RunConfig
+    from bpdbench.engine.loop import Limits
+    from bpdbench.methods import parse
+    from bpdbench.methods.env import Env
+
+    torch.set_num_threads(1)
+    model, tok = models.load(str(tiny_model_dir), "float32")
+    env = Env(model, tok, RunConfig(model=str(tiny_model_dir), k=4, heads=4, heads_profile="init"), Limits(16),
+              log=lambda m: None)
+    heads, _ = env.heads()
+    torch.manual_seed(3)
+    for blk in heads.blocks:                                 # zero-init heads draft nothing worth comparing
+        blk[0].linear.weight.data.normal_(0, 0.5)
+    heads.pack(model.lm_head)
+    small = parse("medusa:nodes=3")
+    cut = small.spec.build(env, small)
+    tree = cut.refiner
+    assert tree.depth < 4 and cut.depth == tree.depth == env.resolved[small.label]["heads_computed"]
+    every = LatticeDrafter("all", cut.source, 4, cut.k, refiner=tree)
+    wide = parse("medusa")
+    assert wide.spec.build(env, wide).depth == 4 and "heads_computed" not in env.resolved[wide.label]  # depth 5
+    for _ in range(8):
+        ctx = _ctx(torch.randn(32) * 2)
+        a, b = cut.propose(ctx), every.propose(ctx)
+        assert a.paths == b.paths and len(a.paths) == 3
+        assert torch.equal(a.lattice.ids, b.lattice.ids[: tree.depth])
