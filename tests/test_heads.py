@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bpdbench.nets import heads as H
+from bpdbench.train import distill, greedy
 from bpdbench.train import heads as train_heads
 
 
@@ -57,7 +58,7 @@ def test_fit_learns_a_shift_rule():
         prev = torch.cat([torch.zeros(1, d), hid[:-1]])
         logits = prev @ lm_w.roll(3, 0).T * 3          # teacher at step s depends on x_{s-1}: head 0 can learn it
         lp = torch.log_softmax(logits, -1)
-        top_lp, top_ids = lp.topk(train_heads.TOPK_TEACHER, -1)
+        top_lp, top_ids = lp.topk(greedy.TOPK_TEACHER, -1)
         seqs.append((hid, top_ids, top_lp, top_ids[:, 0], 0))
     shortlist = torch.arange(vocab)
     before = train_heads.agreement(lm_w, torch.zeros(h, d, d), torch.zeros(h, d), seqs, shortlist, h)
@@ -81,8 +82,8 @@ def test_batched_greedy_for_head_training_equals_greedy_decoding(tiny_model):
     width = max(map(len, prompts))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    _, hid, lp, top, new = train_heads._greedy_batch(tiny_model, ids, mask, 12, torch.tensor([-1]))
-    assert hid.shape[:2] == (3, 12) and top.shape == (3, 12, train_heads.TOPK_TEACHER)
+    _, hid, lp, top, new = greedy.greedy_batch(tiny_model, ids, mask, 12, torch.tensor([-1]))
+    assert hid.shape[:2] == (3, 12) and top.shape == (3, 12, greedy.TOPK_TEACHER)
     for b, p in enumerate(prompts):
         assert new[b].tolist() == decode(tiny_model, p, 12).tokens
     assert torch.all(lp[..., 0] >= lp[..., 1])
@@ -97,12 +98,12 @@ def test_rows_that_finish_leave_the_batch_and_the_others_stay_greedy(tiny_model)
     ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     stop = torch.tensor([decode(tiny_model, prompts[3], 12).tokens[4]])       # row 3 meets its EOS early
-    _, hid, lp, top, new = train_heads._greedy_batch(tiny_model, ids, mask, 12, stop, torch.tensor(caps))
+    _, hid, lp, top, new = greedy.greedy_batch(tiny_model, ids, mask, 12, stop, torch.tensor(caps))
     for b, (p, cap) in enumerate(zip(prompts, caps)):
         want = decode(tiny_model, p, 12).tokens[:cap]
         cut = next((j + 1 for j, t in enumerate(want) if t in stop.tolist()), cap)
         assert new[b, :cut].tolist() == want[:cut]
-        assert torch.allclose(hid[b, :cut], train_heads._greedy_batch(tiny_model, ids[b:b + 1], mask[b:b + 1], cut,
+        assert torch.allclose(hid[b, :cut], greedy.greedy_batch(tiny_model, ids[b:b + 1], mask[b:b + 1], cut,
                                                                       torch.tensor([-1]))[1][0], atol=1e-5)
 
 
@@ -115,13 +116,14 @@ def test_quick_and_full_are_sizes_in_greedy_positions_in_the_fast_dtype():
     assert "gen_seconds" not in {f.name for f in fields(train_heads.Profile)}
 
 
-def test_self_distill_stops_at_the_positions_target(tiny_model):
+def test_generation_stops_at_the_positions_target(tiny_model):
     prompts = [([5, 17, 3, 42, 8, 11], 12), ([7, 1], 12), ([30, 31, 32, 33], 12)] * 4
     tok = type("Tok", (), {"pad_token_id": 0})()
-    data = train_heads.self_distill(tiny_model, tok, prompts, 2, lambda m: None, positions=30)
-    n = [len(d[3]) for d in data]
+    budget = lambda positions: distill.Budget(len(prompts), 12, positions, batch=2)   # noqa: E731
+    data = distill.generate(tiny_model, tok, prompts, budget(30), lambda m: None)
+    n = [len(q["next_ids"]) - q["n_prompt"] for q in data]
     assert sum(n) >= 30 and sum(n[:-2]) < 30 and len(data) < len(prompts)
-    everything = train_heads.self_distill(tiny_model, tok, prompts, 2, lambda m: None)
+    everything = distill.generate(tiny_model, tok, prompts, budget(None), lambda m: None)
     assert len(everything) == len(prompts)
 
 

@@ -134,7 +134,7 @@ def test_builders_on_fixtures(loaded, tiny_model_dir, tmp_path, monkeypatch):
     on the held-out prompt pool) are built on first use, cached, recorded in the resolved config, and the history
     holds exactly what greedy decoding in our loop produces for those prompts."""
     from bpdbench.train import history
-    from bpdbench.train.heads import prompt_pool
+    from bpdbench.train.greedy import prompt_pool
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     model, tok = loaded
     name = str(tiny_model_dir)

@@ -26,7 +26,7 @@ import torch
 
 from .. import models, paths
 from ..config import environment
-from .heads import _greedy_batch, _teacher_topk, prompt_pool
+from .greedy import greedy_batch, prompt_pool, teacher_topk
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, resolve_dtype
 from .profiles import name_of, named, resolve, settings
 
@@ -158,7 +158,7 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
     state = _pack(seqs)
     eos = model.generation_config.eos_token_id
     train = [s for i, s in enumerate(seqs) if i % b.eval_every]
-    state["rank"] = _rank(tok, train, b.shortlist_rank, tasks.default_data_dir(),
+    state["rank"] = rank_tokens(tok, train, b.shortlist_rank, tasks.default_data_dir(),
                           set(eos if isinstance(eos, list) else [eos]))
     n_greedy = sum(len(s["next_ids"]) - s["n_prompt"] for s in seqs)
     meta = {"model": model_name, "budget": settings(b), "budget_name": name, "sequences": len(seqs),
@@ -194,7 +194,8 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
     pacer = pacer or Pacer("distillation data", b.greedy_positions, log)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     eos = model.generation_config.eos_token_id
-    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos])))
+    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])),
+                        dtype=torch.long)       # a model without EOS generates to its caps
     batches = []
     for w in range(0, len(prompts), 4 * b.batch):
         window = sorted(prompts[w: w + 4 * b.batch], key=lambda pg: (pg[1], len(pg[0])))
@@ -209,10 +210,10 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
         ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
         clock: dict = {}
-        prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
+        prompt_hid, hid, top_lp, top_ids, new = greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
                                                               torch.tensor([g for _, g in chunk]), clock)
         keep = min(b.prompt_positions, width - 1)
-        p_lp, p_ids = _teacher_topk(model, prompt_hid[:, width - 1 - keep:])
+        p_lp, p_ids = teacher_topk(model, prompt_hid[:, width - 1 - keep:])
         for r, (p, cap) in enumerate(chunk):
             seq = new[r, :cap].tolist()
             n = next((j + 1 for j, t in enumerate(seq) if t in stop), len(seq))   # nothing after EOS
@@ -241,10 +242,9 @@ def _pack(seqs: list[dict]) -> dict:
             "n_prompt": torch.tensor([s["n_prompt"] for s in seqs], dtype=torch.long)}
 
 
-def _rank(tok, seqs: list[dict], size: int, data_dir: Path | None, extra: set[int]) -> torch.Tensor:
+def rank_tokens(tok, seqs: list[dict], size: int, data_dir: Path | None, extra: set[int]) -> torch.Tensor:
     """Token ids by frequency: the base's own greedy outputs weighted far above the C4 corpus (what the drafts must
-    hit), EOS first. The heads' shortlist rule (train/heads.build_shortlist), kept as a ranking so any size is a
-    prefix."""
+    hit), EOS first. Every drafting shortlist is a prefix of it (the heads' sorted, the drafters' in rank order)."""
     counts: Counter[int] = Counter()
     for s in seqs:
         counts.update({t: 1000 for t in s["next_ids"][s["n_prompt"]:].tolist()})

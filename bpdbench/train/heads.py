@@ -5,15 +5,15 @@ too slow; distilling the base's own distribution over a small candidate set (the
 random negatives) gives the best heads per CPU second; and what decides acceptance is agreement with the base's own
 *greedy* continuation on task-like prompts, so the training text is the base's batched greedy output on held-out
 prompts (disjoint from every evaluated example), with hidden states and teacher logits taken from that same
-`generate` call (no second forward).
+batched decoding (no second forward). That data is made by the one generator every trainer uses
+(train/distill.generate over train/greedy.prompt_pool), with the heads' own budget, and the shortlist by the one
+ranking rule (distill.rank_tokens): the heads differ from the other drafters only in the fit below.
 """
 from __future__ import annotations
 
 import json
 import math
-import random
 import time
-from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -23,10 +23,10 @@ import torch.nn.functional as F
 
 from .. import models, paths
 from ..nets.heads import Heads, HeadsInfo, save
-from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, quality_warning, resolve_dtype
+from . import distill
+from .greedy import prompt_pool
+from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
 from .profiles import named, resolve, settings
-
-TOPK_TEACHER = 8
 
 
 @dataclass(frozen=True)
@@ -76,175 +76,6 @@ PROFILES = named({
 
 def heads_dir(model: str, profile: str) -> Path:
     return paths.heads_dir(model, profile)
-
-
-def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> list[tuple[list[int], int]]:
-    """(prompt ids, generation length) from the held-out slices of the tasks plus C4 text, interleaved for
-    diversity. Each task's prompts are continued for at most its own default length (a summary stops long before
-    128 tokens; generating past EOS is wasted work)."""
-    import tasks
-
-    data_dir = tasks.default_data_dir()
-    sources: list[list[tuple[list[int], int]]] = []
-    for name in ("xsum", "cnn_dailymail", "samsum", "squad", "spec_bench", "mt_bench", "lambada"):
-        task = tasks.get_task(name)
-        try:
-            held = tasks.split(task, tasks.load_examples(task, data_dir))[1]
-        except tasks.DataError:
-            continue
-        random.Random(seed).shuffle(held)
-        cap = min(gen_tokens, task.max_new_tokens)
-        sources.append([(tasks.encode_prompt(tok, task, ex, max_tokens), cap) for ex in held[:n]])
-    corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
-    if corpus and corpus.exists():
-        docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
-        sources.append([(tok(" ".join(d.split()[:120]), add_special_tokens=False)["input_ids"], gen_tokens)
-                        for d in docs[:n]])
-        if getattr(tok, "chat_template", None):
-            sources.append([(_chat_prompt(tok, d, i), gen_tokens) for i, d in enumerate(docs[::-1][:n])])
-    if not sources:
-        raise RuntimeError("no prompts for head training: task data not found (set --data-dir or BPDBENCH_DATA)")
-    longest = max(map(len, sources))
-    pool = [p for group in zip(*[s + [None] * (longest - len(s)) for s in sources]) for p in group if p]
-    return pool[:n]
-
-
-CHAT_TEMPLATES = ("Write a short blog post inspired by this: {}", "Explain this to a friend in a few paragraphs: {}",
-                  "Give me practical advice on this topic: {}", "Write an email to a colleague about this: {}",
-                  "What are the pros and cons here? {}", "Write a short story that begins like this: {}",
-                  "Answer as an expert would: {}", "Discuss the main points of this text: {}")
-
-
-def _chat_prompt(tok, doc: str, i: int) -> list[int]:
-    """Chat-style requests built from C4 text (never task data): the task pool holds only ~56 held-out chat
-    questions, and heads trained without open-ended chat answers accept far less on MT-Bench than on summaries."""
-    text = CHAT_TEMPLATES[i % len(CHAT_TEMPLATES)].format(" ".join(doc.split()[:40]))
-    return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
-                                   return_dict=False)
-
-
-@torch.inference_mode()
-def self_distill(model, tok, prompts: list[tuple[list[int], int]], batch: int, log: Callable[[str], None],
-                 positions: int | None = None, prompt_positions: int = 32, pacer: Pacer | None = None):
-    """Batched greedy generation. Per sequence: (hidden [P+G, d], teacher top-k ids [P+G, k] / logprobs, generated
-    ids [G], P): the last P positions of the prompt (teacher = the base's distribution over the real text) followed
-    by the G greedy positions (teacher = the base's distribution at the greedy choice).
-    Prompts are taken in pool order, in windows of 4 batches sorted by (length cap, prompt length) so a batch wastes
-    little on padding or on finished rows; with `positions`, no batch starts once that many greedy positions exist
-    (the pacer's safety cap may stop it earlier, loudly: `pacer.truncated_by_time`)."""
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    eos = model.generation_config.eos_token_id
-    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])),
-                        dtype=torch.long)
-    pacer = pacer or Pacer("self-distillation", positions, log)
-    data = []
-    t0 = time.time()
-    batches = []
-    for w in range(0, len(prompts), 4 * batch):
-        window = sorted(prompts[w: w + 4 * batch], key=lambda pg: (pg[1], len(pg[0])))
-        batches += [window[s: s + batch] for s in range(0, len(window), batch)]
-    n_greedy = 0
-    for i, chunk in enumerate(batches):
-        if pacer.done(n_greedy, len(batches) - i):
-            log(f"  self-distillation: stopped after {i} batches, {n_greedy} greedy positions")
-            break
-        width = max(len(p) for p, _ in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
-        clock: dict = {}
-        prompt_hid, hid, top_lp, top_ids, new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
-                                                              torch.tensor([g for _, g in chunk]), clock)
-        keep = min(prompt_positions, width - 1)
-        p_lp, p_ids = _teacher_topk(model, prompt_hid[:, width - 1 - keep:])
-        for b, (p, cap) in enumerate(chunk):
-            seq = new[b, :cap].tolist()
-            n = next((j + 1 for j, t in enumerate(seq) if t in stop), len(seq))  # garbage after EOS
-            k = min(keep, len(p) - 1)                     # this prompt's own positions only (no left padding)
-            data.append((torch.cat([prompt_hid[b, width - 1 - k:].float(), hid[b, :n].float()]),
-                         torch.cat([p_ids[b, keep - k:], top_ids[b, :n]]),
-                         torch.cat([p_lp[b, keep - k:], top_lp[b, :n]]), new[b, :n], k))
-            n_greedy += n
-        if i == 0:
-            pacer.batch_done(n_greedy, len(batches), predict_from_batch(clock, positions, batch, prompts)
-                             if positions else None)
-        log(f"  self-distillation: {i + 1}/{len(batches)} batches, {n_greedy} greedy tokens, {time.time() - t0:.0f}s")
-    return data
-
-
-def _greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, stop: torch.Tensor,
-                  caps: torch.Tensor | None = None, clock: dict | None = None):
-    """Left-padded batched greedy decoding with a KV cache, computing the vocabulary projection only where it is
-    needed. Why not `generate`: it projects every prompt position onto the 152k vocabulary, which on a CPU costs
-    more than the prefill itself (12 s vs 7 s for 16 x 160 tokens), and that dominated head-training time.
-    Rows that reached EOS or their own cap (`caps`) leave the batch (their cache rows too): a CPU forward costs in
-    proportion to its rows, and a finished row's tokens are thrown away. Outputs are [B, steps, ...] in the input's
-    row order; a row's entries after it finished are zeros (callers cut at EOS / cap). `clock` receives the
-    prefill's seconds and prompt tokens and the decode steps' seconds and count (the pacer's first-batch rates)."""
-    from transformers import DynamicCache
-
-    t0 = time.perf_counter()
-    cache = DynamicCache()
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
-    prompt_hid = out.last_hidden_state[:, :-1]                   # [B, W-1, d] positions with a known next token
-    h = out.last_hidden_state[:, -1]
-    t1 = time.perf_counter()
-    n_rows = ids.shape[0]
-    caps = torch.full((n_rows,), max_new) if caps is None else caps.clamp(max=max_new)
-    rows = torch.arange(n_rows)                                  # input row of each live row
-    hs = torch.zeros(n_rows, max_new, h.shape[-1])
-    lps = torch.zeros(n_rows, max_new, TOPK_TEACHER)
-    tops = torch.zeros(n_rows, max_new, TOPK_TEACHER, dtype=torch.long)
-    pos = pos[:, -1:]
-    steps = 0
-    for step in range(max_new):
-        lp, top = torch.log_softmax(model.lm_head(h).float(), -1).topk(TOPK_TEACHER, -1)
-        nxt = top[:, 0]
-        hs[rows, step], lps[rows, step], tops[rows, step] = h.float(), lp, top
-        steps = step + 1
-        done = torch.isin(nxt, stop) | (caps[rows] <= step + 1)
-        if bool(done.all()):
-            break
-        if int(done.sum()) * 8 >= len(rows):                     # compact: fewer rows, fewer FLOPs per step
-            live = (~done).nonzero().squeeze(1)
-            cache.batch_select_indices(live)
-            rows, h, nxt, mask, pos = rows[live], h[live], nxt[live], mask[live], pos[live]
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
-        pos = pos + 1
-        h = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
-                        use_cache=True).last_hidden_state[:, -1]
-    if clock is not None:
-        clock.update(prefill_s=t1 - t0, prompt_tokens=int(ids.numel()), steps=steps,
-                     decode_s=time.perf_counter() - t1)
-    tops = tops[:, :steps]
-    return prompt_hid, hs[:, :steps], lps[:, :steps], tops, tops[:, :, 0]
-
-
-def _teacher_topk(model, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k log-probs of the base head at many positions, in chunks (a [N, 152k] matrix at once is too big)."""
-    flat = hidden.reshape(-1, hidden.shape[-1])
-    lps, ids = [], []
-    for s in range(0, flat.shape[0], chunk):
-        lp, ix = torch.log_softmax(model.lm_head(flat[s:s + chunk]).float(), -1).topk(TOPK_TEACHER, -1)
-        lps.append(lp)
-        ids.append(ix)
-    shape = (*hidden.shape[:-1], TOPK_TEACHER)
-    return torch.cat(lps).reshape(shape), torch.cat(ids).reshape(shape)
-
-
-def build_shortlist(tok, data, size: int, data_dir: Path | None, extra: set[int]) -> torch.Tensor:
-    """Most frequent ids in the base's own outputs (weighted up) and the corpus; drafting happens over these."""
-    counts: Counter[int] = Counter()
-    for _, _, _, seq, _ in data:
-        counts.update({t: 1000 for t in seq.tolist()})
-    corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
-    if corpus and corpus.exists():
-        for line in corpus.read_text().splitlines():
-            counts.update(tok(json.loads(line)["text"], add_special_tokens=False)["input_ids"])
-    for t in extra:
-        counts[t] += 10**9
-    ids = [t for t, _ in counts.most_common(size)]
-    return torch.tensor(sorted(ids), dtype=torch.long)
 
 
 def _targets(data, h: int):
@@ -353,14 +184,19 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
                   if p.greedy_positions else None)
     log(f"training '{name}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
     log(pacer.header(p.batch_gen, dtype, why))
-    data = self_distill(model, tok, prompts, p.batch_gen, log, p.greedy_positions, pacer=pacer)
+    budget = distill.Budget(p.n_prompts, p.gen_tokens, p.greedy_positions, batch=p.batch_gen,
+                            max_prompt_tokens=p.max_prompt_tokens, dtype=dtype, seed=p.seed, name=f"heads-{name}")
+    seqs = distill.generate(model, tok, prompts, budget, log, pacer)
+    data = [(q["hidden"].float(), q["top_ids"], q["top_lp"], q["next_ids"][q["n_prompt"]:], q["n_prompt"])
+            for q in seqs]
     generated = sum(len(d[3]) for d in data)
     every = max(2, round(1 / p.eval_fraction))  # held-out sequences spread over all prompt lengths and sources
     train_data = [d for i, d in enumerate(data) if i % every]
     eval_data = data[::every]
     eos = model.generation_config.eos_token_id
-    shortlist = build_shortlist(tok, train_data, p.shortlist, tasks.default_data_dir(),
-                                set(eos if isinstance(eos, list) else [eos]))
+    ranked = distill.rank_tokens(tok, [q for i, q in enumerate(seqs) if i % every], p.shortlist,
+                                 tasks.default_data_dir(), set(eos if isinstance(eos, list) else [eos]))
+    shortlist = ranked.sort().values
     lm_w = model.lm_head.weight.float()
     x, tid, tlp, valid, gen = _targets(train_data, p.num_heads)
     log(f"  {x.shape[0]} training positions ({int(gen.sum())} greedy), shortlist {len(shortlist)}")

@@ -4,9 +4,9 @@ model-history database (Hierarchy Drafting's "S" level) and `cascade`'s bigram t
 Why greedy continuations: lossless greedy decoding keeps exactly the tokens the model would write greedily, so
 n-grams of its own greedy output predict what it writes far better than text written by people. Hierarchy
 Drafting's `scripts/construct_model_DB.py` generates with the target (greedy, 1024 tokens) on OASST prompts and
-keeps the 100k most frequent 5-grams. Here the prompts are the pool the heads are trained on (`prompt_pool`:
+keeps the 100k most frequent 5-grams. Here the prompts are the pool the heads are trained on (`greedy.prompt_pool`:
 held-out slices of the tasks plus C4 text, disjoint from every evaluated example by the tasks' split rule), the
-generation is `_greedy_batch` (no vocabulary projection over the prompt), and the budget is a named profile.
+generation is `greedy.greedy_batch` (no vocabulary projection over the prompt), and the budget is a named profile.
 `greedy_continuations` is the one place continuations come from, so a cached distillation dataset can replace it.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ Log = Callable[[str], None]
 def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer | None = None,
                          prompts: list[tuple[list[int], int]] | None = None) -> tuple[list[list[int]], dict]:
     """(continuations, where they came from): batched greedy decoding of `prompt_pool`, each cut after its EOS."""
-    from .heads import _greedy_batch, prompt_pool
+    from .greedy import greedy_batch, prompt_pool
 
     if prompts is None:
         prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
@@ -38,7 +38,7 @@ def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer |
     eos = model.generation_config.eos_token_id
     stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])))
     batches = []
-    for w in range(0, len(prompts), 4 * p.batch):     # as self_distill: little padding, few finished rows
+    for w in range(0, len(prompts), 4 * p.batch):     # as distill.generate: little padding, few finished rows
         window = sorted(prompts[w: w + 4 * p.batch], key=lambda pg: (pg[1], len(pg[0])))
         batches += [window[s: s + p.batch] for s in range(0, len(window), p.batch)]
     out: list[list[int]] = []
@@ -48,7 +48,7 @@ def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer |
         width = max(len(ids) for ids, _ in chunk)
         ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in chunk])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in chunk])
-        new = _greedy_batch(model, ids, mask, max(g for _, g in chunk), stop, torch.tensor([g for _, g in chunk]))[-1]
+        new = greedy_batch(model, ids, mask, max(g for _, g in chunk), stop, torch.tensor([g for _, g in chunk]))[-1]
         for b, (_, cap) in enumerate(chunk):
             seq = new[b, :cap].tolist()
             n = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
@@ -74,7 +74,7 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     dtype, why = resolve_dtype(p.dtype, log)
     if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
         model, tok = models.load(model_name, dtype, "cpu")
-    from .heads import prompt_pool
+    from .greedy import prompt_pool
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
     expected = sum(g for _, g in prompts) * FILL          # greedy positions, roughly (EOS ends many rows early)
     pacer = Pacer(f"'{profile}' model history", None, log,

@@ -1,0 +1,122 @@
+"""The base's batched greedy continuations of the held-out prompt pool: what every trainer learns from.
+
+Why one module: the distillation data of every drafter (train/distill.py), the heads' data (the same function with
+the heads' budget) and the model history of hierarchy drafting (train/history.py) are all the base's greedy output
+on prompts that no evaluated example shares; one pool and one batched decoder mean they differ only in how much
+they keep, never in how it was made.
+"""
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import torch
+
+TOPK_TEACHER = 8
+
+
+def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> list[tuple[list[int], int]]:
+    """(prompt ids, generation length) from the held-out slices of the tasks plus C4 text, interleaved for
+    diversity. Each task's prompts are continued for at most its own default length (a summary stops long before
+    128 tokens; generating past EOS is wasted work)."""
+    import tasks
+
+    data_dir = tasks.default_data_dir()
+    sources: list[list[tuple[list[int], int]]] = []
+    for name in ("xsum", "cnn_dailymail", "samsum", "squad", "spec_bench", "mt_bench", "lambada"):
+        task = tasks.get_task(name)
+        try:
+            held = tasks.split(task, tasks.load_examples(task, data_dir))[1]
+        except tasks.DataError:
+            continue
+        random.Random(seed).shuffle(held)
+        cap = min(gen_tokens, task.max_new_tokens)
+        sources.append([(tasks.encode_prompt(tok, task, ex, max_tokens), cap) for ex in held[:n]])
+    corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
+    if corpus and corpus.exists():
+        docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+        sources.append([(tok(" ".join(d.split()[:120]), add_special_tokens=False)["input_ids"], gen_tokens)
+                        for d in docs[:n]])
+        if getattr(tok, "chat_template", None):
+            sources.append([(_chat_prompt(tok, d, i), gen_tokens) for i, d in enumerate(docs[::-1][:n])])
+    if not sources:
+        raise RuntimeError("no prompts for head training: task data not found (set --data-dir or BPDBENCH_DATA)")
+    longest = max(map(len, sources))
+    pool = [p for group in zip(*[s + [None] * (longest - len(s)) for s in sources]) for p in group if p]
+    return pool[:n]
+
+
+CHAT_TEMPLATES = ("Write a short blog post inspired by this: {}", "Explain this to a friend in a few paragraphs: {}",
+                  "Give me practical advice on this topic: {}", "Write an email to a colleague about this: {}",
+                  "What are the pros and cons here? {}", "Write a short story that begins like this: {}",
+                  "Answer as an expert would: {}", "Discuss the main points of this text: {}")
+
+
+def _chat_prompt(tok, doc: str, i: int) -> list[int]:
+    """Chat-style requests built from C4 text (never task data): the task pool holds only ~56 held-out chat
+    questions, and heads trained without open-ended chat answers accept far less on MT-Bench than on summaries."""
+    text = CHAT_TEMPLATES[i % len(CHAT_TEMPLATES)].format(" ".join(doc.split()[:40]))
+    return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True, add_generation_prompt=True,
+                                   return_dict=False)
+
+
+def greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, stop: torch.Tensor,
+                  caps: torch.Tensor | None = None, clock: dict | None = None):
+    """Left-padded batched greedy decoding with a KV cache, computing the vocabulary projection only where it is
+    needed. Why not `generate`: it projects every prompt position onto the 152k vocabulary, which on a CPU costs
+    more than the prefill itself (12 s vs 7 s for 16 x 160 tokens), and that dominated head-training time.
+    Rows that reached EOS or their own cap (`caps`) leave the batch (their cache rows too): a CPU forward costs in
+    proportion to its rows, and a finished row's tokens are thrown away. Outputs are [B, steps, ...] in the input's
+    row order; a row's entries after it finished are zeros (callers cut at EOS / cap). `clock` receives the
+    prefill's seconds and prompt tokens and the decode steps' seconds and count (the pacer's first-batch rates)."""
+    from transformers import DynamicCache
+
+    t0 = time.perf_counter()
+    cache = DynamicCache()
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    prompt_hid = out.last_hidden_state[:, :-1]                   # [B, W-1, d] positions with a known next token
+    h = out.last_hidden_state[:, -1]
+    t1 = time.perf_counter()
+    n_rows = ids.shape[0]
+    caps = torch.full((n_rows,), max_new) if caps is None else caps.clamp(max=max_new)
+    rows = torch.arange(n_rows)                                  # input row of each live row
+    hs = torch.zeros(n_rows, max_new, h.shape[-1])
+    lps = torch.zeros(n_rows, max_new, TOPK_TEACHER)
+    tops = torch.zeros(n_rows, max_new, TOPK_TEACHER, dtype=torch.long)
+    pos = pos[:, -1:]
+    steps = 0
+    for step in range(max_new):
+        lp, top = torch.log_softmax(model.lm_head(h).float(), -1).topk(TOPK_TEACHER, -1)
+        nxt = top[:, 0]
+        hs[rows, step], lps[rows, step], tops[rows, step] = h.float(), lp, top
+        steps = step + 1
+        done = torch.isin(nxt, stop) | (caps[rows] <= step + 1)
+        if bool(done.all()):
+            break
+        if int(done.sum()) * 8 >= len(rows):                     # compact: fewer rows, fewer FLOPs per step
+            live = (~done).nonzero().squeeze(1)
+            cache.batch_select_indices(live)
+            rows, h, nxt, mask, pos = rows[live], h[live], nxt[live], mask[live], pos[live]
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        pos = pos + 1
+        h = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache,
+                        use_cache=True).last_hidden_state[:, -1]
+    if clock is not None:
+        clock.update(prefill_s=t1 - t0, prompt_tokens=int(ids.numel()), steps=steps,
+                     decode_s=time.perf_counter() - t1)
+    tops = tops[:, :steps]
+    return prompt_hid, hs[:, :steps], lps[:, :steps], tops, tops[:, :, 0]
+
+
+def teacher_topk(model, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k log-probs of the base head at many positions, in chunks (a [N, 152k] matrix at once is too big)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    lps, ids = [], []
+    for s in range(0, flat.shape[0], chunk):
+        lp, ix = torch.log_softmax(model.lm_head(flat[s:s + chunk]).float(), -1).topk(TOPK_TEACHER, -1)
+        lps.append(lp)
+        ids.append(ix)
+    shape = (*hidden.shape[:-1], TOPK_TEACHER)
+    return torch.cat(lps).reshape(shape), torch.cat(ids).reshape(shape)
