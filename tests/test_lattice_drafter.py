@@ -158,8 +158,9 @@ def test_chains_keep_their_budget_rule(tiny_model):
 
 
 def test_a_fixed_medusa_tree_computes_only_its_depths_and_drafts_the_same_paths(tiny_model_dir):
-    """medusa:nodes=N verifies a tree no deeper than its deepest node, so the heads past it are not computed; every
-    path and every kept row of the lattice is what all heads would give (same rows, same top-k)."""
+    """A fixed Medusa tree reads no lattice row past its deepest node, so those heads are not computed; every path
+    and every computed row is what all heads give. The depth is read per proposal: medusa:nodes=auto swaps in a
+    deeper measured tree after the drafter is built, and its paths must not be cut to the first tree's depth."""
     from bpdbench import models
     from bpdbench.config import RunConfig
     from bpdbench.engine.loop import Limits
@@ -178,12 +179,15 @@ def test_a_fixed_medusa_tree_computes_only_its_depths_and_drafts_the_same_paths(
     small = parse("medusa:nodes=3")
     cut = small.spec.build(env, small)
     tree = cut.refiner
-    assert tree.depth < 4 and cut.depth == tree.depth == env.resolved[small.label]["heads_computed"]
-    every = LatticeDrafter("all", cut.source, 4, cut.k, refiner=tree)
-    wide = parse("medusa")
-    assert wide.spec.build(env, wide).depth == 4 and "heads_computed" not in env.resolved[wide.label]  # depth 5
-    for _ in range(8):
-        ctx = _ctx(torch.randn(32) * 2)
-        a, b = cut.propose(ctx), every.propose(ctx)
-        assert a.paths == b.paths and len(a.paths) == 3
-        assert torch.equal(a.lattice.ids, b.lattice.ids[: tree.depth])
+    every = LatticeDrafter("all", cut.source, 4, cut.k)
+    for shape in (None, [[0], [0, 0], [0, 0, 0]]):          # the first 3 nodes (depth 2), then a 3-deep chain
+        if shape:
+            tree.use(shape)
+        for _ in range(6):
+            ctx = _ctx(torch.randn(32) * 2)
+            a = cut.propose(ctx)
+            full = every.lattice(ctx)
+            assert a.lattice.ids.shape[0] == tree.depth < 4
+            assert torch.equal(a.lattice.ids, full.ids[: tree.depth])
+            assert a.paths == tree.refine(full, ctx.tokens) and len(a.paths) == 3
+    assert max(map(len, a.paths)) == 3

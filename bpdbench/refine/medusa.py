@@ -91,6 +91,12 @@ class MedusaTree:
         self.depth = max(map(len, self.choices))
         self.width = max(max(c) for c in self.choices) + 1
 
+    @property
+    def max_depth(self) -> int:
+        """The deepest lattice row its paths read, so a lattice drafter computes no head past it (methods/lattice.py).
+        Read per proposal: `use` may change the tree after the drafter is built (medusa:nodes=auto)."""
+        return self.depth
+
     def reset(self, prompt_ids: list[int]) -> None:
         """Stateless."""
 
