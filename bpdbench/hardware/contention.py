@@ -5,8 +5,9 @@ Why: on a 2-core machine one other busy process halves a 2-thread forward's spee
 a flatter curve (measured on an AVX512-BF16 EPYC, float32: 52 ms and 16 tokens = 1.41 steps beside one busy core,
 36 ms and 1.98 steps idle). Every prediction, every `auto` draft size and the speed regression read that curve, so
 a busy measurement must be seen, not silently kept. The load average cannot tell: it counts our own threads and
-lags a minute. This meter reads the machine's busy CPU time (/proc/stat) and subtracts this process's own
-(`os.times`), over the measured interval.
+lags a minute. This meter reads the busy CPU time of the cores this process may run on (/proc/stat) and subtracts
+this process's own (`os.times`), over the measured interval. Inside a container with a CPU quota /proc/stat counts
+the whole host's tenants, so there it gives no verdict (NaN) rather than a false alarm.
 """
 from __future__ import annotations
 
@@ -19,17 +20,35 @@ BUSY_CORES = 0.25      # more than a quarter of a core used by others: timings a
 MIN_SECONDS = 1.0      # shorter intervals are a few clock ticks (10 ms): no verdict (NaN) rather than noise
 
 
+def _quota_limited() -> bool:
+    """A cgroup CPU quota: a container sharing a larger host, whose /proc/stat counts the host's other tenants."""
+    for path, unlimited in (("/sys/fs/cgroup/cpu.max", "max"), ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "-1")):
+        try:
+            with open(path) as f:
+                return f.read().split()[0] != unlimited
+        except (OSError, IndexError):
+            continue
+    return False
+
+
 def _machine_busy_seconds() -> float | None:
-    """CPU-seconds all processes spent busy since boot (every core), or None where /proc/stat is absent."""
+    """CPU-seconds spent busy since boot on the cores this process may run on, or None where that cannot be read
+    as this machine's own (no /proc/stat, or a CPU quota: then no verdict rather than a false alarm)."""
+    if _quota_limited():
+        return None
     try:
         with open("/proc/stat") as f:
-            fields = f.readline().split()
+            lines = [line.split() for line in f if line.startswith("cpu") and line[3:4].isdigit()]
+        mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     except OSError:
         return None
-    if not fields or fields[0] != "cpu":
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+    busy = 0
+    for fields in lines:
+        if mine is not None and int(fields[0][3:]) not in mine:
+            continue
+        user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[1:9])
+        busy += user + nice + system + irq + softirq + steal
+    return busy / os.sysconf("SC_CLK_TCK") if lines else None
 
 
 def _own_seconds() -> float:
