@@ -47,6 +47,32 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     assert "sweep" not in json.loads((first.results / pld.rel / "config.json").read_text())   # a command line's own
 
 
+def test_a_folder_decoded_with_heads_of_another_recipe_is_not_finished(tiny_model_dir, data, tmp_path, monkeypatch):
+    """Heads retrained by another `train-heads` recipe give other numbers, so a folder made with them is not the
+    cell's result; heads without a recorded recipe were made by the first one, and untrained heads have none."""
+    from bpdbench.sweep import cells, grid, kinds
+    from bpdbench.train import heads as train_heads
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "g.toml"
+    path.write_text("\n".join([
+        "[sweep]", f'results = "{tmp_path / "res"}"', "", "[[run]]", 'out = "runs/{task}-{method}"',
+        'tasks = ["xsum"]', 'methods = ["bpd"]', f'model = "{tiny_model_dir}"', 'dtype = "float32"',
+        'heads_profile = "init"', "limit = 1", "max_new_tokens = 6"]))
+    plan = grid.load(path, data=str(data))
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(plan.results))
+    monkeypatch.setenv("BPDBENCH_DATA", str(data))
+    (cell,) = plan.cells
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
+    conf = plan.results / cell.rel / "config.json"
+    meta = json.loads(conf.read_text())
+    for recipe, finished in (({}, True), ({"recipe": train_heads.RECIPE}, True), ({"recipe": "heads-fit/0"}, False)):
+        meta["resolved"]["heads"] = {"profile": "quick", "path": "/x", **recipe}      # as cached heads record it
+        conf.write_text(json.dumps(meta))
+        summary = plan.results / cell.rel / "summary.csv"
+        summary.write_text(summary.read_text())                                       # written after config.json
+        assert kinds.finished(cell, plan.results) is finished, recipe
+
+
 MACHINE = ("dtype", "heads_path")      # what a grid resolves on this machine (dtype auto, ~) that a folder recorded
 
 

@@ -250,6 +250,8 @@ def _matches(cell, meta: dict) -> bool:
     have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})})
     if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in PLACE):
         return False
+    if not _same_heads_recipe(cell, meta):
+        return False
     labels = [m.label for m in methods_of(cell.kind, cell.config, cell.options)]
     recorded = [canonical(m) for m in meta.get("methods", [])]
     if cell.kind == "run" and not recorded and have.get("method"):   # older run folders name it in config only
@@ -268,6 +270,20 @@ def _matches(cell, meta: dict) -> bool:
     if cell.kind == "replay" and meta.get("per_category") != cell.options.get("per_category"):
         return False
     return recorded == labels
+
+
+LEGACY_HEADS_RECIPE = "heads-fit/1"    # what heads made before the recipe was recorded were trained with
+
+
+def _same_heads_recipe(cell, meta: dict) -> bool:
+    """A folder decoded with cached heads of another recipe than today's `train-heads` is not this cell's result:
+    re-running the grid would train other heads and get other numbers. Heads the cell names by path are what
+    they are, and untrained heads have no recipe."""
+    from ..train.heads import RECIPE
+    heads = (meta.get("resolved") or {}).get("heads") or {}
+    if not heads or cell.config.heads_path or heads.get("profile") in (None, "init"):
+        return True
+    return heads.get("recipe", LEGACY_HEADS_RECIPE) == RECIPE
 
 
 def _aliased(config: dict) -> dict:

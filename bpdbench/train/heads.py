@@ -28,6 +28,10 @@ from .greedy import prompt_pool
 from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
 from .profiles import named, resolve, settings
 
+# How the heads are made (data, shortlist, fit). Results record it through the heads' metadata, and a sweep cell made
+# with heads of another recipe is not finished (sweep/kinds.py): change it whenever a change here changes the heads.
+RECIPE = "heads-fit/1"
+
 
 @dataclass(frozen=True)
 class Profile:
@@ -202,7 +206,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     log(f"  {x.shape[0]} training positions ({int(gen.sum())} greedy), shortlist {len(shortlist)}")
     weights = 1.0 + (p.greedy_weight - 1.0) * gen.float()  # the greedy part is what acceptance is measured on
     w, b = fit(lm_w, x, tid, tlp, valid, shortlist, p, log, weights)
-    report = {"profile": name, "prompts_used": len(data), "train_positions": int(x.shape[0]),
+    report = {"profile": name, "recipe": RECIPE, "prompts_used": len(data), "train_positions": int(x.shape[0]),
               "greedy_positions": int(gen.sum()),
               "seconds": round(time.time() - t0, 1),
               "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **settings(p),
