@@ -7,6 +7,7 @@ reads it at call time.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from .base import Method, MethodError, MethodSpec
 
@@ -81,8 +82,10 @@ def parse_list(text: str | list[str]) -> list[Method]:
     return list(methods.values())
 
 
+@lru_cache(maxsize=4096)
 def canonical(spelling: str) -> str:
-    """Canonical label of a spelling, or the spelling itself when it is not a method (table columns, old files)."""
+    """Canonical label of a spelling, or the spelling itself when it is not a method (table columns, old files).
+    Cached: the registry is fixed once imported, and tables meet the same spellings in every folder."""
     try:
         return parse(spelling).label
     except MethodError:

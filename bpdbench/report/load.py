@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pandas as pd
 
 from ..methods.base import Method, MethodError
-from ..methods.registry import parse
+from ..methods.registry import canonical, parse
 from ..store import CONFIG, read_examples
 
 
@@ -35,9 +35,8 @@ def method(spelling: str) -> Method | None:
 
 
 def label(spelling: Any) -> Any:
-    """The current label of a spelling, or the value itself where it is no method (or no string at all)."""
-    m = method(spelling) if isinstance(spelling, str) else None
-    return m.label if m is not None else spelling
+    """The current label of a spelling (methods.canonical), or the value itself where it is no string at all."""
+    return canonical(spelling) if isinstance(spelling, str) else spelling
 
 
 def methods(spellings: Iterable[str]) -> tuple[Method, ...]:
