@@ -252,7 +252,7 @@ class ResultWriter:
         try:
             if lock is None:            # a command holding the lock checked before its model loaded
                 precheck_run(self.out, config.get("config", {}), resume)
-            self.records = resumable(self.out, EXAMPLES, config, lambda m: {"config": m.get("config", {})}, resume,
+            self.records = resumable(self.out, EXAMPLES, config, settings_and_heads, resume,
                                      ignore=RUN_RESUME_IGNORES, file=self.file)
             write_atomic(self.out / CONFIG, json.dumps(config, indent=2, default=str))
         except BaseException:
@@ -328,6 +328,13 @@ def _json_default(o):
     if isinstance(o, float) and math.isnan(o):
         return None
     return str(o)
+
+
+def settings_and_heads(meta: dict) -> dict:
+    """What a resumed folder must share with the command resuming it: its settings and the heads it decoded with
+    (their path and training record). Settings alone let a run resumed after the heads were retrained keep the old
+    heads' examples under a config.json naming the new ones."""
+    return {"config": meta.get("config", {}), "heads": (meta.get("resolved") or {}).get("heads")}
 
 
 def resumable(out: Path, jsonl: str, config: dict, key: Callable[[dict], dict], resume: bool,

@@ -5,6 +5,7 @@ import json
 
 import pandas as pd
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from bpdbench.experiments.plan import prepare
@@ -85,6 +86,28 @@ def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path)
     runner.run(prepare(cfg, "run"), log=lambda m: None)
     with pytest.raises(ValueError, match=r"config.json differs in config.heads; pass a new --out"):
         runner.run(prepare(cfg.replace(resume=True, heads=1), "run"), log=lambda m: None)
+
+
+def test_resume_rejects_other_heads_under_the_same_settings(tiny_model_dir, prompts_file, tmp_path):
+    """Heads retrained between two runs of the same command: resuming would keep the old heads' examples under a
+    config.json naming the new heads, so it refuses and names what differs."""
+    from bpdbench.nets.heads import Heads, HeadsInfo, save
+
+    def heads(where, seed):
+        torch.manual_seed(seed)
+        h = Heads(32, 2)
+        for p in h.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+        save(h, HeadsInfo(str(tiny_model_dir), 2, extra={"training": {"profile": "quick", "seconds": seed}}), where)
+        return str(where)
+
+    cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads=2, limit=1,
+                    max_new_tokens=4, dtype="float32", heads_path=heads(tmp_path / "h", 1), out=str(tmp_path / "r"))
+    runner.run(prepare(cfg, "run"), log=lambda m: None)
+    runner.run(prepare(cfg.replace(resume=True, limit=2), "run"), log=lambda m: None)      # same heads: resumes
+    heads(tmp_path / "h", 2)                                                          # retrained in place
+    with pytest.raises(ValueError, match=r"config.json differs in heads.seconds; pass a new --out"):
+        runner.run(prepare(cfg.replace(resume=True, limit=3), "run"), log=lambda m: None)
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
-from ..store import AppendOnlyJsonl, OutputLock, resumable, write_atomic
+from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -76,8 +76,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
     labels = list(drafters)
     meta = s.meta(methods, rescorer_dtype=s.cfg.dtype,   # neural rescorers follow the run's dtype
                   **({"per_category": per_category} if per_category else {}))
-    key = lambda m: {"config": m.get("config", {}), "heads": m.get("resolved", {}).get("heads"),  # noqa: E731
-                     "methods": m.get("methods")}
+    key = lambda m: {**settings_and_heads(m), "methods": m.get("methods")}  # noqa: E731
     ids = {ex.id for ex in s.examples}
     with AppendOnlyJsonl(out, "replay.jsonl", log=s.log, lock=lock) as jsonl:
         # kept whole: records of examples outside this selection stay in the file (never rewritten away)

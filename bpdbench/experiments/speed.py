@@ -26,7 +26,7 @@ import pandas as pd
 from ..config import RunConfig
 from ..hardware import contention
 from ..methods import Method, MethodUnavailable, Output, parse
-from ..store import AppendOnlyJsonl, OutputLock, resumable, write_atomic
+from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from ..stats import bootstrap_ratio
 from . import prediction
 from .reference import first_divergence
@@ -244,8 +244,8 @@ def by_prompt_method(record: dict) -> tuple:
 
 def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) -> list[dict]:
     """Records of prompts an interrupted run with the same settings and heads measured with every method."""
-    key = lambda m: {**{k: m.get(k) for k in ("config", "methods", "repeats", "per_category")},  # noqa: E731
-                     "heads": m.get("resolved", {}).get("heads")}
+    key = lambda m: {**settings_and_heads(m),  # noqa: E731
+                     **{k: m.get(k) for k in ("methods", "repeats", "per_category")}}
     records = resumable(out, "speed.jsonl", config, key, resume, ignore=("threads",), file=jsonl)
     per_id = Counter(r["id"] for r in records)
     complete = [r for r in records if per_id[r["id"]] == len(config["methods"])]
