@@ -26,7 +26,7 @@ import torch
 
 from .. import models, paths
 from ..config import environment
-from .greedy import greedy_batch, prompt_pool, teacher_topk
+from .greedy import batches, greedy_batch, kept, left_padded, prompt_pool, stop_ids, teacher_topk
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, resolve_dtype
 from .profiles import name_of, named, resolve, settings
 
@@ -156,10 +156,8 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
     seqs = generate(model, tok, prompts, b, log, pacer)
     gen_seconds = time.time() - t0
     state = _pack(seqs)
-    eos = model.generation_config.eos_token_id
     train = [s for i, s in enumerate(seqs) if i % b.eval_every]
-    state["rank"] = rank_tokens(tok, train, b.shortlist_rank, tasks.default_data_dir(),
-                          set(eos if isinstance(eos, list) else [eos]))
+    state["rank"] = rank_tokens(tok, train, b.shortlist_rank, tasks.default_data_dir(), set(stop_ids(model).tolist()))
     n_greedy = sum(len(s["next_ids"]) - s["n_prompt"] for s in seqs)
     meta = {"model": model_name, "budget": settings(b), "budget_name": name, "sequences": len(seqs),
             "rows": int(state["hidden"].shape[0]), "greedy_positions": n_greedy,
@@ -193,30 +191,24 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
     the budget's greedy positions exist (or the pacer's safety cap stops it, loudly)."""
     pacer = pacer or Pacer("distillation data", b.greedy_positions, log)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    eos = model.generation_config.eos_token_id
-    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])),
-                        dtype=torch.long)       # a model without EOS generates to its caps
-    batches = []
-    for w in range(0, len(prompts), 4 * b.batch):
-        window = sorted(prompts[w: w + 4 * b.batch], key=lambda pg: (pg[1], len(pg[0])))
-        batches += [window[s: s + b.batch] for s in range(0, len(window), b.batch)]
+    stop = stop_ids(model)
+    chunks = batches(prompts, b.batch)
     seqs: list[dict] = []
     t0, n_greedy = time.time(), 0
-    for i, chunk in enumerate(batches):
-        if pacer.done(n_greedy, len(batches) - i):
+    for i, chunk in enumerate(chunks):
+        if pacer.done(n_greedy, len(chunks) - i):
             log(f"  stopped after {i} batches: {n_greedy} greedy positions, {time.time() - t0:.0f}s")
             break
-        width = max(len(p) for p, _ in chunk)
-        ids = torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk])
+        ids, mask = left_padded(chunk, pad)
+        width = ids.shape[1]
         clock: dict = {}
         prompt_hid, hid, top_lp, top_ids, new = greedy_batch(model, ids, mask, max(g for _, g in chunk), stop,
-                                                              torch.tensor([g for _, g in chunk]), clock)
+                                                             torch.tensor([g for _, g in chunk]), clock)
         keep = min(b.prompt_positions, width - 1)
         p_lp, p_ids = teacher_topk(model, prompt_hid[:, width - 1 - keep:])
         for r, (p, cap) in enumerate(chunk):
             seq = new[r, :cap].tolist()
-            n = next((j + 1 for j, t in enumerate(seq) if t in stop), len(seq))   # nothing after EOS
+            n = kept(seq, stop)
             k = min(keep, len(p) - 1)                    # this prompt's own positions (no left padding)
             seqs.append({"hidden": torch.cat([prompt_hid[r, width - 1 - k:], hid[r, :n].to(prompt_hid.dtype)]),
                          "next_ids": torch.tensor(p[len(p) - k:] + seq[:n]),
@@ -225,9 +217,9 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
                          "positions": torch.arange(len(p) - 1 - k, len(p) - 1 + n), "n_prompt": k})
             n_greedy += n
         if i == 0:
-            pacer.batch_done(n_greedy, len(batches), predict_from_batch(clock, b.greedy_positions, b.batch, prompts)
+            pacer.batch_done(n_greedy, len(chunks), predict_from_batch(clock, b.greedy_positions, b.batch, prompts)
                              if b.greedy_positions else None)
-        log(f"  {i + 1}/{len(batches)} batches, {n_greedy} greedy positions, {time.time() - t0:.0f}s")
+        log(f"  {i + 1}/{len(chunks)} batches, {n_greedy} greedy positions, {time.time() - t0:.0f}s")
     return seqs
 
 

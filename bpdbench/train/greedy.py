@@ -61,8 +61,38 @@ def _chat_prompt(tok, doc: str, i: int) -> list[int]:
                                    return_dict=False)
 
 
+def stop_ids(model) -> torch.Tensor:
+    """The model's EOS ids, as `greedy_batch`'s `stop` (a model without EOS generates to its caps)."""
+    eos = model.generation_config.eos_token_id
+    return torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])),
+                        dtype=torch.long)
+
+
+def batches(prompts: list[tuple[list[int], int]], batch: int) -> list[list[tuple[list[int], int]]]:
+    """Batches in pool order, in windows of 4 batches sorted by (length cap, prompt length), so a batch wastes
+    little on padding or on finished rows while the pool's order still decides what a smaller budget keeps."""
+    out = []
+    for w in range(0, len(prompts), 4 * batch):
+        window = sorted(prompts[w: w + 4 * batch], key=lambda pg: (pg[1], len(pg[0])))
+        out += [window[s: s + batch] for s in range(0, len(window), batch)]
+    return out
+
+
+def left_padded(chunk: list[tuple[list[int], int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, attention mask) of a batch's prompts, left-padded to the longest."""
+    width = max(len(p) for p, _ in chunk)
+    return (torch.tensor([[pad] * (width - len(p)) + p for p, _ in chunk]),
+            torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in chunk]))
+
+
+def kept(seq: list[int], stop: torch.Tensor) -> int:
+    """How many generated tokens count: up to and including the first EOS (what follows it is garbage)."""
+    stops = set(stop.tolist())
+    return next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
+
+
 def greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, stop: torch.Tensor,
-                  caps: torch.Tensor | None = None, clock: dict | None = None):
+                 caps: torch.Tensor | None = None, clock: dict | None = None):
     """Left-padded batched greedy decoding with a KV cache, computing the vocabulary projection only where it is
     needed. Why not `generate`: it projects every prompt position onto the 152k vocabulary, which on a CPU costs
     more than the prefill itself (12 s vs 7 s for 16 x 160 tokens), and that dominated head-training time.

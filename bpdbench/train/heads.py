@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from .. import models, paths
 from ..nets.heads import Heads, HeadsInfo, save
 from . import distill
-from .greedy import prompt_pool
+from .greedy import prompt_pool, stop_ids
 from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
 from .profiles import named, resolve, settings
 
@@ -197,9 +197,8 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     every = max(2, round(1 / p.eval_fraction))  # held-out sequences spread over all prompt lengths and sources
     train_data = [d for i, d in enumerate(data) if i % every]
     eval_data = data[::every]
-    eos = model.generation_config.eos_token_id
     ranked = distill.rank_tokens(tok, [q for i, q in enumerate(seqs) if i % every], p.shortlist,
-                                 tasks.default_data_dir(), set(eos if isinstance(eos, list) else [eos]))
+                                 tasks.default_data_dir(), set(stop_ids(model).tolist()))
     shortlist = ranked.sort().values
     lm_w = model.lm_head.weight.float()
     x, tid, tlp, valid, gen = _targets(train_data, p.num_heads)

@@ -30,33 +30,25 @@ Log = Callable[[str], None]
 def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer | None = None,
                          prompts: list[tuple[list[int], int]] | None = None) -> tuple[list[list[int]], dict]:
     """(continuations, where they came from): batched greedy decoding of `prompt_pool`, each cut after its EOS."""
-    from .greedy import greedy_batch, prompt_pool
+    from .greedy import batches, greedy_batch, kept, left_padded, prompt_pool, stop_ids
 
     if prompts is None:
         prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    eos = model.generation_config.eos_token_id
-    stop = torch.tensor(sorted(set(eos if isinstance(eos, list) else [eos] if eos is not None else [])))
-    batches = []
-    for w in range(0, len(prompts), 4 * p.batch):     # as distill.generate: little padding, few finished rows
-        window = sorted(prompts[w: w + 4 * p.batch], key=lambda pg: (pg[1], len(pg[0])))
-        batches += [window[s: s + p.batch] for s in range(0, len(window), p.batch)]
+    stop = stop_ids(model)
+    chunks = batches(prompts, p.batch)                # as distill.generate: little padding, few finished rows
     out: list[list[int]] = []
     t0, used = time.time(), 0
-    stops = set(stop.tolist())
-    for i, chunk in enumerate(batches):
-        width = max(len(ids) for ids, _ in chunk)
-        ids = torch.tensor([[pad] * (width - len(x)) + x for x, _ in chunk])
-        mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x, _ in chunk])
+    for i, chunk in enumerate(chunks):
+        ids, mask = left_padded(chunk, pad)
         new = greedy_batch(model, ids, mask, max(g for _, g in chunk), stop, torch.tensor([g for _, g in chunk]))[-1]
         for b, (_, cap) in enumerate(chunk):
             seq = new[b, :cap].tolist()
-            n = next((j + 1 for j, t in enumerate(seq) if t in stops), len(seq))
-            out.append(seq[:n])
+            out.append(seq[:kept(seq, stop)])
         used += len(chunk)
         if i == 0 and pacer is not None:
-            pacer.batch_done(sum(map(len, out)), len(batches))
-        log(f"  history: {i + 1}/{len(batches)} batches, {sum(map(len, out))} tokens, {time.time() - t0:.0f}s")
+            pacer.batch_done(sum(map(len, out)), len(chunks))
+        log(f"  history: {i + 1}/{len(chunks)} batches, {sum(map(len, out))} tokens, {time.time() - t0:.0f}s")
     source = {"kind": "greedy continuations", "prompts": "train.heads.prompt_pool (held-out task slices + C4)",
               "prompts_used": used, "dtype": str(model.dtype).replace("torch.", ""),
               "seconds": round(time.time() - t0, 1)}
