@@ -112,10 +112,11 @@ class LatticeDrafter(Refined):
     the shortlisted projection, which one head costs as much as eight. Depths the refiner never reads (a fixed
     Medusa tree's `max_depth`) are not computed: `bpdbench speed --task mt_bench --limit 6 --max-new-tokens 32
     --methods medusa:nodes=auto --dtype bfloat16` drafted in 3.0 ms per step instead of 3.7 (AVX512-BF16 EPYC). Every
-    row's top-k is unchanged: k is not cut, since a top-k of fewer ranks can order bfloat16 ties differently. `budgeted`: draft at most `ctx.budget`
-    depths. The trained drafters always have and the heads never have; the loop clips the paths to the budget
-    either way, but a refiner's paths over the longer lattice, and the lattice that analyses read, differ from
-    those over the cut one, so each family keeps its own rule and its recorded numbers."""
+    row's top-k is unchanged: k is not cut, since a top-k of fewer ranks can order bfloat16 ties differently.
+
+    `budgeted`: draft at most `ctx.budget` depths. The trained drafters always have and the heads never have; the
+    loop clips the paths to the budget either way, but a refiner's paths over the longer lattice, and the lattice
+    that analyses read, differ from those over the cut one, so each family keeps its own rule and its numbers."""
 
     def __init__(self, name: str, source: Source, depth: int, k: int = 1, threshold: float = 0.0,
                  refiner: Rescorer | None = None, budgeted: bool = False):
