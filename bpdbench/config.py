@@ -88,32 +88,33 @@ class RunConfig:
             self.sampling.check()
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        self._validate_device()
+        check_device(self.device)
         if self.dtype == "auto":   # resolved once, here: every layer below sees the concrete dtype it runs in
             from .hardware.dtype import resolve
             from .models import resolve_device
             return replace(self, dtype=resolve("auto", resolve_device(self.device), self.threads))
         return self
 
-    def _validate_device(self) -> None:
-        """A missing GPU is one line now, not a CUDA traceback after the model has loaded."""
-        dev = self.device
-        if dev not in ("cpu", "cuda", "auto") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
-            raise ConfigError(f"unknown device '{dev}'; valid: cpu, cuda, cuda:N, auto")
-        if dev.startswith("cuda"):
-            import torch
-            if not torch.cuda.is_available():
-                raise ConfigError(f"--device {dev} but torch sees no CUDA GPU (torch {torch.__version__}, "
-                                  f"cuda {torch.version.cuda}); use --device cpu or --device auto")
-            if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
-                raise ConfigError(f"--device {dev} but only {torch.cuda.device_count()} CUDA device(s) are "
-                                  f"visible; use cuda:0..{torch.cuda.device_count() - 1}")
-
     def replace(self, **kw) -> "RunConfig":
         return replace(self, **kw)
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def check_device(dev: str) -> None:
+    """A missing GPU is one line now, not a CUDA traceback after the model has loaded (every command that loads a
+    model calls this first)."""
+    if dev not in ("cpu", "cuda", "auto") and not (dev.startswith("cuda:") and dev[5:].isdigit()):
+        raise ConfigError(f"unknown device '{dev}'; valid: cpu, cuda, cuda:N, auto")
+    if dev.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {dev} but torch sees no CUDA GPU (torch {torch.__version__}, "
+                              f"cuda {torch.version.cuda}); use --device cpu or --device auto")
+        if ":" in dev and int(dev[5:]) >= torch.cuda.device_count():
+            raise ConfigError(f"--device {dev} but only {torch.cuda.device_count()} CUDA device(s) are "
+                              f"visible; use cuda:0..{torch.cuda.device_count() - 1}")
 
 
 def environment(threads: int, device: str, dtype: str) -> dict:

@@ -217,6 +217,14 @@ def test_cuda_without_gpu_is_one_line(finished_run, tiny_model_dir, tmp_path):
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+@pytest.mark.parametrize("command", [["train-heads"], ["distill-data"], ["build-history"], ["train-drafter", "eagle"]])
+def test_training_on_cuda_without_gpu_is_one_line(command, tmp_path):
+    """The training commands generate on --device: a missing GPU is refused before the base model loads."""
+    code, text = cli(*command, "--device", "cuda")
+    assert code == 2 and "no CUDA GPU" in text and "--device cpu" in text and "Traceback" not in text, text
+
+
 def test_corrupt_middle_line_is_named_not_dropped(finished_run, tiny_model_dir, tmp_path):
     src, prompts = finished_run
     out = tmp_path / "run"
@@ -249,6 +257,10 @@ OTHER_CASES = [
                        "--heads", "-1", "--out", "{tmp}/a"], ["--heads", "positive"]),
     ("train-heads-threads", ["train-heads", "--threads", "-2", "--out", "{tmp}/h"], ["--threads", ">= 1"]),
     ("train-heads-profile", ["train-heads", "--profile", "huge", "--out", "{tmp}/h"], ["unknown profile"]),
+    ("train-heads-device", ["train-heads", "--device", "tpu", "--out", "{tmp}/h"], ["unknown device", "cuda:N"]),
+    ("distill-data-device", ["distill-data", "--device", "gpu0"], ["unknown device 'gpu0'"]),
+    ("build-history-device", ["build-history", "--device", "cuda:x"], ["unknown device"]),
+    ("train-drafter-device", ["train-drafter", "eagle", "--device", "npu", "--out", "{tmp}/d"], ["unknown device"]),
     ("regress-no-baseline", ["regress", "--baseline", "{tmp}/none.json"], ["no baseline", "--update"]),
     ("replay-sampled", ["replay", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
                         "--temperature", "0.7", "--out", "{tmp}/r"], ["depends on the draws", "run --temperature"]),

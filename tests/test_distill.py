@@ -111,6 +111,7 @@ def test_build_is_cached_atomic_and_loads(eos_model, tmp_path, monkeypatch):
     ds = distill.load(out)
     assert ds.meta["sequences"] == 9 and ds.meta["budget_name"] == "ci" and ds.hidden.dtype == torch.bfloat16
     assert ds.meta["dtype"] == "float32" and ds.meta["truncated_by_time"] is False
+    assert ds.meta["environment"]["device"] == "cpu"                # where it was generated (the caller's model)
     assert "quality_warning" not in ds.meta                         # every prompt, as the budget says
     held, train = ds.split(True), ds.split(False)
     assert held == [0, 3, 6] and sorted(held + train) == list(range(9))
@@ -125,6 +126,17 @@ def test_build_is_cached_atomic_and_loads(eos_model, tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(distill, "build", lambda *a, **k: calls.append(a))
     assert distill.ensure("tiny", "ci", eos_model, tok).meta["rows"] == ds.meta["rows"] and not calls
+
+
+def test_generation_device_is_the_flag_else_the_callers_model_else_the_cpu(tiny_model):
+    """A run's first-use training generates where the run decodes; `--device` overrides; nothing given is the CPU."""
+    from bpdbench.train.greedy import base_on, device_for
+    model = tiny_model
+    assert device_for(None) == "cpu" and device_for(None, model) == str(model.device) == "cpu"
+    assert device_for("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert base_on("not-a-model", "float32", "cpu", model, "tok") == (model, "tok")    # reused, never reloaded
+    with pytest.raises(Exception, match="not-a-model"):
+        base_on("not-a-model", "bfloat16", "cpu", model, "tok")                       # another dtype: loads
 
 
 def test_missing_or_corrupt_data_is_one_line(tmp_path):

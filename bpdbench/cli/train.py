@@ -1,9 +1,9 @@
 """The commands that build artefacts: heads, the model-history database, distillation data, drafters, rescorers.
 
-Each checks its flags (an unknown profile or name is one line before the base model loads) and calls one function of
-bpdbench.train. Every artefact is also built on first use by the command that needs it; these build one on purpose.
-Training runs on the CPU (its profiles are sized in CPU time and its fits autocast on the CPU), so these commands take
-`--threads` but no `--device`.
+Each checks its flags (an unknown profile, name or device is one line before the base model loads) and calls one
+function of bpdbench.train. Every artefact is also built on first use by the command that needs it; these build one
+on purpose. `--device` is where the base model generates the greedy continuations (most of the cost: on a GPU, minutes
+become seconds); the fits run on the CPU, because their budgets are CPU time and they autocast on the CPU.
 """
 from __future__ import annotations
 
@@ -13,49 +13,53 @@ from typing import Annotated, Optional
 import typer
 
 from .errors import console, log, one_line_errors
-from .options import DEFAULT_MODEL, Model, Threads, set_threads
+from ..config import check_device
+from .options import DEFAULT_MODEL, Device, Model, Threads, set_threads
 
 
 @one_line_errors
 def train_heads(model: Model = DEFAULT_MODEL,
                 profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | ci")] = "quick",
                 out: Annotated[Optional[str], typer.Option(help="default: the heads cache")] = None,
-                threads: Threads = None) -> None:
+                device: Device = "cpu", threads: Threads = None) -> None:
     """Train blockwise heads on the frozen base (self-distillation on held-out prompts)."""
     from ..train import heads as train_heads
     if profile not in train_heads.PROFILES:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(train_heads.PROFILES)}")
+    check_device(device)
     set_threads(threads)
-    train_heads.train(model, profile, out=Path(out) if out else None, log=log)
+    train_heads.train(model, profile, out=Path(out) if out else None, log=log, device=device)
 
 
 @one_line_errors
 def build_history(model: Model = DEFAULT_MODEL,
                   profile: Annotated[str, typer.Option(help="quick (about 4 min) | full (about 1 h) | ci")] = "quick",
-                  threads: Threads = None) -> None:
+                  device: Device = "cpu", threads: Threads = None) -> None:
     """The model's greedy continuations on held-out prompts, for `hierarchy`'s model-history database."""
     from ..train import history
     if profile not in history.PROFILES:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(history.PROFILES)}")
+    check_device(device)
     set_threads(threads)
-    history.build(model, profile, log=log)
+    history.build(model, profile, log=log, device=device)
 
 
 @one_line_errors
 def distill_data(model: Model = DEFAULT_MODEL,
                  profile: Annotated[str, typer.Option(help="data budget: quick | full | ci")] = "quick",
-                 threads: Threads = None) -> None:
+                 device: Device = "cpu", threads: Threads = None) -> None:
     """Build (once) the cached distillation dataset every drafter trainer reads: greedy continuations of held-out
     prompts with the base's hidden states and top-8 log-probs."""
     from ..train import distill
     if profile not in distill.BUDGETS:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(distill.BUDGETS)}")
+    check_device(device)
     set_threads(threads)
     path = distill.path_for(model, profile)
     if (path / distill.FILE).exists():
         log(f"distillation data '{profile}' for {model} is cached at {path}; delete it to rebuild")
         return
-    distill.build(model, profile, log=log)
+    distill.build(model, profile, log=log, device=device)
 
 
 @one_line_errors
@@ -66,13 +70,15 @@ def train_drafter(name: Annotated[str, typer.Argument(help="medusa | koala | koa
                   adversarial: Annotated[float, typer.Option(help="KOALA's adversarial weight (koala, koala-hydra; "
                                                                   "saved as NAME-adv)")] = 0.0,
                   out: Annotated[Optional[str], typer.Option(help="default: the drafter cache")] = None,
-                  threads: Threads = None) -> None:
+                  device: Device = "cpu", threads: Threads = None) -> None:
     """Train a draft model on the cached distillation data (built first when missing) and write its held-out
     per-depth agreement next to the weights."""
     from ..train import drafter
     drafter.check(name, profile, adversarial)
+    check_device(device)
     set_threads(threads)
-    drafter.train(name, profile, model, log=log, out=Path(out) if out else None, adversarial=adversarial)
+    drafter.train(name, profile, model, log=log, out=Path(out) if out else None, adversarial=adversarial,
+                  device=device)
 
 
 @one_line_errors

@@ -24,9 +24,10 @@ from typing import Callable
 
 import torch
 
-from .. import models, paths
+from .. import paths
 from ..config import environment
-from .greedy import batches, greedy_batch, kept, left_padded, prompt_pool, stop_ids, teacher_topk
+from .greedy import (base_on, batches, device_for, greedy_batch, kept, left_padded, prompt_pool, stop_ids,
+                     teacher_topk)
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, resolve_dtype
 from .profiles import name_of, named, resolve, settings
 
@@ -124,19 +125,21 @@ def load(path: Path) -> DistillData:
     return DistillData(**state, meta=meta)
 
 
-def ensure(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print) -> DistillData:
+def ensure(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print,
+           device: str | None = None) -> DistillData:
     """The cached dataset, built first when missing (every trainer calls this, so the data is made once). `budget`: a
-    name in BUDGETS or a Budget (its name names the folder)."""
+    name in BUDGETS or a Budget (its name names the folder); `device`: where a missing one is generated."""
     path = path_for(model_name, name_of(budget))
     if not (path / FILE).exists():
-        build(model_name, budget, model, tok, log)
+        build(model_name, budget, model, tok, log, device=device)
     return load(path)
 
 
-def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print, out: Path | None = None
-          ) -> Path:
+def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print, out: Path | None = None,
+          device: str | None = None) -> Path:
     """Generate, rank the vocabulary, and write `data.pt` + `meta.json` atomically (a killed build leaves none).
-    `budget`: a name in BUDGETS, or a Budget used as given (its name names the folder and is recorded)."""
+    `budget`: a name in BUDGETS, or a Budget used as given (its name names the folder and is recorded); `device`:
+    where the base generates (greedy.device_for), recorded in the data's environment."""
     import tasks
 
     b = resolve(budget, BUDGETS)
@@ -144,12 +147,12 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
     out = out or path_for(model_name, name)
     t0 = time.time()
     torch.manual_seed(b.seed)
-    dtype, why = resolve_dtype(b.dtype, log)
-    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
-        model, tok = models.load(model_name, dtype, "cpu")
+    device = device_for(device, model)
+    dtype, why = resolve_dtype(b.dtype, log, device)
+    model, tok = base_on(model_name, dtype, device, model, tok)
     prompts = prompt_pool(tok, b.n_prompts, b.max_prompt_tokens, b.seed, b.gen_tokens)
     pacer = Pacer(f"'{name}' distillation data", b.greedy_positions, log,
-                  predict_seconds(model_name, dtype, b.greedy_positions, b.batch, prompts)
+                  predict_seconds(model_name, dtype, b.greedy_positions, b.batch, prompts, device)
                   if b.greedy_positions else None)
     log(f"distillation data '{name}' for {model_name}: up to {len(prompts)} prompts")
     log(pacer.header(b.batch, dtype, why))
@@ -165,7 +168,7 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
             "dtype": dtype, "dtype_reason": why, "truncated_by_time": pacer.truncated_by_time,
             "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
             "expected_from": pacer.source,
-            "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), "cpu", dtype)}
+            "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), device, dtype)}
     warning = data_warning(f"the '{name}' distillation data", n_greedy, b.greedy_positions,
                            pacer.truncated_by_time)
     if warning:

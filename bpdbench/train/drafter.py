@@ -121,10 +121,12 @@ def check(name: str, profile: str | Profile, adversarial: float) -> str:
 
 
 def train(name: str, profile: str | Profile, model_name: str, model=None, tok=None, log: Log = print,
-          out: Path | None = None, adversarial: float = 0.0, lr: float | None = None) -> Path:
+          out: Path | None = None, adversarial: float = 0.0, lr: float | None = None,
+          device: str | None = None) -> Path:
     """Train, score on the held-out sequences, save (config.json, weights, shortlist, rank, report.json).
     `profile`: a name in PROFILES, or a Profile used as given (its name names the folder and the report's profile;
-    its data, a budget name or a distill.Budget); `lr`: the family's learning rate unless given."""
+    its data, a budget name or a distill.Budget); `lr`: the family's learning rate unless given; `device`: where
+    missing distillation data is generated (the fit itself runs on the CPU, whose time its budget is counted in)."""
     if name.endswith("-adv"):                       # the cache name of an adversarial KOALA asks for the term
         name, adversarial = name[:-4], adversarial or 0.1
     saved = check(name, profile, adversarial)
@@ -132,7 +134,7 @@ def train(name: str, profile: str | Profile, model_name: str, model=None, tok=No
     fam = replace(fam, adversarial=adversarial, lr=fam.lr if lr is None else lr)
     data = name_of(p.data)
     load0 = os.getloadavg()[0]
-    ds = distill.ensure(model_name, p.data, model, tok, log)
+    ds = distill.ensure(model_name, p.data, model, tok, log, device)
     t0 = time.time()
     torch.manual_seed(p.seed)
     embed, lm_w = _base_weights(model_name, model)

@@ -13,6 +13,8 @@ import time
 
 import torch
 
+from ..hardware.timing import synchronize
+
 TOPK_TEACHER = 8
 
 
@@ -61,6 +63,21 @@ def _chat_prompt(tok, doc: str, i: int) -> list[int]:
                                    return_dict=False)
 
 
+def device_for(device: str | None, model=None) -> str:
+    """Where the greedy continuations are generated: `device` when given (`--device`), else where the caller's model
+    already is (a run's first-use training generates where the run decodes), else the CPU."""
+    from ..models import resolve_device
+    return resolve_device(device or (str(model.device) if model is not None else "cpu"))
+
+
+def base_on(model_name: str, dtype: str, device: str, model=None, tok=None):
+    """(model, tok) in `dtype` on `device`: the caller's when it already is, else loaded."""
+    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != torch.device(device).type:
+        from .. import models
+        model, tok = models.load(model_name, dtype, device)
+    return model, tok
+
+
 def stop_ids(model) -> torch.Tensor:
     """The model's EOS ids, as `greedy_batch`'s `stop` (a model without EOS generates to its caps)."""
     eos = model.generation_config.eos_token_id
@@ -99,22 +116,26 @@ def greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, sto
     Rows that reached EOS or their own cap (`caps`) leave the batch (their cache rows too): a CPU forward costs in
     proportion to its rows, and a finished row's tokens are thrown away. Outputs are [B, steps, ...] in the input's
     row order; a row's entries after it finished are zeros (callers cut at EOS / cap). `clock` receives the
-    prefill's seconds and prompt tokens and the decode steps' seconds and count (the pacer's first-batch rates)."""
+    prefill's seconds and prompt tokens and the decode steps' seconds and count (the pacer's first-batch rates).
+    It decodes on the model's device and returns CPU tensors (the data is kept and saved on the CPU)."""
     from transformers import DynamicCache
 
     t0 = time.perf_counter()
+    dev = model.device
+    ids, mask, stop = ids.to(dev), mask.to(dev), stop.to(dev)
     cache = DynamicCache()
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     out = model.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
     prompt_hid = out.last_hidden_state[:, :-1]                   # [B, W-1, d] positions with a known next token
     h = out.last_hidden_state[:, -1]
+    synchronize(dev)                                             # the pacer's prefill rate, not the launch time's
     t1 = time.perf_counter()
     n_rows = ids.shape[0]
-    caps = torch.full((n_rows,), max_new) if caps is None else caps.clamp(max=max_new)
-    rows = torch.arange(n_rows)                                  # input row of each live row
-    hs = torch.zeros(n_rows, max_new, h.shape[-1])
-    lps = torch.zeros(n_rows, max_new, TOPK_TEACHER)
-    tops = torch.zeros(n_rows, max_new, TOPK_TEACHER, dtype=torch.long)
+    caps = torch.full((n_rows,), max_new, device=dev) if caps is None else caps.to(dev).clamp(max=max_new)
+    rows = torch.arange(n_rows, device=dev)                      # input row of each live row
+    hs = torch.zeros(n_rows, max_new, h.shape[-1], device=dev)
+    lps = torch.zeros(n_rows, max_new, TOPK_TEACHER, device=dev)
+    tops = torch.zeros(n_rows, max_new, TOPK_TEACHER, dtype=torch.long, device=dev)
     pos = pos[:, -1:]
     steps = 0
     for step in range(max_new):
@@ -136,17 +157,19 @@ def greedy_batch(model, ids: torch.Tensor, mask: torch.Tensor, max_new: int, sto
     if clock is not None:
         clock.update(prefill_s=t1 - t0, prompt_tokens=int(ids.numel()), steps=steps,
                      decode_s=time.perf_counter() - t1)
-    tops = tops[:, :steps]
-    return prompt_hid, hs[:, :steps], lps[:, :steps], tops, tops[:, :, 0]
+    tops = tops[:, :steps].cpu()
+    return prompt_hid.cpu(), hs[:, :steps].cpu(), lps[:, :steps].cpu(), tops, tops[:, :, 0]
 
 
 def teacher_topk(model, hidden: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k log-probs of the base head at many positions, in chunks (a [N, 152k] matrix at once is too big)."""
+    """Top-k log-probs of the base head at many positions, in chunks (a [N, 152k] matrix at once is too big), on the
+    model's device; CPU tensors back."""
     flat = hidden.reshape(-1, hidden.shape[-1])
     lps, ids = [], []
     for s in range(0, flat.shape[0], chunk):
-        lp, ix = torch.log_softmax(model.lm_head(flat[s:s + chunk]).float(), -1).topk(TOPK_TEACHER, -1)
-        lps.append(lp)
-        ids.append(ix)
+        lp, ix = torch.log_softmax(model.lm_head(flat[s:s + chunk].to(model.device)).float(), -1).topk(TOPK_TEACHER,
+                                                                                                      -1)
+        lps.append(lp.cpu())
+        ids.append(ix.cpu())
     shape = (*hidden.shape[:-1], TOPK_TEACHER)
     return torch.cat(lps).reshape(shape), torch.cat(ids).reshape(shape)

@@ -21,10 +21,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .. import models, paths
+from .. import paths
 from ..nets.heads import Heads, HeadsInfo, save
 from . import distill
-from .greedy import prompt_pool, stop_ids
+from .greedy import base_on, device_for, prompt_pool, stop_ids
 from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
 from .profiles import named, resolve, settings
 
@@ -167,9 +167,10 @@ def agreement(lm_w, w, b, data, shortlist, h: int) -> dict:
 
 
 def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Callable[[str], None] = print,
-          out: Path | None = None) -> Path:
+          out: Path | None = None, device: str | None = None) -> Path:
     """Train heads with a named profile and save them (Medusa-1 layout) with their agreement report. `profile`: a
-    name in PROFILES, or a Profile used as given (its name names the folder and the report's profile)."""
+    name in PROFILES, or a Profile used as given (its name names the folder and the report's profile); `device`:
+    where the base generates the greedy continuations (greedy.device_for; the fit runs on the CPU)."""
     import tasks
 
     p = resolve(profile, PROFILES)
@@ -177,14 +178,14 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     out = out or heads_dir(model_name, name)
     t0 = time.time()
     torch.manual_seed(p.seed)
-    dtype, why = resolve_dtype(p.gen_dtype, log)
-    if p.gen_dtype == "auto" and dtype != "bfloat16":
-        p = replace(p, bf16_fit=False)          # bf16 autocast is only faster where bfloat16 is native
-    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
-        model, tok = models.load(model_name, dtype, "cpu")   # the fast dtype generates; heads fit in fp32
+    device = device_for(device, model)
+    dtype, why = resolve_dtype(p.gen_dtype, log, device)
+    if p.gen_dtype == "auto" and resolve_dtype("auto", log)[0] != "bfloat16":
+        p = replace(p, bf16_fit=False)          # bf16 autocast is only faster where bfloat16 is native (the CPU's)
+    model, tok = base_on(model_name, dtype, device, model, tok)   # the fast dtype generates; heads fit in fp32
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
     pacer = Pacer(f"{name} heads", p.greedy_positions, log,
-                  predict_seconds(model_name, dtype, p.greedy_positions, p.batch_gen, prompts)
+                  predict_seconds(model_name, dtype, p.greedy_positions, p.batch_gen, prompts, device)
                   if p.greedy_positions else None)
     log(f"training '{name}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
     log(pacer.header(p.batch_gen, dtype, why))
@@ -200,7 +201,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     ranked = distill.rank_tokens(tok, [q for i, q in enumerate(seqs) if i % every], p.shortlist,
                                  tasks.default_data_dir(), set(stop_ids(model).tolist()))
     shortlist = ranked.sort().values
-    lm_w = model.lm_head.weight.float()
+    lm_w = model.lm_head.weight.float().cpu()
     x, tid, tlp, valid, gen = _targets(train_data, p.num_heads)
     log(f"  {x.shape[0]} training positions ({int(gen.sum())} greedy), shortlist {len(shortlist)}")
     weights = 1.0 + (p.greedy_weight - 1.0) * gen.float()  # the greedy part is what acceptance is measured on
@@ -209,7 +210,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
               "greedy_positions": int(gen.sum()),
               "seconds": round(time.time() - t0, 1),
               "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **settings(p),
-              "gen_dtype": dtype, "gen_dtype_reason": why, "generated_greedy_positions": generated,
+              "gen_dtype": dtype, "gen_dtype_reason": why, "gen_device": device, "generated_greedy_positions": generated,
               "truncated_by_time": pacer.truncated_by_time,
               "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
               "expected_from": pacer.source}

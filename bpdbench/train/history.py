@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .. import models, paths
+from .. import paths
 from ..artefacts.history import MINUTES, PROFILES, HistoryProfile, history_file, load  # noqa: F401
 from .pacing import FILL, Pacer, predict_seconds, resolve_dtype
 
@@ -58,24 +58,26 @@ def greedy_continuations(model, tok, p: HistoryProfile, log: Log, pacer: Pacer |
     return out, source
 
 
-def build(model_name: str, profile: str, model=None, tok=None, log: Log = print, out: Path | None = None) -> Path:
-    """Generate the history of a profile and cache it (one JSON: the continuations and how they were made)."""
+def build(model_name: str, profile: str, model=None, tok=None, log: Log = print, out: Path | None = None,
+          device: str | None = None) -> Path:
+    """Generate the history of a profile and cache it (one JSON: the continuations and how they were made).
+    `device`: where the base generates (greedy.device_for)."""
     if profile not in PROFILES:
         raise ValueError(f"unknown history profile '{profile}'; valid: {', '.join(PROFILES)}")
     p = PROFILES[profile]
-    dtype, why = resolve_dtype(p.dtype, log)
-    if model is None or model.dtype != getattr(torch, dtype) or model.device.type != "cpu":
-        model, tok = models.load(model_name, dtype, "cpu")
-    from .greedy import prompt_pool
+    from .greedy import base_on, device_for, prompt_pool
+    device = device_for(device, model)
+    dtype, why = resolve_dtype(p.dtype, log, device)
+    model, tok = base_on(model_name, dtype, device, model, tok)
     prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
     expected = sum(g for _, g in prompts) * FILL          # greedy positions, roughly (EOS ends many rows early)
     pacer = Pacer(f"'{profile}' model history", None, log,
-                  predict_seconds(model_name, dtype, int(expected), p.batch, prompts))
+                  predict_seconds(model_name, dtype, int(expected), p.batch, prompts, device))
     log(f"model history '{profile}' for {model_name} (about {MINUTES[profile]} min on 2 idle cores with native "
         f"bfloat16)")
     log(pacer.header(p.batch, dtype, why, size=f"{len(prompts)} prompts x up to {p.gen_tokens} greedy tokens"))
     seqs, source = greedy_continuations(model, tok, p, log, pacer, prompts)
-    source["dtype_reason"] = why
+    source.update(dtype_reason=why, device=device)
     path = Path(out) if out else history_file(model_name, profile)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": model_name, "profile": profile, "settings": asdict(p), "source": source,

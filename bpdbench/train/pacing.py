@@ -27,22 +27,22 @@ FILL = 0.65             # greedy positions per row over its length cap (EOS ends
                         # shipped quick heads' 240 prompts (caps 24,360) gave ~16.1k, the full heads' 672 ~41.4k
 
 
-def resolve_dtype(dtype: str, log: Log = print) -> tuple[str, str]:
-    """(concrete dtype, why): `auto` becomes the machine's fast dtype (hardware/dtype.py), said once."""
+def resolve_dtype(dtype: str, log: Log = print, device: str = "cpu") -> tuple[str, str]:
+    """(concrete dtype, why): `auto` becomes the device's fast dtype (hardware/dtype.py), said once."""
     if dtype != "auto":
         return dtype, "fixed by the profile"
     from ..hardware import dtype as dtype_lib
     threads = torch.get_num_threads()
-    resolved = dtype_lib.resolve("auto", "cpu", threads, log)
+    resolved = dtype_lib.resolve("auto", device, threads, log)
     try:
-        reason = dtype_lib.choose("cpu", threads).reason
+        reason = dtype_lib.choose(device, threads).reason
     except Exception:  # noqa: BLE001 - the reason is only said, never needed
         reason = "this machine's fast dtype"
     return resolved, f"auto: {reason}"
 
 
-def predict_seconds(model_name: str, dtype: str, positions: int, batch: int, prompts: list[tuple[list[int], int]]
-                    ) -> float | None:
+def predict_seconds(model_name: str, dtype: str, positions: int, batch: int, prompts: list[tuple[list[int], int]],
+                    device: str = "cpu") -> float | None:
     """Expected generation time from the hardware calibration (None when none is cached): per batch, a prefill of
     its prompt tokens plus one B-row decode step per generated token of its longest row."""
     try:
@@ -50,7 +50,7 @@ def predict_seconds(model_name: str, dtype: str, positions: int, batch: int, pro
     except ImportError:
         return None
     try:
-        cal = cached(model_name, dtype, "cpu", torch.get_num_threads())
+        cal = cached(model_name, dtype, device, torch.get_num_threads())
         if cal is None or not prompts:
             return None
         mean_cap = sum(g for _, g in prompts) / len(prompts)
