@@ -65,7 +65,8 @@ def test_a_folder_decoded_with_heads_of_another_recipe_is_not_finished(tiny_mode
     assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
     conf = plan.results / cell.rel / "config.json"
     meta = json.loads(conf.read_text())
-    for recipe, finished in (({}, True), ({"recipe": train_heads.RECIPE}, True), ({"recipe": "heads-fit/0"}, False)):
+    legacy = train_heads.RECIPE == train_heads.FIRST_RECIPE             # heads that recorded no recipe
+    for recipe, finished in (({}, legacy), ({"recipe": train_heads.RECIPE}, True), ({"recipe": "heads-fit/0"}, False)):
         meta["resolved"]["heads"] = {"profile": "quick", "path": "/x", **recipe}      # as cached heads record it
         conf.write_text(json.dumps(meta))
         summary = plan.results / cell.rel / "summary.csv"
@@ -103,15 +104,24 @@ def test_committed_folders_are_finished_cells_of_their_grid(name, folders):
             assert kinds.finished(cell, plan.results), folder
 
 
-def test_tables_render_the_certificates_summary(tmp_path):
-    """`bpdbench tables` renders what scripts/certify.sh appended to results/certificates/summary.md."""
+def test_tables_render_every_certificate(tmp_path):
+    """`bpdbench tables` gives every committed certificate folder one row, with the numbers of its summary.csv."""
     import shutil
+
+    import pandas as pd
     from bpdbench.report.tables import build
     committed = Path(__file__).resolve().parents[1] / "results" / "certificates"
     shutil.copytree(committed, tmp_path / "certificates")
     build(tmp_path)
-    rows = lambda text: [x for x in text.splitlines() if x.startswith("| ")]   # noqa: E731
-    assert rows((tmp_path / "tables" / "certificates.md").read_text()) == rows((committed / "summary.md").read_text())
+    table = pd.read_csv(tmp_path / "tables" / "certificates.csv")
+    folders = sorted(committed.glob("*/summary.csv"))
+    assert folders and len(table) == len(folders)
+    for path in folders:
+        s = pd.read_csv(path).iloc[0]
+        row = table[(table.task == s.task) & (table.method == s.method)]
+        assert len(row) == 1, path
+        for col in ("n_examples", "new_tokens", "block_efficiency", "lossless_rate"):
+            assert row[col].iloc[0] == pytest.approx(s[col], abs=5e-4), (path, col)
 
 
 def test_alpha_law_cells(tmp_path):

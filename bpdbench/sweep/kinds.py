@@ -272,18 +272,15 @@ def _matches(cell, meta: dict) -> bool:
     return recorded == labels
 
 
-LEGACY_HEADS_RECIPE = "heads-fit/1"    # what heads made before the recipe was recorded were trained with
-
-
 def _same_heads_recipe(cell, meta: dict) -> bool:
     """A folder decoded with cached heads of another recipe than today's `train-heads` is not this cell's result:
     re-running the grid would train other heads and get other numbers. Heads the cell names by path are what
     they are, and untrained heads have no recipe."""
-    from ..train.heads import RECIPE
+    from ..train.heads import FIRST_RECIPE, RECIPE
     heads = (meta.get("resolved") or {}).get("heads") or {}
     if not heads or cell.config.heads_path or heads.get("profile") in (None, "init"):
         return True
-    return heads.get("recipe", LEGACY_HEADS_RECIPE) == RECIPE
+    return heads.get("recipe", FIRST_RECIPE) == RECIPE
 
 
 def _aliased(config: dict) -> dict:

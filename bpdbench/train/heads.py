@@ -31,6 +31,7 @@ from .profiles import named, resolve, settings
 # How the heads are made (data, shortlist, fit). Results record it through the heads' metadata, and a sweep cell made
 # with heads of another recipe is not finished (sweep/kinds.py): change it whenever a change here changes the heads.
 RECIPE = "heads-fit/1"
+FIRST_RECIPE = "heads-fit/1"     # heads (and results) from before the recipe was recorded
 
 
 @dataclass(frozen=True)
