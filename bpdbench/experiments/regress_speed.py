@@ -14,8 +14,17 @@ both must see an idle machine. A curve measured while another process kept one o
 work, gave medusa an engine efficiency of 0.75-0.88 where the same code measures 1.26 on the idle machine (the
 baseline: 1.11), and failed the check. The calibration is measured
 again where it was busy (hardware/calibration.ensure); the run says it was busy instead of blaming the engine, and
-still fails: a check that passes when it could not measure could never fail. The calibration is not re-measured
-when idle: it times the engine's own verify, so a fresh one would absorb an engine that got slower.
+still fails: a check that passes when it could not measure could never fail.
+
+Why a second calibration when AR's time efficiency is far from 1: the meter cannot see every neighbour (a VM's
+memory-bandwidth neighbours take no CPU here). CI on an AVX512-BF16 EPYC calibrated a 55.9 ms step with 16 tokens at
+1.47 steps, where the idle curve is 35.9 ms and 1.98, then timed AR at the idle speed: AR's time efficiency 1.35,
+medusa's engine efficiency 0.75 against a baseline of 1.11, a failure the engine did not cause. AR's time efficiency
+is the check that the curve describes the timed run's machine, since AR is nothing but calibrated forwards. Outside
+CONSISTENT, the curve is measured again and the run timed again (up to ATTEMPTS runs); the last run is compared
+whatever its efficiency. An engine that got slower still fails: its extra per-step cost is outside the calibrated
+forward, so a fresh curve leaves AR's time efficiency as low as before. A slower verify forward is a slower
+machine to the calibration, which times the engine's own verify; a fresh clone (CI) always measures a fresh curve.
 """
 from __future__ import annotations
 
@@ -33,9 +42,30 @@ GRID = {"task": "mt_bench", "limit": 3, "max_new_tokens": 24, "methods": ["bpd",
         "dtype": "float32", "heads_profile": "ci", "threads": 2, "max_prompt_tokens": 256}
 TOLERANCE = {"efficiency_rel": 0.2, "speedup_factor_same_machine": 1.3}
 KEYS = ("time_efficiency", "engine_efficiency", "speedup_vs_ar", "predicted_speedup", "block_efficiency")
+CONSISTENT = (0.8, 1.25)     # AR's time efficiency where the calibration describes the timed run's machine
+ATTEMPTS = 3
 
 
-def measure(grid: dict, log=print) -> dict:
+def measure(grid: dict, log=print, attempts: int = ATTEMPTS) -> dict:
+    """The grid's `speed` run, calibrated and timed again while AR's time efficiency says the curve does not
+    describe the machine of the timed run (module docstring); the last run's numbers."""
+    for attempt in range(1, attempts + 1):
+        result = measure_once(grid, log, recalibrate=attempt > 1)
+        ar = result.get("ar", {}).get("time_efficiency", float("nan"))
+        result = {m: {**r, "attempts": attempt} for m, r in result.items()}
+        if consistent(ar) or attempt == attempts:
+            return result
+        log(f"speed: AR's time efficiency {ar:.3f} is outside [{CONSISTENT[0]}, {CONSISTENT[1]}]: the calibration "
+            f"does not describe the machine this run was timed on; calibrating and timing again "
+            f"({attempt + 1}/{attempts})")
+    raise ValueError(f"attempts must be >= 1, got {attempts}")
+
+
+def consistent(ar_time_efficiency: float) -> bool:
+    return CONSISTENT[0] <= ar_time_efficiency <= CONSISTENT[1]
+
+
+def measure_once(grid: dict, log=print, recalibrate: bool = False) -> dict:
     """One `speed` run of the grid's methods in a private folder: per method, the efficiencies and speedups."""
     from .plan import prepare
     from .speed import run as speed_run
@@ -45,7 +75,8 @@ def measure(grid: dict, log=print) -> dict:
                         heads_profile=grid["heads_profile"], threads=grid["threads"],
                         max_prompt_tokens=grid.get("max_prompt_tokens", 1024), data_file=grid.get("data_file"),
                         out=f"{tmp}/speed", greedy_dir=f"{tmp}/greedy")
-        out = speed_run(prepare(cfg, "speed", grid["methods"], log=log), repeats=grid["repeats"], log=log)
+        out = speed_run(prepare(cfg, "speed", grid["methods"], log=log), repeats=grid["repeats"], log=log,
+                        recalibrate=recalibrate)
         df = pd.read_csv(Path(out) / "speed.csv").set_index("method")
         cal = (json.loads((Path(out) / "config.json").read_text()).get("calibration") or {}).get("others_cores")
     timed = _num(df["others_cores_max"].max()) if "others_cores_max" in df else float("nan")

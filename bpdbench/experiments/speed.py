@@ -254,9 +254,10 @@ def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) ->
     return complete
 
 
-def run(plan: Plan, repeats: int = 3, log: Log = print) -> Path:
+def run(plan: Plan, repeats: int = 3, log: Log = print, recalibrate: bool = False) -> Path:
     """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory.
-    Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`)."""
+    Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`).
+    `recalibrate`: measure this machine's forward costs again now instead of reading the cached curve."""
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     chosen = [parse("ar")] + [m for m in plan.methods if m.label != "ar"]     # ar, the baseline, always runs
@@ -264,14 +265,15 @@ def run(plan: Plan, repeats: int = 3, log: Log = print) -> Path:
     with OutputLock(plan.out) as lock:     # one writer per folder, taken before the model loads
         s = open_session(plan, log)
         with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log, lock) as jsonl:
-            return _measure_all(s, plan.cfg, chosen, repeats, plan.per_category, plan.resume, plan.out, jsonl, log)
+            return _measure_all(s, plan.cfg, chosen, repeats, plan.per_category, plan.resume, plan.out, jsonl, log,
+                                recalibrate)
 
 
 def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_category: int | None, resume: bool,
-                 out: Path, jsonl: AppendOnlyJsonl, log: Log) -> Path:
+                 out: Path, jsonl: AppendOnlyJsonl, log: Log, recalibrate: bool = False) -> Path:
     fns, skipped = decoders(s, chosen, log)
     from ..hardware.calibration import ensure     # the predictions' costs: measured once per machine, said first
-    cal = ensure(cfg.model, cfg.dtype, str(s.model.device), s.threads, model=s.model, log=log)
+    cal = ensure(cfg.model, cfg.dtype, str(s.model.device), s.threads, model=s.model, log=log, force=recalibrate)
     args = {k: v for k, v in cfg.to_dict().items() if k not in UNUSED}
     config = s.meta(chosen, repeats=repeats, per_category=per_category)
     config["config"], config["methods"] = args, list(fns)
