@@ -47,25 +47,31 @@ def test_medusa_checkpoint_with_own_projections(tmp_path, tiny_model):
 
 
 def test_fit_learns_a_shift_rule():
-    """Synthetic teacher: head i's target is a fixed linear function of x; training must raise agreement."""
+    """Synthetic teacher: head i's target is a fixed linear function of x; the heads' settings of the one fit loop
+    must raise agreement."""
     torch.manual_seed(2)
     d, vocab, h, n = 16, 40, 2, 600
     lm_w = torch.randn(vocab, d)
     x = torch.randn(n, d)
-    seqs = []
+    made = []
     for s in range(0, n, 50):
         hid = x[s:s + 50]
         prev = torch.cat([torch.zeros(1, d), hid[:-1]])
         logits = prev @ lm_w.roll(3, 0).T * 3          # teacher at step s depends on x_{s-1}: head 0 can learn it
         lp = torch.log_softmax(logits, -1)
         top_lp, top_ids = lp.topk(greedy.TOPK_TEACHER, -1)
-        seqs.append((hid, top_ids, top_lp, top_ids[:, 0], 0))
+        made.append({"hidden": hid, "next_ids": top_ids[:, 0], "top_ids": top_ids, "top_lp": top_lp,
+                     "positions": torch.arange(50), "n_prompt": 0})
+    ds = train_heads.packed(made)
+    assert ds.hidden.dtype == torch.float32           # the heads fit on the states as made, not rounded to bf16
+    seqs = ds.sequences(list(range(len(made))))
     shortlist = torch.arange(vocab)
     before = train_heads.agreement(lm_w, torch.zeros(h, d, d), torch.zeros(h, d), seqs, shortlist, h)
-    prof = train_heads.Profile(n_prompts=0, gen_tokens=0, steps=150, batch_positions=128, negatives=8, lr=1e-2)
-    x_, tid, tlp, valid, _ = train_heads._targets(seqs, h)
-    w, b = train_heads.fit(lm_w, x_, tid, tlp, valid, shortlist, prof, log=lambda m: None)
+    prof = train_heads.Profile(n_prompts=0, gen_tokens=0, steps=150, batch_positions=128, negatives=8, lr=1e-2,
+                               num_heads=h)
+    w, b, stats = train_heads.fit(lm_w, ds, list(range(len(made))), shortlist, prof, log=lambda m: None)
     after = train_heads.agreement(lm_w, w, b, seqs, shortlist, h)
+    assert stats["steps"] == 150 and w.shape == (h, d, d) and b.shape == (h, d)
     assert after["top1"][0] > before["top1"][0] + 0.1
     assert all(0 <= v <= 1 for v in after["top16"])
 

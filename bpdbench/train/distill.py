@@ -158,7 +158,7 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
     log(pacer.header(b.batch, dtype, why))
     seqs = generate(model, tok, prompts, b, log, pacer)
     gen_seconds = time.time() - t0
-    state = _pack(seqs)
+    state = pack(seqs)
     train = [s for i, s in enumerate(seqs) if i % b.eval_every]
     state["rank"] = rank_tokens(tok, train, b.shortlist_rank, tasks.default_data_dir(), set(stop_ids(model).tolist()))
     n_greedy = sum(len(s["next_ids"]) - s["n_prompt"] for s in seqs)
@@ -226,9 +226,11 @@ def generate(model, tok, prompts: list[tuple[list[int], int]], b: Budget, log: L
     return seqs
 
 
-def _pack(seqs: list[dict]) -> dict:
+def pack(seqs: list[dict], hidden_dtype: torch.dtype | None = torch.bfloat16) -> dict:
+    """generate's sequences as DistillData's flat rows (hidden states in `hidden_dtype`; None: as made)."""
     lengths = torch.tensor([len(s["next_ids"]) for s in seqs])
-    return {"hidden": torch.cat([s["hidden"] for s in seqs]).to(torch.bfloat16),
+    hidden = torch.cat([s["hidden"] for s in seqs])
+    return {"hidden": hidden if hidden_dtype is None else hidden.to(hidden_dtype),
             "next_ids": torch.cat([s["next_ids"] for s in seqs]).long(),
             "top_ids": torch.cat([s["top_ids"] for s in seqs]).long(),
             "top_lp": torch.cat([s["top_lp"] for s in seqs]).float(),

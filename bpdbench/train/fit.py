@@ -1,16 +1,18 @@
-"""The one fit loop every drafter trainer uses: soft-label distillation on a sampled candidate set, a time or step
-budget with warm-up and a cosine schedule over the fraction spent, bf16 autocast, and KOALA's optional adversarial
-term.
+"""The one fit loop every trainer uses, the Medusa heads' (`train-heads`) and every drafter's (`train-drafter`):
+soft-label distillation on a sampled candidate set, a time or step budget with warm-up and a cosine schedule over
+the fraction spent, bf16 autocast, optional gradient clipping, validation checkpoints and KOALA's adversarial term.
+What differs between trainers is the objective (train/objectives.py) and these settings (FitConfig), not the loop.
 
-Why a CPU-time budget: on a machine shared with other jobs, wall-clock budgets buy a different number of steps
-every run (measured: 12% of a core for a 2-thread fit at load 8 on 2 cores), so drafters trained at different times
-would not be compared on the same budget. The fit's clock is the process's CPU time (core-seconds: 480 are four
-minutes of two idle cores); on a busy machine the fit takes longer and does the same work. The report has both.
+Why a CPU-time budget (the drafters'): on a machine shared with other jobs, wall-clock budgets buy a different number
+of steps every run (measured: 12% of a core for a 2-thread fit at load 8 on 2 cores), so drafters trained at
+different times would not be compared on the same budget. That clock is the process's CPU time (core-seconds: 480
+are four minutes of two idle cores); on a busy machine the fit takes longer and does the same work. The report has
+both. The heads keep the wall clock and no clipping they were first fitted with (train/heads.RECIPE): changing
+either changes the heads behind every committed heads-based result, which would all have to be run again.
 
 Why sampled candidates: the teacher's top-8 of every prediction in the batch plus random shortlist negatives is the
-recipe that gave the Medusa heads the most agreement per CPU second (train/heads.py); the other predictions' targets
-are the hard negatives. Why a time budget: on a CPU shared with others, steps per second vary; a budget in seconds
-keeps `quick` within its minutes on an idle machine, and the report says how many steps it got.
+recipe that gave the Medusa heads the most agreement per CPU second; the other predictions' targets are the hard
+negatives.
 """
 from __future__ import annotations
 
@@ -40,6 +42,8 @@ class FitConfig:
     feature_weight: float = 1.0    # EAGLE's feature regression next to the cross-entropy
     adversarial: float = 0.0       # KOALA: weight of the generator's adversarial loss (0: off)
     seed: int = 0
+    clip: float | None = 1.0       # gradient-norm clipping (None: off, the heads' recipe)
+    clock: str = "cpu"             # what `seconds` counts: "cpu" (core-seconds) or "wall" (the heads' recipe)
 
 
 class Discriminator(nn.Module):
@@ -56,14 +60,17 @@ class Discriminator(nn.Module):
 def soft_ce(pred: Pred, rows: Rows, lm_w: torch.Tensor, shortlist: torch.Tensor, negatives: int,
             g: torch.Generator) -> torch.Tensor:
     """Per prediction: cross-entropy of the teacher's renormalised top-8 against the draft's distribution over the
-    batch's candidates."""
+    batch's candidates. States z [N, d] with targets [N], or packed per head z [h, B, d] with targets [B, h]
+    (objectives.Packed: one projection matmul for every head)."""
     ds = rows.ds
-    tid = ds.top_ids[pred.target]                                         # [N, 8]
+    tid = ds.top_ids[pred.target]                                         # [N, 8] or [B, h, 8]
     neg = shortlist[torch.randint(0, len(shortlist), (negatives,), generator=g)]
     cand, inv = torch.unique(torch.cat([tid.flatten(), neg]), return_inverse=True)
     pos = inv[: tid.numel()].view_as(tid)
     logits = pred.z @ lm_w[cand].to(pred.z.dtype).T
     logp = torch.log_softmax(logits.float(), -1)
+    if pred.z.dim() == 3:                                                 # [h, B, C] -> [B, h, C], as the targets
+        logp = logp.permute(1, 0, 2)
     q = torch.softmax(ds.top_lp[pred.target], -1)
     return -(q * logp.gather(-1, pos)).sum(-1)
 
@@ -71,6 +78,9 @@ def soft_ce(pred: Pred, rows: Rows, lm_w: torch.Tensor, shortlist: torch.Tensor,
 def work_clock() -> float:
     """Core-seconds of work so far: the process's CPU time, all threads together."""
     return time.process_time()
+
+
+CLOCKS = {"cpu": work_clock, "wall": time.time}
 
 
 def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
@@ -89,7 +99,8 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
     disc = Discriminator(model.d if hasattr(model, "d") else lm_w.shape[1]) if c.adversarial else None
     opt_d = torch.optim.AdamW(disc.parameters(), lr=c.lr) if disc is not None else None
     lm_b = lm_w.bfloat16() if c.bf16 else lm_w.float()
-    t0, w0, step, stats = time.time(), work_clock(), 0, {}
+    clock = CLOCKS[c.clock]
+    t0, w0, c0, step, stats = time.time(), work_clock(), clock(), 0, {}
     curve: list[dict] = []
     best: tuple[float, dict] | None = None
 
@@ -104,7 +115,7 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
         log(f"  validation at step {step}: {score:.4f}")
 
     while True:
-        done = (work_clock() - w0) / c.seconds if c.seconds else step / max(c.steps, 1)
+        done = (clock() - c0) / c.seconds if c.seconds else step / max(c.steps, 1)
         if validate is not None and checkpoints and step and done * checkpoints >= len(curve) + 1 and done < 1:
             check(done)
         if done >= 1:
@@ -115,7 +126,9 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
             pred = obj.batch(rows, pool, c.batch, c.greedy_weight, g)
             ce = soft_ce(pred, rows, lm_b, shortlist, c.negatives, g)
-        w = 1.0 + (c.greedy_weight - 1.0) * rows.greedy[pred.target].float() if obj.sequential else None
+        w = pred.weight
+        if w is None and obj.sequential:
+            w = 1.0 + (c.greedy_weight - 1.0) * rows.greedy[pred.target].float()
         loss = ce.mean() if w is None else (ce * w).sum() / w.sum()
         stats = {"ce": float(loss.detach())}
         if pred.extra is not None:
@@ -133,7 +146,8 @@ def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: F
             stats.update(discriminator=float(d_loss.detach()), adversarial=float(adv.detach()))
         opt.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        if c.clip is not None:
+            torch.nn.utils.clip_grad_norm_(params, c.clip)
         opt.step()
         if step % 25 == 0:
             log(f"  step {step} " + " ".join(f"{k} {v:.3f}" for k, v in stats.items())

@@ -7,12 +7,12 @@ random negatives) gives the best heads per CPU second; and what decides acceptan
 prompts (disjoint from every evaluated example), with hidden states and teacher logits taken from that same
 batched decoding (no second forward). That data is made by the one generator every trainer uses
 (train/distill.generate over train/greedy.prompt_pool), with the heads' own budget, and the shortlist by the one
-ranking rule (distill.rank_tokens): the heads differ from the other drafters only in the fit below.
+ranking rule (distill.rank_tokens), and fitted by the one loop (train/fit.py): the heads differ from the other
+drafters only in their objective (objectives.Packed) and the fit's settings (`fit` below).
 """
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +23,9 @@ import torch.nn.functional as F
 
 from .. import paths
 from ..nets.heads import Heads, HeadsInfo, save
-from . import distill
+from . import distill, objectives
+from .fit import FitConfig
+from .fit import fit as fit_loop
 from .greedy import base_on, device_for, prompt_pool, stop_ids
 from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
 from .profiles import named, resolve, settings
@@ -105,46 +107,26 @@ def _head_logits(w, b, x, proj):
     return z @ proj.T                                             # [h, N, C]
 
 
-def fit(lm_w: torch.Tensor, x, tid, tlp, valid, shortlist, p: Profile, log, weights: torch.Tensor | None = None
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sampled-softmax distillation: each step scores every head on the union of the batch's teacher top-k ids plus
-    random shortlist negatives (the other heads' targets are the hard negatives; per-head candidate sets were 2.5x
-    cheaper but lost 0.025 head-1 top-1). Steps are counted (`steps`) or timed (`fit_seconds`)."""
-    h, d = tid.shape[1], x.shape[1]
-    g = torch.Generator().manual_seed(p.seed)
-    w = torch.zeros(h, d, d, requires_grad=True)
-    b = torch.zeros(h, d, requires_grad=True)
-    opt = torch.optim.AdamW([w, b], lr=p.lr, weight_decay=0.0)
-    proj = lm_w.bfloat16() if p.bf16_fit else lm_w
-    t0 = time.time()
-    step = 0
-    while True:
-        done = (time.time() - t0) / p.fit_seconds if p.fit_seconds else step / max(p.steps, 1)
-        if done >= 1:
-            break
-        for group in opt.param_groups:  # warm-up, then cosine over the fraction of the budget spent
-            group["lr"] = p.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * done))
-        if weights is None:
-            idx = torch.randint(0, x.shape[0], (min(p.batch_positions, x.shape[0]),), generator=g)
-        else:
-            idx = torch.multinomial(weights, p.batch_positions, replacement=True, generator=g)
-        neg = shortlist[torch.randint(0, len(shortlist), (p.negatives,), generator=g)]
-        cand, inv = torch.unique(torch.cat([tid[idx].flatten(), neg]), return_inverse=True)
-        pos = inv[: tid[idx].numel()].view(*tid[idx].shape)      # [B, h, k] columns of the targets in cand
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=p.bf16_fit):
-            logits = _head_logits(w, b, x[idx], proj[cand])       # [h, B, C]
-        logp = torch.log_softmax(logits.float(), -1)
-        q = torch.softmax(tlp[idx], -1)                           # teacher top-k renormalised
-        ce = -(q * logp.permute(1, 0, 2).gather(-1, pos)).sum(-1)  # [B, h]
-        loss = (ce * valid[idx]).sum() / valid[idx].sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        if step % 50 == 0:
-            log(f"  step {step} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
-        step += 1
-    log(f"  {step} steps in {time.time() - t0:.0f}s, final loss {loss.item():.3f}")
-    return w.detach(), b.detach()
+def packed(seqs: list[dict]) -> distill.DistillData:
+    """The generator's sequences as flat rows (distill's layout), hidden states in the dtype they were made in (the
+    cached drafters' data rounds them to bf16; the ci heads generate and fit in fp32)."""
+    state = distill.pack(seqs, hidden_dtype=None)
+    return distill.DistillData(**state, rank=torch.zeros(0, dtype=torch.long), meta={})
+
+
+def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist, p: Profile, log
+        ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """The heads' settings of the one fit loop (train/fit.py) on sequences `seqs` of `ds`: sampled-softmax
+    distillation (objectives.Packed: each step scores every head on the union of the batch's teacher top-k ids plus
+    random shortlist negatives; the other heads' targets are the hard negatives; per-head candidate sets were 2.5x
+    cheaper but lost 0.025 head-1 top-1), greedy rows `greedy_weight` times as likely, steps counted (`steps`) or a
+    wall-clock budget (`fit_seconds`), no clipping and no checkpoint selection: the recipe the heads were first
+    fitted with (RECIPE). Returns the packed weights [h, d, d], [h, d] and the fit's statistics."""
+    obj = objectives.Packed(objectives.PackedHeads(ds.d, p.num_heads))
+    cfg = FitConfig(p.fit_seconds, p.steps, p.lr, p.batch_positions, negatives=p.negatives,
+                    greedy_weight=p.greedy_weight, bf16=p.bf16_fit, seed=p.seed, clip=None, clock="wall")
+    stats = fit_loop(obj, objectives.Rows.of(ds), ds.rows(seqs), lm_w, shortlist, cfg, log)
+    return obj.model.w.detach(), obj.model.b.detach(), stats
 
 
 @torch.no_grad()
@@ -193,24 +175,23 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     budget = distill.Budget(p.n_prompts, p.gen_tokens, p.greedy_positions, batch=p.batch_gen,
                             max_prompt_tokens=p.max_prompt_tokens, dtype=dtype, seed=p.seed, name=f"heads-{name}")
     seqs = distill.generate(model, tok, prompts, budget, log, pacer)
-    data = [(q["hidden"].float(), q["top_ids"], q["top_lp"], q["next_ids"][q["n_prompt"]:], q["n_prompt"])
-            for q in seqs]
-    generated = sum(len(d[3]) for d in data)
+    ds = packed(seqs)
+    generated = int(ds.greedy_mask().sum())
     every = max(2, round(1 / p.eval_fraction))  # held-out sequences spread over all prompt lengths and sources
-    train_data = [d for i, d in enumerate(data) if i % every]
-    eval_data = data[::every]
-    ranked = distill.rank_tokens(tok, [q for i, q in enumerate(seqs) if i % every], p.shortlist,
+    train_seqs = [i for i in range(len(seqs)) if i % every]
+    ranked = distill.rank_tokens(tok, [seqs[i] for i in train_seqs], p.shortlist,
                                  tasks.default_data_dir(), set(stop_ids(model).tolist()))
     shortlist = ranked.sort().values
     lm_w = model.lm_head.weight.float().cpu()
-    x, tid, tlp, valid, gen = _targets(train_data, p.num_heads)
-    log(f"  {x.shape[0]} training positions ({int(gen.sum())} greedy), shortlist {len(shortlist)}")
-    weights = 1.0 + (p.greedy_weight - 1.0) * gen.float()  # the greedy part is what acceptance is measured on
-    w, b = fit(lm_w, x, tid, tlp, valid, shortlist, p, log, weights)
-    report = {"profile": name, "recipe": RECIPE, "prompts_used": len(data), "train_positions": int(x.shape[0]),
-              "greedy_positions": int(gen.sum()),
+    rows = ds.rows(train_seqs)
+    greedy = int(ds.greedy_mask()[rows].sum())
+    log(f"  {len(rows)} training positions ({greedy} greedy), shortlist {len(shortlist)}")
+    w, b, stats = fit(lm_w, ds, train_seqs, shortlist, p, log)
+    eval_data = ds.sequences(list(range(0, len(seqs), every)))
+    report = {"profile": name, "recipe": RECIPE, "prompts_used": len(seqs), "train_positions": len(rows),
+              "greedy_positions": greedy,
               "seconds": round(time.time() - t0, 1),
-              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), **settings(p),
+              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), "fit": stats, **settings(p),
               "gen_dtype": dtype, "gen_dtype_reason": why, "gen_device": device, "generated_greedy_positions": generated,
               "truncated_by_time": pacer.truncated_by_time,
               "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
@@ -220,7 +201,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
                                            pacer.truncated_by_time))
     if warning:
         report["quality_warning"] = warning
-    heads = Heads(x.shape[1], p.num_heads)
+    heads = Heads(ds.d, p.num_heads)
     for i, blk in enumerate(heads.blocks):
         blk[0].linear.weight.data.copy_(w[i])
         blk[0].linear.bias.data.copy_(b[i])

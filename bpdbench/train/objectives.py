@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from ..nets.amphista import Amphista
 from ..nets.eagle import Eagle
@@ -44,6 +46,7 @@ class Pred:
     depth: torch.Tensor      # [N] 1-based
     extra: torch.Tensor | None = None   # an additional loss term (EAGLE's feature regression)
     fake: torch.Tensor | None = None    # states the adversarial discriminator judges (KOALA)
+    weight: torch.Tensor | None = None  # per-prediction loss weight (None: the mean, or greedy-weighted if sequential)
 
 
 def base_rows(rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> torch.Tensor:
@@ -102,6 +105,41 @@ class Positional:
         z, valid = torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
         gold_rows = (r[:, None] + torch.arange(1, self.depth + 1)[None]).clamp(max=len(rows.end) - 1)
         return z, rows.ds.next_ids[gold_rows], valid
+
+
+class PackedHeads(nn.Module):
+    """Medusa-1 heads held as one [h, d, d] weight, the form they are fitted in: every head's residual block in one
+    einsum. nets/heads.Heads is the same network in the Medusa-1 layout it is saved and decoded in."""
+
+    def __init__(self, d: int, h: int):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(h, d, d))     # zero: every head starts as the identity (Medusa's init)
+        self.b = nn.Parameter(torch.zeros(h, d))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [n, d] -> [h, n, d]: each head's state z = x + SiLU(W x + b)."""
+        return x[None] + F.silu(torch.einsum("hde,ne->hnd", self.w, x) + self.b[:, None])
+
+
+class Packed:
+    """The Medusa heads' objective (`train-heads`): a batch is a sample of rows, greedy rows `weight` times as likely,
+    and every head predicts from each, its targets (depth 1..h) packed [B, h] so that one projection matmul and one
+    candidate set serve all heads; a target past the sequence's end carries weight 0 (its teacher ids still join
+    the candidate set). Why not Positional on nets/medusa.MedusaHeads: this packed form is what the heads were first
+    fitted with (train/heads.RECIPE), and it draws rows from every position, not only those with a target after."""
+    sequential = False
+
+    def __init__(self, model: PackedHeads):
+        self.model, self.depth = model, int(model.w.shape[0])
+
+    def batch(self, rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
+        w = 1.0 + (weight - 1.0) * rows.greedy[pool].float()
+        r = pool[torch.multinomial(w, n, replacement=True, generator=g)]
+        end = rows.end[r][:, None]
+        target = r[:, None] + 1 + torch.arange(self.depth)[None]
+        valid = target < end
+        z = self.model(rows.ds.hidden[r].float())
+        return Pred(z, torch.minimum(target, end - 1), (target - r[:, None]), weight=valid)
 
 
 class Sequential:
