@@ -4,6 +4,7 @@ trees) and in replay; the dataset's rows are the base's own hidden states, next 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -146,6 +147,28 @@ def test_missing_or_corrupt_data_is_one_line(tmp_path):
     (tmp_path / "bad" / distill.FILE).write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(FileNotFoundError, match="truncated or corrupt"):
         distill.load(tmp_path / "bad")
+
+
+def test_a_budget_object_that_changed_builds_again_and_states_can_stay_as_made(eos_model, tmp_path, monkeypatch):
+    """The heads' budgets are objects derived from their profile: cached data made with other settings under the same
+    name is built again (said in one line), the same settings load the cache, and `states="made"` keeps fp32 states."""
+    import tasks
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: _prompts()[:n])
+    monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
+    tok = SimpleNamespace(pad_token_id=0)
+    budget = distill.Budget(6, 20, None, batch=4, prompt_positions=4, dtype="float32", states="made", name="heads-t")
+    first = distill.ensure("tiny", budget, eos_model, tok, log=lambda m: None)
+    assert first.hidden.dtype == torch.float32 and first.meta["hidden_dtype"] == "float32"
+    assert first.meta["sequences"] == 6
+    calls, lines = [], []
+    real_build = distill.build
+    monkeypatch.setattr(distill, "build", lambda *a, **k: calls.append(a) or real_build(*a, **k))
+    assert distill.ensure("tiny", budget, eos_model, tok, log=lines.append).meta["sequences"] == 6 and not calls
+    bigger = distill.ensure("tiny", replace(budget, n_prompts=9), eos_model, tok, log=lines.append)
+    assert len(calls) == 1 and bigger.meta["sequences"] == 9
+    assert any("made with another budget (n_prompts)" in m for m in lines)
+    assert distill.ensure("tiny", "heads-t", eos_model, tok).meta["sequences"] == 9 and len(calls) == 1
 
 
 def test_generation_stops_at_the_positions_target_not_at_a_time(eos_model, monkeypatch):

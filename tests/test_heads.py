@@ -62,7 +62,7 @@ def test_fit_learns_a_shift_rule():
         top_lp, top_ids = lp.topk(greedy.TOPK_TEACHER, -1)
         made.append({"hidden": hid, "next_ids": top_ids[:, 0], "top_ids": top_ids, "top_lp": top_lp,
                      "positions": torch.arange(50), "n_prompt": 0})
-    ds = train_heads.packed(made)
+    ds = distill.DistillData(**distill.pack(made, hidden_dtype=None), rank=torch.arange(vocab), meta={})
     assert ds.hidden.dtype == torch.float32           # the heads fit on the states as made, not rounded to bf16
     seqs = ds.sequences(list(range(len(made))))
     shortlist = torch.arange(vocab)
@@ -145,7 +145,7 @@ def _flagged_heads(tiny_model_dir, tmp_path, monkeypatch, lines):
     monkeypatch.setattr(pacing, "QUALITY_FLOOR", 1.0)
     monkeypatch.setattr(tasks, "default_data_dir", lambda: None)
     prompts = [([5 + i, 17, 3, 42, 8, 11 + i], 10) for i in range(12)]
-    monkeypatch.setattr(train_heads, "prompt_pool", lambda tok, n, max_tokens, seed, gen: prompts[:n])
+    monkeypatch.setattr(distill, "prompt_pool", lambda tok, n, max_tokens, seed, gen: prompts[:n])
     profile = train_heads.Profile(n_prompts=12, gen_tokens=10, steps=10, batch_gen=4, num_heads=4, shortlist=64,
                                   greedy_positions=10**5, gen_dtype="auto", name="ci")
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()

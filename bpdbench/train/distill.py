@@ -1,7 +1,8 @@
 """One distillation dataset per model and budget, built once and cached: what every drafter trainer learns from.
 
 Why one cached dataset: generating the base's greedy continuations is most of a drafter's training cost on a CPU
-(370 of the 518 s of the quick Medusa heads), and drafters compared on different data are not compared fairly. So
+(370 of the 518 s of the quick Medusa heads), and drafters compared on different data are not compared fairly. The
+Medusa heads (`train-heads`) read it too, with budgets of their own (`heads-<profile>`, train/heads.py). So
 `bpdbench distill-data --budget quick` runs the base once, batched and greedy, on held-out prompts (the prompt pool
 of train/heads.py: held-out task slices, C4 text, chat requests from C4; never an evaluated example) and stores, per
 position, what any drafter needs: the base's final hidden state (bf16, half the bytes), the token that position
@@ -48,6 +49,8 @@ class Budget:
     shortlist_rank: int = 65536      # how many token ids the frequency ranking keeps
     seed: int = 0
     name: str = ""                   # the data's folder and meta.json's budget_name (BUDGETS: its key)
+    states: str = "bfloat16"         # stored hidden states: "bfloat16" (half the bytes) or "made" (the generation's
+                                     # dtype: the heads' budgets, whose ci heads fit on fp32 states)
 
 
 # Batches of 32 make 1.7x the greedy tokens per second of 16 on 2 cores (bf16 GEMMs; measured 143 vs 83 tokens/s),
@@ -130,9 +133,26 @@ def ensure(model_name: str, budget: str | Budget, model=None, tok=None, log: Log
     """The cached dataset, built first when missing (every trainer calls this, so the data is made once). `budget`: a
     name in BUDGETS or a Budget (its name names the folder); `device`: where a missing one is generated."""
     path = path_for(model_name, name_of(budget))
-    if not (path / FILE).exists():
-        build(model_name, budget, model, tok, log, device=device)
+    if (path / FILE).exists() and not isinstance(budget, str) and (changed := _changed(path, budget)):
+        log(f"the cached '{name_of(budget)}' data was made with another budget ({', '.join(changed)}): "
+            f"building it again")
+    elif (path / FILE).exists():
+        return load(path)
+    build(model_name, budget, model, tok, log, device=device)
     return load(path)
+
+
+def _changed(path: Path, budget: Budget) -> list[str]:
+    """The settings of a budget given as an object (the heads' budgets, derived from their profile, and variants)
+    that differ from those the cached data at `path` records; a setting it does not record is taken as unchanged
+    (data from before the setting existed). Why: a heads profile changed under the same name would otherwise fit on
+    the old data without a word. A name asks for whatever data is cached under it."""
+    try:
+        recorded = json.loads((path / "meta.json").read_text())["budget"]
+    except (OSError, ValueError, KeyError):
+        return ["unreadable meta.json"]
+    wanted = settings(budget)
+    return [k for k, v in wanted.items() if k in recorded and recorded[k] != v]
 
 
 def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print, out: Path | None = None,
@@ -158,7 +178,7 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
     log(pacer.header(b.batch, dtype, why))
     seqs = generate(model, tok, prompts, b, log, pacer)
     gen_seconds = time.time() - t0
-    state = pack(seqs)
+    state = pack(seqs, torch.bfloat16 if b.states == "bfloat16" else None)
     train = [s for i, s in enumerate(seqs) if i % b.eval_every]
     state["rank"] = rank_tokens(tok, train, b.shortlist_rank, tasks.default_data_dir(), set(stop_ids(model).tolist()))
     n_greedy = sum(len(s["next_ids"]) - s["n_prompt"] for s in seqs)
@@ -168,7 +188,8 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
             "dtype": dtype, "dtype_reason": why, "truncated_by_time": pacer.truncated_by_time,
             "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
             "expected_from": pacer.source,
-            "hidden_dtype": "bfloat16", "environment": environment(torch.get_num_threads(), device, dtype)}
+            "hidden_dtype": str(state["hidden"].dtype).removeprefix("torch."),
+            "environment": environment(torch.get_num_threads(), device, dtype)}
     warning = data_warning(f"the '{name}' distillation data", n_greedy, b.greedy_positions,
                            pacer.truncated_by_time)
     if warning:

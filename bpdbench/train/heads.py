@@ -5,10 +5,10 @@ too slow; distilling the base's own distribution over a small candidate set (the
 random negatives) gives the best heads per CPU second; and what decides acceptance is agreement with the base's own
 *greedy* continuation on task-like prompts, so the training text is the base's batched greedy output on held-out
 prompts (disjoint from every evaluated example), with hidden states and teacher logits taken from that same
-batched decoding (no second forward). That data is made by the one generator every trainer uses
-(train/distill.generate over train/greedy.prompt_pool), with the heads' own budget, and the shortlist by the one
-ranking rule (distill.rank_tokens), and fitted by the one loop (train/fit.py): the heads differ from the other
-drafters only in their objective (objectives.Packed) and the fit's settings (`fit` below).
+batched decoding (no second forward). That data is the one cached distillation data every trainer reads
+(train/distill.ensure; the heads' budget `heads-<profile>` is derived from their profile), the shortlist comes from
+its one ranking, and the fit is the one loop (train/fit.py): the heads differ from the other drafters only in
+their objective (objectives.Packed) and the settings of their data and fit (`data_budget`, `fit` below).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ from ..nets.heads import Heads, HeadsInfo, save
 from . import distill, objectives
 from .fit import FitConfig
 from .fit import fit as fit_loop
-from .greedy import base_on, device_for, prompt_pool, stop_ids
-from .pacing import Pacer, data_warning, predict_seconds, quality_warning, resolve_dtype
+from .greedy import base_on, device_for
+from .pacing import quality_warning, resolve_dtype
 from .profiles import named, resolve, settings
 
 # How the heads are made (data, shortlist, fit). Results record it through the heads' metadata, and a sweep cell made
@@ -107,11 +107,14 @@ def _head_logits(w, b, x, proj):
     return z @ proj.T                                             # [h, N, C]
 
 
-def packed(seqs: list[dict]) -> distill.DistillData:
-    """The generator's sequences as flat rows (distill's layout), hidden states in the dtype they were made in (the
-    cached drafters' data rounds them to bf16; the ci heads generate and fit in fp32)."""
-    state = distill.pack(seqs, hidden_dtype=None)
-    return distill.DistillData(**state, rank=torch.zeros(0, dtype=torch.long), meta={})
+def data_budget(p: Profile) -> distill.Budget:
+    """The heads' distillation data (`heads-<profile>`, cached like every drafter's): generated in the profile's
+    dtype, states kept as made (fp32 for ci), every 1/eval_fraction-th sequence held out, ranked to the heads'
+    shortlist."""
+    return distill.Budget(p.n_prompts, p.gen_tokens, p.greedy_positions, batch=p.batch_gen,
+                          max_prompt_tokens=p.max_prompt_tokens, dtype=p.gen_dtype, seed=p.seed,
+                          eval_every=max(2, round(1 / p.eval_fraction)), shortlist_rank=p.shortlist,
+                          states="made", name=f"heads-{p.name}")
 
 
 def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist, p: Profile, log
@@ -154,8 +157,6 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     """Train heads with a named profile and save them (Medusa-1 layout) with their agreement report. `profile`: a
     name in PROFILES, or a Profile used as given (its name names the folder and the report's profile); `device`:
     where the base generates the greedy continuations (greedy.device_for; the fit runs on the CPU)."""
-    import tasks
-
     p = resolve(profile, PROFILES)
     name = p.name
     out = out or heads_dir(model_name, name)
@@ -166,39 +167,30 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     if p.gen_dtype == "auto" and resolve_dtype("auto", log)[0] != "bfloat16":
         p = replace(p, bf16_fit=False)          # bf16 autocast is only faster where bfloat16 is native (the CPU's)
     model, tok = base_on(model_name, dtype, device, model, tok)   # the fast dtype generates; heads fit in fp32
-    prompts = prompt_pool(tok, p.n_prompts, p.max_prompt_tokens, p.seed, p.gen_tokens)
-    pacer = Pacer(f"{name} heads", p.greedy_positions, log,
-                  predict_seconds(model_name, dtype, p.greedy_positions, p.batch_gen, prompts, device)
-                  if p.greedy_positions else None)
-    log(f"training '{name}' heads for {model_name}: up to {len(prompts)} prompts x {p.gen_tokens} greedy tokens")
-    log(pacer.header(p.batch_gen, dtype, why))
-    budget = distill.Budget(p.n_prompts, p.gen_tokens, p.greedy_positions, batch=p.batch_gen,
-                            max_prompt_tokens=p.max_prompt_tokens, dtype=dtype, seed=p.seed, name=f"heads-{name}")
-    seqs = distill.generate(model, tok, prompts, budget, log, pacer)
-    ds = packed(seqs)
-    generated = int(ds.greedy_mask().sum())
-    every = max(2, round(1 / p.eval_fraction))  # held-out sequences spread over all prompt lengths and sources
-    train_seqs = [i for i in range(len(seqs)) if i % every]
-    ranked = distill.rank_tokens(tok, [seqs[i] for i in train_seqs], p.shortlist,
-                                 tasks.default_data_dir(), set(stop_ids(model).tolist()))
-    shortlist = ranked.sort().values
+    budget = data_budget(p)
+    log(f"training '{name}' heads for {model_name} on the '{budget.name}' distillation data")
+    ds = distill.ensure(model_name, budget, model, tok, log, device)
+    train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
+    shortlist = ds.shortlist(p.shortlist)       # sorted: the heads' drafting vocabulary
     lm_w = model.lm_head.weight.float().cpu()
     rows = ds.rows(train_seqs)
     greedy = int(ds.greedy_mask()[rows].sum())
     log(f"  {len(rows)} training positions ({greedy} greedy), shortlist {len(shortlist)}")
     w, b, stats = fit(lm_w, ds, train_seqs, shortlist, p, log)
-    eval_data = ds.sequences(list(range(0, len(seqs), every)))
-    report = {"profile": name, "recipe": RECIPE, "prompts_used": len(seqs), "train_positions": len(rows),
+    meta = ds.meta
+    report = {"profile": name, "recipe": RECIPE, "prompts_used": meta["sequences"], "train_positions": len(rows),
               "greedy_positions": greedy,
               "seconds": round(time.time() - t0, 1),
-              "heldout": agreement(lm_w, w, b, eval_data, shortlist, p.num_heads), "fit": stats, **settings(p),
-              "gen_dtype": dtype, "gen_dtype_reason": why, "gen_device": device, "generated_greedy_positions": generated,
-              "truncated_by_time": pacer.truncated_by_time,
-              "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
-              "expected_from": pacer.source}
+              "heldout": agreement(lm_w, w, b, ds.sequences(held), shortlist, p.num_heads), "fit": stats,
+              **settings(p),
+              "gen_dtype": meta["dtype"], "gen_dtype_reason": why, "gen_device": meta["environment"]["device"],
+              "generated_greedy_positions": meta["greedy_positions"],
+              "truncated_by_time": meta["truncated_by_time"],
+              "expected_generation_seconds": meta["expected_generation_seconds"],
+              "expected_from": meta["expected_from"],
+              "data": {"path": str(distill.path_for(model_name, budget.name)), "seconds": meta["seconds"]}}
     warning = quality_warning(f"'{name}' heads", (report["heldout"]["top1"] or [None])[0],
-                              data_warning(f"the '{name}' heads' data", generated, p.greedy_positions,
-                                           pacer.truncated_by_time))
+                              meta.get("quality_warning"))
     if warning:
         report["quality_warning"] = warning
     heads = Heads(ds.d, p.num_heads)
