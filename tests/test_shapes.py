@@ -186,22 +186,45 @@ def test_auto_decodes_losslessly(session_for):
     assert s.env.resolved[m.label]["length"] == s.env.resolved[m.label]["auto"]["params"]["length"]
 
 
-def test_heldout_slice_never_overlaps_evaluated_examples(session_for, tmp_path):
+class _Tok:
+    """Enough of a tokenizer for the prompt pool's C4 part."""
+    chat_template = None
+
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": ["c4"]}
+
+
+def test_auto_measures_on_examples_neither_evaluated_nor_trained_on(session_for, tmp_path, monkeypatch):
+    """Never the evaluated examples, and never a held-out slice while other examples exist: the trainers' prompt
+    pool draws the held-out slices, so the heads were fitted on those very prompts."""
     from types import SimpleNamespace
+
+    import tasks
     from bpdbench.config import RunConfig
     from bpdbench.experiments import autoshape
     from bpdbench.experiments.examples import select_examples
-    # a task with a held-out slice (squad, from the shared data)
-    cfg = RunConfig(task="squad", limit=20)
+    from bpdbench.train.greedy import prompt_pool
+    cfg = RunConfig(task="spec_bench")
     try:
-        evaluated = select_examples(cfg)
+        evaluated = select_examples(cfg, per_category=2)
     except Exception as e:                                      # no shared data here
-        pytest.skip(f"squad data unavailable: {e}")
+        pytest.skip(f"spec_bench data unavailable: {e}")
     s = SimpleNamespace(cfg=cfg, examples=evaluated, prompt=lambda ex: [1], log=print, tok=None)
     chosen, source = autoshape.heldout(s)
-    assert chosen and not {ex.id for ex, _ in chosen} & {ex.id for ex in select_examples(cfg.replace(limit=None))}
-    assert source["source"] == "squad held-out slice"
-    # a task without one and no other task's data: examples outside the run's selection, else said to overlap
+    ids = {ex.id for ex, _ in chosen}
+    held = {ex.id for ex in select_examples(cfg.replace(limit=None), heldout=True)}
+    assert len(chosen) == autoshape.N_EXAMPLES and not ids & {ex.id for ex in evaluated} and not ids & held
+    assert len({ex.category for ex, _ in chosen}) > 1                    # across the task's categories
+    assert source == {"source": "spec_bench examples outside this run's selection", "overlaps_evaluated": False,
+                      "overlaps_training": False}
+    # the control: the quick heads' prompt pool holds held-out examples (what the old rule measured on), none of these
+    monkeypatch.setattr(tasks, "encode_prompt", lambda tok, task, ex, m: [(task.name, ex.id)])
+    pooled = {p[0] for p, _ in prompt_pool(_Tok(), 1024, 64, 0, 128)} - {"c4"}
+    first = {ex.id for ex in select_examples(cfg.replace(limit=autoshape.N_EXAMPLES), heldout=True)}
+    assert first <= {i for name, i in pooled if name == "spec_bench"}
+    assert not ids & {i for name, i in pooled if name == "spec_bench"}
+    # a task whose every example is evaluated, no other task's data: its held-out slice would be said; a task with
+    # neither: the evaluated ones, said and recorded
     from conftest import write_prompts
     prompts = str(write_prompts(tmp_path, 12))
     empty = tmp_path / "no-data"

@@ -5,9 +5,11 @@ A method spelled with `auto` (`bpd:heads=auto`, `pld:tokens=auto`, `sps:gamma=au
 is resolved by `Session.drafter` before it is built:
 1. the method is built at its largest shape (all heads, pld 16 tokens, sps gamma 8, cascade length 16, hierarchy
    length 8 at each candidate count, medusa's 63-node tree over the top-k lattice) and replayed, through the
-   engine's own replay, along the greedy output of up to 8 held-out examples: the task's held-out slice; if it has
-   none, another task's (mt_bench, then squad); else examples of the task outside this run's selection; else,
-   said in the log and the record (`overlaps_evaluated`), the first examples of the selection;
+   engine's own replay, along the greedy output of up to 8 examples that neither this run evaluates nor a trained
+   artefact has seen: the task's evaluation examples outside this run's selection (from the end, across
+   categories); else another task's (mt_bench, then squad); else, said in the log and the record, the task's
+   held-out slice (`overlaps_training`: the trainers' prompt pool draws on it), else the first evaluated examples
+   (`overlaps_evaluated`);
 2. the replay gives the acceptance curve a[i] = P(the first i draft tokens are accepted) (counters'
    accepted_per_head / steps), per step the number of draft nodes at each depth (what a shorter shape verifies),
    the drafting time per step and per drafted token, and for lattice methods the rank of the greedy token in each
@@ -34,7 +36,7 @@ measured tokens per step against the mean cost of the forwards it verified, scor
 from __future__ import annotations
 
 import dataclasses
-
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,36 +135,61 @@ def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
 
 
 def heldout(s, n: int | None = None) -> tuple[list[tuple[Any, list[int]]], dict]:
-    """(example, prompt ids) pairs to measure on, never the evaluated ones where that can be helped, and a record
-    of where they came from."""
+    """(example, prompt ids) pairs to measure on, and a record of where they came from: examples this run does not
+    evaluate and no trained artefact has seen, where that can be helped. Why not the held-out slices: the trainers'
+    prompt pool (train/greedy.prompt_pool) draws on them, so the heads, the drafters and the model history hold the
+    base's greedy continuations of those very prompts (the quick heads: all of the first 8 held-out examples of
+    xsum, cnn_dailymail, samsum, spec_bench and mt_bench), and acceptance measured there is acceptance on training
+    data, which sizes drafts too large. The evaluation split is never in that pool."""
     n = n or N_EXAMPLES
     evaluated = {ex.id for ex in s.examples}
     from .examples import select_examples
+    task = s.cfg.task
     try:
-        chosen = select_examples(s.cfg.replace(offset=0, limit=n), heldout=True)
-        return [(ex, s.prompt(ex)) for ex in chosen], {"source": f"{s.cfg.task} held-out slice",
-                                                       "overlaps_evaluated": False}
+        outside = [ex for ex in select_examples(s.cfg.replace(offset=0, limit=None)) if ex.id not in evaluated]
     except ConfigError:
-        pass
+        outside = []
+    if outside:
+        return [(ex, s.prompt(ex)) for ex in _spread_tail(outside, n)], {
+            "source": f"{task} examples outside this run's selection", "overlaps_evaluated": False,
+            "overlaps_training": False}
     for name in FALLBACK_TASKS:
+        if name == task:
+            continue
         try:
-            other = s.cfg.replace(task=name, data_file=None, offset=0, limit=n)
-            chosen = select_examples(other, heldout=True)
+            chosen = _spread_tail(select_examples(s.cfg.replace(task=name, data_file=None, offset=0, limit=None)), n)
         except Exception:                 # no data for that task here: try the next
             continue
-        task = task_registry.get_task(name)
-        enc = [(ex, task_registry.encode_prompt_checked(s.tok, task, ex, s.cfg.max_prompt_tokens)[0]) for ex in chosen]
-        return enc, {"source": f"{name} held-out slice ({s.cfg.task} has none)", "overlaps_evaluated": False}
-    pool = [ex for ex in select_examples(s.cfg.replace(offset=0, limit=None)) if ex.id not in evaluated][:n]
-    if pool:
-        return [(ex, s.prompt(ex)) for ex in pool], {
-            "source": f"{s.cfg.task} examples outside this run's selection ({s.cfg.task} has no held-out slice and "
-                      f"no other task's data is here)", "overlaps_evaluated": False}
+        other = task_registry.get_task(name)
+        enc = [(ex, task_registry.encode_prompt_checked(s.tok, other, ex, s.cfg.max_prompt_tokens)[0])
+               for ex in chosen]
+        return enc, {"source": f"{name} examples (every {task} example is evaluated)", "overlaps_evaluated": False,
+                     "overlaps_training": False}
+    try:
+        chosen = select_examples(s.cfg.replace(offset=0, limit=n), heldout=True)
+        s.log(f"warning: auto shapes measured on {task}'s held-out slice (every example is evaluated and no other "
+              f"task's data is here), whose prompts trained drafters may have been fitted on; recorded as "
+              f"overlaps_training")
+        return [(ex, s.prompt(ex)) for ex in chosen], {"source": f"{task} held-out slice",
+                                                       "overlaps_evaluated": False, "overlaps_training": True}
+    except ConfigError:
+        pass
     first = s.examples[:n]
-    s.log(f"warning: auto shapes measured on {len(first)} of the evaluated examples ({s.cfg.task} has no held-out "
+    s.log(f"warning: auto shapes measured on {len(first)} of the evaluated examples ({task} has no held-out "
           f"slice, no other task's data is here and every example is evaluated); recorded as overlaps_evaluated")
-    return [(ex, s.prompt(ex)) for ex in first], {"source": f"the first {len(first)} evaluated examples of "
-                                                  f"{s.cfg.task}", "overlaps_evaluated": True}
+    return [(ex, s.prompt(ex)) for ex in first], {"source": f"the first {len(first)} evaluated examples of {task}",
+                                                  "overlaps_evaluated": True, "overlaps_training": False}
+
+
+def _spread_tail(pool: list, n: int) -> list:
+    """Up to n examples of `pool` from its end, one category at a time in turn: a multi-category task (spec_bench)
+    is measured across its categories, and runs, which select from the front, leave the choice (and its cache) as it
+    is."""
+    by_category: dict = {}
+    for ex in reversed(pool):
+        by_category.setdefault(ex.category, []).append(ex)
+    spread = [ex for row in itertools.zip_longest(*by_category.values()) for ex in row if ex is not None]
+    return spread[:n]
 
 
 def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: dict) -> Measured:
