@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .. import paths
 from ..nets.heads import Heads, HeadsInfo, save
@@ -103,8 +102,7 @@ def _targets(data, h: int):
 
 
 def _head_logits(w, b, x, proj):
-    z = x[None] + F.silu(torch.einsum("hde,ne->hnd", w, x) + b[:, None])
-    return z @ proj.T                                             # [h, N, C]
+    return objectives.packed_states(w, b, x) @ proj.T              # [h, N, C]
 
 
 def data_budget(p: Profile) -> distill.Budget:
@@ -163,7 +161,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     t0 = time.time()
     torch.manual_seed(p.seed)
     device = device_for(device, model)
-    dtype, why = resolve_dtype(p.gen_dtype, log, device)
+    dtype, _ = resolve_dtype(p.gen_dtype, log, device)
     if p.gen_dtype == "auto" and resolve_dtype("auto", log)[0] != "bfloat16":
         p = replace(p, bf16_fit=False)          # bf16 autocast is only faster where bfloat16 is native (the CPU's)
     model, tok = base_on(model_name, dtype, device, model, tok)   # the fast dtype generates; heads fit in fp32
@@ -183,7 +181,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
               "seconds": round(time.time() - t0, 1),
               "heldout": agreement(lm_w, w, b, ds.sequences(held), shortlist, p.num_heads), "fit": stats,
               **settings(p),
-              "gen_dtype": meta["dtype"], "gen_dtype_reason": why, "gen_device": meta["environment"]["device"],
+              "gen_dtype": meta["dtype"], "gen_dtype_reason": meta["dtype_reason"], "gen_device": meta["environment"]["device"],
               "generated_greedy_positions": meta["greedy_positions"],
               "truncated_by_time": meta["truncated_by_time"],
               "expected_generation_seconds": meta["expected_generation_seconds"],

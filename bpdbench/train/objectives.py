@@ -117,8 +117,13 @@ class PackedHeads(nn.Module):
         self.b = nn.Parameter(torch.zeros(h, d))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x [n, d] -> [h, n, d]: each head's state z = x + SiLU(W x + b)."""
-        return x[None] + F.silu(torch.einsum("hde,ne->hnd", self.w, x) + self.b[:, None])
+        return packed_states(self.w, self.b, x)
+
+
+def packed_states(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x [n, d] -> [h, n, d]: each head's state z = x + SiLU(W x + b), for weights packed as w [h, d, d], b [h, d]
+    (the fit's and the heads' held-out agreement's one formula)."""
+    return x[None] + F.silu(torch.einsum("hde,ne->hnd", w, x) + b[:, None])
 
 
 class Packed:
