@@ -29,7 +29,7 @@ def main() -> None:
     methods = parse_list(a.methods)
     s = session.open_session(prepare(run, "replay", methods, log=print), print)
     new, source = autoshape.heldout(s)
-    held = [(ex, s.prompt(ex)) for ex in select_examples(run.replace(offset=0, limit=len(new)), heldout=True)]
+    held = [(ex, s.prompt(ex)) for ex in select_examples(run.replace(offset=0, limit=len(new)), "train")]
     cost = autoshape.cost_model(s)
     for m in methods:
         for name, examples in (("held-out slice", held), (source["source"], new)):

@@ -23,8 +23,8 @@ if ! dpkg -s libboost-program-options-dev >/dev/null 2>&1; then
     SUDO=""
     if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
     echo "install_kenlm: installing Boost/cmake build dependencies with apt-get"
-    $SUDO apt-get update
-    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+    $SUDO apt-get -o DPkg::Lock::Timeout=600 update
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y --no-install-recommends \
         build-essential cmake libboost-program-options-dev libboost-system-dev libboost-thread-dev \
         libboost-test-dev zlib1g-dev libbz2-dev liblzma-dev
 fi

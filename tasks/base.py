@@ -6,6 +6,7 @@ never looks inside a task; the runner only calls `load_examples`, `split`, `sele
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -43,6 +44,9 @@ class Task:
     # in order of first appearance when the example has one. None -> default rule `index % 10 == 9`.
     heldout_key: Callable[[int, Example], bool] | None = None
     max_new_tokens: int = 128         # sensible default generation length for this task
+    tune_fraction: float = 0.08       # this tail of each tune group's non-train examples is the tune split
+    # The groups whose tails make the tune split (None: the whole task is one group); see `splits`.
+    tune_group: Callable[[Example], str] | None = None
     note: str = ""                    # extra one-line hint for the missing-data error (e.g. licensing)
 
 
@@ -152,16 +156,66 @@ def load_examples(task: Task, data_dir: Path | None, data_file: Path | None = No
                     f"set --data-dir or BPDBENCH_DATA{hub_reason}")
 
 
-def split(task: Task, examples: list[Example]) -> tuple[list[Example], list[Example]]:
-    """(eval, heldout): held-out examples tune heads / alpha and are never evaluated, so the rule must be stable."""
+SPLITS = ("train", "tune", "eval")
+
+
+def splits(task: Task, examples: list[Example]) -> dict[str, list[Example]]:
+    """Every example in exactly one split, so no artefact is ever measured on what it was fitted or tuned on.
+
+    - train: the held-out rule (`heldout_key`, default `index % 10 == 9`; SQuAD by article), unchanged since the
+      first heads, so every trained artefact (heads, drafters, model history, distillation data) keeps its data.
+    - tune: the last `tune_fraction` (at least one example, whole units) of what train leaves, per tune group
+      (`tune_group`; default the whole task). Why the tail: runs select from the front (`--limit`,
+      `--per-category`), so no committed selection moves, which a tail per MT-Bench category (10 questions) would
+      break; why 8%: MT-Bench's tail (6 of its 72 non-train questions) then stays inside its last category's
+      last 6, so `--per-category 3` still selects only eval examples there. Spec-Bench's groups are its MT-Bench block (the same 80 questions as mt_bench, so they fall in the
+      same split in both tasks) and each of its other categories. `tune` picks alpha and `auto` sizes drafts here.
+    - eval: the rest, in file order: what runs select from.
+    """
     rule = task.heldout_key or (lambda index, ex: index % 10 == 9)
     unit_index: dict[str, int] = {}
-    evaluated: list[Example] = []
-    heldout: list[Example] = []
+    out: dict[str, list[Example]] = {name: [] for name in SPLITS}
+    rest: dict[str, list[Example]] = {}
+    group = task.tune_group or (lambda ex: "")
     for i, ex in enumerate(examples):
         index = i if ex.unit is None else unit_index.setdefault(ex.unit, len(unit_index))
-        (heldout if rule(index, ex) else evaluated).append(ex)
-    return evaluated, heldout
+        if rule(index, ex):
+            out["train"].append(ex)
+        else:
+            rest.setdefault(group(ex), []).append(ex)
+    tune = {id(ex) for part in rest.values() for ex in _tail(part, task.tune_fraction)}
+    train = {id(ex) for ex in out["train"]}
+    for ex in examples:
+        if id(ex) in tune:
+            out["tune"].append(ex)
+        elif id(ex) not in train:
+            out["eval"].append(ex)
+    return out
+
+
+def _tail(group: list[Example], fraction: float) -> list[Example]:
+    """The last `fraction` of `group` (at least one example when fraction > 0), whole units (a unit's examples are
+    contiguous); nothing when that would leave the group with nothing to evaluate."""
+    if fraction <= 0:
+        return []
+    want = max(1, math.ceil(fraction * len(group)))
+    taken: list[Example] = []
+    for ex in reversed(group):
+        if len(taken) >= want and (ex.unit is None or ex.unit != taken[-1].unit):
+            break
+        taken.append(ex)
+    return [] if len(taken) >= len(group) else taken[::-1]
+
+
+def split(task: Task, examples: list[Example]) -> tuple[list[Example], list[Example]]:
+    """(eval, train): kept for callers that want the two sides trainers and runs see (see `splits`)."""
+    s = splits(task, examples)
+    return s["eval"], s["train"]
+
+
+def split_of(task: Task, examples: list[Example]) -> dict[str, str]:
+    """Example id -> its split, for audits of what a result evaluated."""
+    return {ex.id: name for name, group in splits(task, examples).items() for ex in group}
 
 
 def select(examples: list[Example], offset: int = 0, limit: int | None = None) -> list[Example]:

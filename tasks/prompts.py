@@ -9,4 +9,4 @@ def parse(record: dict) -> Example:
 
 
 TASK = Task(name="prompts", group="CHAT", chat=True, files=(), layout="JSONL with fields id, prompt",
-            parse=parse, heldout_key=lambda index, ex: False, max_new_tokens=128)
+            parse=parse, heldout_key=lambda index, ex: False, max_new_tokens=128, tune_fraction=0.0)

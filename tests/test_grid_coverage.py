@@ -5,6 +5,7 @@ finished (its config.json matching the cell) is tests/test_sweep_grids.py's chec
 and selects its examples from the shared data; no model is loaded."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,26 @@ RECORDS = ("config.json", "certify.json")       # what a result folder records i
 
 
 def committed_folders(root: Path) -> list[str]:
-    """Every folder under `root` holding a config.json or certify.json, relative to it (rendered tables excluded)."""
-    return sorted({p.parent.relative_to(root).as_posix() for name in RECORDS for p in root.rglob(name)
-                   if "tables" not in p.parent.relative_to(root).parts})
+    """Every folder under `root` holding a config.json or certify.json, relative to it (rendered tables excluded),
+    less what git ignores: `make demo` writes results/runs/demo-*, which are outputs, not committed results, so the
+    README's `make demo` then `make test` must pass."""
+    found = sorted({p.parent.relative_to(root).as_posix() for name in RECORDS for p in root.rglob(name)
+                    if "tables" not in p.parent.relative_to(root).parts})
+    return [f for f in found if f not in ignored(root, found)]
+
+
+def ignored(root: Path, folders: list[str]) -> set[str]:
+    """The folders among `folders` (relative to `root`) that git ignores; none outside a git checkout."""
+    if not folders:
+        return set()
+    try:
+        out = subprocess.run(["git", "check-ignore", "--stdin"], cwd=root, input="\n".join(f + "/" for f in folders),
+                             capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    if out.returncode not in (0, 1):         # 128: not a git checkout
+        return set()
+    return {line.rstrip("/") for line in out.stdout.splitlines()}
 
 
 def owners(root: Path) -> dict[str, list[str]]:
@@ -50,3 +68,13 @@ def test_committed_folders_finds_config_and_certify_records(tmp_path):
         (tmp_path / rel).mkdir(parents=True)
         (tmp_path / rel / name).write_text("{}")
     assert committed_folders(tmp_path) == ["certify/b", "runs/a"]
+
+
+def test_folders_git_ignores_are_not_committed_results(tmp_path):
+    """The control: the demo's folder (ignored by .gitignore) is left out, a folder beside it is not."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("runs/demo-*/\n")
+    for rel in ("runs/demo-xsum", "runs/kept"):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "config.json").write_text("{}")
+    assert committed_folders(tmp_path) == ["runs/kept"]

@@ -195,8 +195,8 @@ class _Tok:
 
 
 def test_auto_measures_on_examples_neither_evaluated_nor_trained_on(session_for, tmp_path, monkeypatch):
-    """Never the evaluated examples, and never a held-out slice while other examples exist: the trainers' prompt
-    pool draws the held-out slices, so the heads were fitted on those very prompts."""
+    """The tune split: never the evaluated examples, never the train split, which the trainers' prompt pool draws
+    on (so the heads were fitted on those very prompts)."""
     from types import SimpleNamespace
 
     import tasks
@@ -212,19 +212,21 @@ def test_auto_measures_on_examples_neither_evaluated_nor_trained_on(session_for,
     s = SimpleNamespace(cfg=cfg, examples=evaluated, prompt=lambda ex: [1], log=print, tok=None)
     chosen, source = autoshape.heldout(s)
     ids = {ex.id for ex, _ in chosen}
-    held = {ex.id for ex in select_examples(cfg.replace(limit=None), heldout=True)}
-    assert len(chosen) == autoshape.N_EXAMPLES and not ids & {ex.id for ex in evaluated} and not ids & held
+    train = {ex.id for ex in select_examples(cfg.replace(limit=None), "train")}
+    every_eval = {ex.id for ex in select_examples(cfg.replace(limit=None))}
+    assert len(chosen) == autoshape.N_EXAMPLES and not ids & every_eval and not ids & train
+    assert ids <= {ex.id for ex in select_examples(cfg.replace(limit=None), "tune")}
     assert len({ex.category for ex, _ in chosen}) > 1                    # across the task's categories
-    assert source == {"source": "spec_bench examples outside this run's selection", "overlaps_evaluated": False,
+    assert source == {"source": "spec_bench tune split", "split": "tune", "overlaps_evaluated": False,
                       "overlaps_training": False}
-    # the control: the quick heads' prompt pool holds held-out examples (what the old rule measured on), none of these
+    # the control: the quick heads' prompt pool holds train examples (what the first rule measured on), none of these
     monkeypatch.setattr(tasks, "encode_prompt", lambda tok, task, ex, m: [(task.name, ex.id)])
     pooled = {p[0] for p, _ in prompt_pool(_Tok(), 1024, 64, 0, 128)} - {"c4"}
-    first = {ex.id for ex in select_examples(cfg.replace(limit=autoshape.N_EXAMPLES), heldout=True)}
+    first = {ex.id for ex in select_examples(cfg.replace(limit=autoshape.N_EXAMPLES), "train")}
     assert first <= {i for name, i in pooled if name == "spec_bench"}
     assert not ids & {i for name, i in pooled if name == "spec_bench"}
-    # a task whose every example is evaluated, no other task's data: its held-out slice would be said; a task with
-    # neither: the evaluated ones, said and recorded
+    # a task with no tune split and no other task's data: its examples outside the run; with none of those, the
+    # evaluated ones, said and recorded
     from conftest import write_prompts
     prompts = str(write_prompts(tmp_path, 12))
     empty = tmp_path / "no-data"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import TASKS, DataError, default_data_dir, get_task, load_examples, select, split
+from tasks import TASKS, DataError, default_data_dir, get_task, load_examples, select, split, splits
 from tasks._summarization import MAX_DOC_WORDS
 from tasks.squad import exact_match, f1
 
@@ -64,9 +64,34 @@ def test_squad_holds_out_whole_articles():
     titles = [f"T{i}" for i in range(12)] + ["T9"]  # T9 reappears later: still held out as one article
     task = get_task("squad")
     examples = [task.parse(r) for r in squad_records(titles)]
-    evaluated, heldout = split(task, examples)
+    parts = splits(task, examples)
+    heldout = parts["train"]
     assert {ex.unit for ex in heldout} == {"T9"} and len(heldout) == 4
-    assert len(evaluated) + len(heldout) == len(examples)
+    assert sum(map(len, parts.values())) == len(examples)
+    units = [{ex.unit for ex in part} for part in parts.values()]
+    assert not units[0] & units[1] and not units[1] & units[2] and not units[0] & units[2]   # whole articles
+
+
+def test_every_example_is_in_exactly_one_split_and_tune_is_the_tail():
+    """train / tune / eval partition the task; tune is the tail (runs select from the front, across MT-Bench's
+    10-question categories too); Spec-Bench's first 80 questions are MT-Bench's and land in the same split in both,
+    its own categories each give their tail."""
+    mt = [{"question_id": i, "category": f"c{i // 10}", "turns": [f"q{i}"]} for i in range(80)]
+    own = [{"question_id": 80 + i, "category": "qa" if i < 20 else "rag", "turns": [f"r{i}"]} for i in range(40)]
+    parts = {}
+    for name, rows in (("mt_bench", mt), ("spec_bench", mt + own)):
+        task = get_task(name)
+        parts[name] = splits(task, [task.parse(r) for r in rows])
+        ids = [ex.id for part in parts[name].values() for ex in part]
+        assert sorted(ids, key=int) == [str(r["question_id"]) for r in rows] and len(set(ids)) == len(rows)
+        assert split(task, [task.parse(r) for r in rows]) == (parts[name]["eval"], parts[name]["train"])
+    assert [ex.id for ex in parts["mt_bench"]["tune"]] == [str(i) for i in range(73, 79)]
+    assert [ex.id for ex in parts["mt_bench"]["eval"]][:10] == [str(i) for i in (*range(9), 10)]   # front intact
+    for name in ("train", "tune"):
+        assert {ex.id for ex in parts["mt_bench"][name]} == {ex.id for ex in parts["spec_bench"][name] if int(ex.id) < 80}
+    assert [ex.id for ex in parts["spec_bench"]["tune"] if int(ex.id) >= 80] == ["97", "98", "117", "118"]
+    prompts = get_task("prompts")
+    assert splits(prompts, [prompts.parse({"id": "1", "prompt": "x"})])["tune"] == []
 
 
 @pytest.mark.parametrize("name", SUMMARIZATION)
@@ -143,7 +168,8 @@ def test_split_and_select_are_deterministic(tmp_path):
     write(tmp_path / "samsum/test.jsonl", [{"id": str(i), "document": "d", "summary": "s"} for i in range(25)])
     task = get_task("samsum")
     evaluated, heldout = split(task, load_examples(task, tmp_path))
-    assert [ex.id for ex in heldout] == ["9", "19"] and len(evaluated) == 23
+    assert [ex.id for ex in heldout] == ["9", "19"] and len(evaluated) == 21     # ceil(8% of 23) = 2 tune
+    assert [ex.id for ex in splits(task, load_examples(task, tmp_path))["tune"]] == ["23", "24"]
     assert split(task, load_examples(task, tmp_path)) == (evaluated, heldout)
     assert [ex.id for ex in select(evaluated, 2, 3)] == ["2", "3", "4"]
     assert select(evaluated, 20, None) == evaluated[20:] and select(evaluated, 0, 0) == []

@@ -32,6 +32,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("certify", decode.certify),
     ("calibrate", results.calibrate),
     ("alpha-law", decode.alpha_law),
+    ("audit", results.audit),
 )
 for _name, _command in COMMANDS:
     app.command(_name)(_command)

@@ -117,7 +117,7 @@ def tune(task: Task = "xsum",
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=None, alpha_file=alpha_file, no_auto_train=no_auto_train,
                      device=device)
-    commands.tune(prepare(cfg, "tune", rescorer, heldout=True, log=log), log)
+    commands.tune(prepare(cfg, "tune", rescorer, split="tune", log=log), log)
 
 
 @one_line_errors

@@ -108,3 +108,29 @@ def calibrate(model: Model = DEFAULT_MODEL, dtype: Dtype = "auto", device: Devic
     if show:
         show_table(cal)
     log(f"cached: {path}\nwritten: {png}, {folder / path.name}")
+
+
+@one_line_errors
+def audit(results: Annotated[Optional[str], typer.Option(help="results directory (default: the checkout's "
+                                                              "results/)")] = None,
+          strict: Annotated[bool, typer.Option("--strict", help="exit 1 when any folder overlaps train or "
+                                                                "tune")] = False) -> None:
+    """Per result folder: how many evaluated examples lie in the train or tune split, or were seen by an artefact."""
+    from .. import paths
+    from ..experiments import audit as audits
+    root = Path(results) if results else paths.results_root()
+    if not root.is_dir():
+        raise FileNotFoundError(f"no results directory at {root}; pass --results DIR")
+    found = audits.tree(root)
+    print(f"{'folder':58} {'task':14} {'n':>5} {'train':>6} {'tune':>5} {'artefacts':>9}  verdict")
+    for rel, a in found.items():
+        if "error" in a:
+            print(f"{rel:58} {a['task']:14} {'-':>5} {'-':>6} {'-':>5} {'-':>9}  unknown ({a['error']})")
+            continue
+        seen = sum(x["overlap"] for x in a["artefacts"].values())
+        print(f"{rel:58} {a['task']:14} {a['evaluated']:5d} {a['in_train']:6d} {a['in_tune']:5d} {seen:9d}  "
+              f"{'clean' if a['clean'] else 'OVERLAP'}")
+    dirty = [r for r, a in found.items() if not a["clean"]]
+    print(f"{len(found)} folders, {len(found) - len(dirty)} clean, {len(dirty)} with overlap ({audits.RULE})")
+    if strict and dirty:
+        raise typer.Exit(1)

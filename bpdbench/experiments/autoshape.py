@@ -135,50 +135,46 @@ def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
 
 
 def heldout(s, n: int | None = None) -> tuple[list[tuple[Any, list[int]]], dict]:
-    """(example, prompt ids) pairs to measure on, and a record of where they came from: examples this run does not
-    evaluate and no trained artefact has seen, where that can be helped. Why not the held-out slices: the trainers'
-    prompt pool (train/greedy.prompt_pool) draws on them, so the heads, the drafters and the model history hold the
-    base's greedy continuations of those very prompts (the quick heads: all of the first 8 held-out examples of
-    xsum, cnn_dailymail, samsum, spec_bench and mt_bench), and acceptance measured there is acceptance on training
-    data, which sizes drafts too large. The evaluation split is never in that pool."""
+    """(example, prompt ids) pairs to measure on, and a record of where they came from: the task's tune split
+    (tasks.splits), which no run evaluates and no trained artefact has seen. Why not the train split: the trainers'
+    prompt pool (train/greedy.prompt_pool) draws on it, so acceptance measured there is acceptance on training data
+    (the quick heads on MT-Bench: a[4] 0.214 there against 0.007 on unseen prompts), which sizes drafts too large.
+    A task without a tune split (your own prompts) borrows another task's, then its own examples outside the run."""
     n = n or N_EXAMPLES
-    evaluated = {ex.id for ex in s.examples}
     from .examples import select_examples
     task = s.cfg.task
     try:
-        outside = [ex for ex in select_examples(s.cfg.replace(offset=0, limit=None)) if ex.id not in evaluated]
+        tune = select_examples(s.cfg.replace(offset=0, limit=None), "tune")
     except ConfigError:
-        outside = []
-    if outside:
-        return [(ex, s.prompt(ex)) for ex in _spread_tail(outside, n)], {
-            "source": f"{task} examples outside this run's selection", "overlaps_evaluated": False,
-            "overlaps_training": False}
+        tune = []
+    if tune:
+        return [(ex, s.prompt(ex)) for ex in _spread_tail(tune, n)], {
+            "source": f"{task} tune split", "split": "tune", "overlaps_evaluated": False, "overlaps_training": False}
     for name in FALLBACK_TASKS:
         if name == task:
             continue
         try:
-            chosen = _spread_tail(select_examples(s.cfg.replace(task=name, data_file=None, offset=0, limit=None)), n)
+            chosen = _spread_tail(select_examples(s.cfg.replace(task=name, data_file=None, offset=0, limit=None),
+                                                  "tune"), n)
         except Exception:                 # no data for that task here: try the next
             continue
         other = task_registry.get_task(name)
         enc = [(ex, task_registry.encode_prompt_checked(s.tok, other, ex, s.cfg.max_prompt_tokens)[0])
                for ex in chosen]
-        return enc, {"source": f"{name} examples (every {task} example is evaluated)", "overlaps_evaluated": False,
+        return enc, {"source": f"{name} tune split ({task} has none)", "split": "tune", "overlaps_evaluated": False,
                      "overlaps_training": False}
-    try:
-        chosen = select_examples(s.cfg.replace(offset=0, limit=n), heldout=True)
-        s.log(f"warning: auto shapes measured on {task}'s held-out slice (every example is evaluated and no other "
-              f"task's data is here), whose prompts trained drafters may have been fitted on; recorded as "
-              f"overlaps_training")
-        return [(ex, s.prompt(ex)) for ex in chosen], {"source": f"{task} held-out slice",
-                                                       "overlaps_evaluated": False, "overlaps_training": True}
-    except ConfigError:
-        pass
+    evaluated = {ex.id for ex in s.examples}
+    outside = [ex for ex in select_examples(s.cfg.replace(offset=0, limit=None)) if ex.id not in evaluated]
+    if outside:
+        return [(ex, s.prompt(ex)) for ex in _spread_tail(outside, n)], {
+            "source": f"{task} examples outside this run's selection", "split": "eval", "overlaps_evaluated": False,
+            "overlaps_training": False}
     first = s.examples[:n]
-    s.log(f"warning: auto shapes measured on {len(first)} of the evaluated examples ({task} has no held-out "
-          f"slice, no other task's data is here and every example is evaluated); recorded as overlaps_evaluated")
+    s.log(f"warning: auto shapes measured on {len(first)} of the evaluated examples ({task} has no tune split, no "
+          f"other task's data is here and every example is evaluated); recorded as overlaps_evaluated")
     return [(ex, s.prompt(ex)) for ex in first], {"source": f"the first {len(first)} evaluated examples of {task}",
-                                                  "overlaps_evaluated": True, "overlaps_training": False}
+                                                  "split": "eval", "overlaps_evaluated": True,
+                                                  "overlaps_training": False}
 
 
 def _spread_tail(pool: list, n: int) -> list:

@@ -43,7 +43,7 @@ def tune(plan: Plan, log: Log) -> dict:
     s = open_session(plan, log)
     rescorer = plan.method.label
     res = analysis.tune(s, rescorer)
-    log(f"{plan.cfg.task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} held-out examples "
+    log(f"{plan.cfg.task}/{rescorer}: alpha = {res['alpha']} on {res['n_examples']} tune-split examples "
         f"(stored in {res['file']})")
     return res
 

@@ -8,13 +8,15 @@ import tasks as task_registry
 from ..config import ConfigError, RunConfig
 
 
-def select_examples(cfg: RunConfig, heldout: bool = False, per_category: int | None = None) -> list:
-    """The task's eval slice (or held-out slice), then --offset/--limit, or the first N per category."""
+def select_examples(cfg: RunConfig, split: str = "eval", per_category: int | None = None) -> list:
+    """The task's `split` (eval for runs, tune for `tune` and `auto`: tasks.splits), then --offset/--limit, or the
+    first N per category."""
     task = task_registry.get_task(cfg.task)
     data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
     examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
-    evaluated, held = task_registry.split(task, examples)
-    pool = held if heldout else evaluated
+    if split not in task_registry.SPLITS:
+        raise ConfigError(f"unknown split {split!r}; valid: {', '.join(task_registry.SPLITS)}")
+    pool = task_registry.splits(task, examples)[split]
     if per_category is not None:
         seen: dict = {}
         chosen = []
@@ -23,12 +25,11 @@ def select_examples(cfg: RunConfig, heldout: bool = False, per_category: int | N
             if seen[ex.category] <= per_category:
                 chosen.append(ex)
         return chosen
-    if heldout and not pool:
-        raise ConfigError(f"{cfg.task} has no held-out examples ({len(examples)} examples, all evaluated); tune on "
-                          f"a task with a held-out slice, or pass --alpha / alpha= instead of tuning")
+    if split != "eval" and not pool:
+        raise ConfigError(f"{cfg.task} has no {split} split ({len(examples)} examples, all evaluated); tune on "
+                          f"a task with one, or pass --alpha / alpha= instead of tuning")
     chosen = task_registry.select(pool, cfg.offset, cfg.limit)
     if not chosen:
-        which = "held-out" if heldout else "evaluated"
-        raise ConfigError(f"{cfg.task}: no examples selected ({len(pool)} {which} examples, --offset "
+        raise ConfigError(f"{cfg.task}: no examples selected ({len(pool)} {split} examples, --offset "
                           f"{cfg.offset}); lower --offset or add data")
     return chosen

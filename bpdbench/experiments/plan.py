@@ -90,7 +90,7 @@ def out_of(cfg: RunConfig, kind: str, methods: Sequence[Method]) -> Path | None:
     return paths.experiment_dir(FOLDERS[kind], cfg.task)
 
 
-def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = None,
+def preflight(cfg: RunConfig, split: str = "eval", per_category: int | None = None,
               methods: list[Method] | None = None, log=print) -> list:
     """Everything that can be checked without loading the model: options, data, model folder, heads files against
     their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
@@ -100,7 +100,7 @@ def preflight(cfg: RunConfig, heldout: bool = False, per_category: int | None = 
         if greedy_only:
             raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
                               f"decoding only; drop --temperature or the method")
-    examples = select_examples(cfg, heldout, per_category)
+    examples = select_examples(cfg, split, per_category)
     artefacts.check_model_files(cfg.model, cfg.dtype)
     artefacts.check_heads(cfg, methods, log)
     artefacts.check_drafters(cfg, methods)
@@ -120,7 +120,7 @@ def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
 
 
 def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[Method] | None = None, *,
-            resume: bool | None = None, per_category: int | None = None, heldout: bool = False,
+            resume: bool | None = None, per_category: int | None = None, split: str = "eval",
             log=print) -> Plan:
     """Validate, parse and select once; raise ConfigError (one line) on anything a user can fix."""
     if kind not in FOLDERS:
@@ -134,6 +134,6 @@ def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[M
         parsed = list(methods)
     if kind == "replay":
         check_replay(cfg, parsed)
-    examples = preflight(cfg, heldout, per_category, parsed, log)
+    examples = preflight(cfg, split, per_category, parsed, log)
     return Plan(cfg, kind, tuple(parsed), tuple(examples), out_of(cfg, kind, parsed),
                 cfg.resume if resume is None else resume, per_category)

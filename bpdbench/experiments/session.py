@@ -119,6 +119,8 @@ class Session:
                     "methods": dict(self.env.resolved)}
         if not self.cfg.sampling.greedy:
             resolved["sampling"] = sampling_meta(self.cfg)
+        from .audit import record
+        resolved["overlap"] = record(self.cfg, self.examples, resolved)
         from ..hardware.calibration import meta as calibration
         return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
                 "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),

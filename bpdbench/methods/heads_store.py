@@ -34,7 +34,7 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
     training = hcfg.get("bpdbench", {}).get("training", {})
     meta = {"path": str(path), "shortlist": hcfg.get("shortlist"),
             **{k: training[k] for k in ("profile", "recipe", "seconds", "greedy_positions", "gen_dtype",
-                                        "heldout", "quality_warning") if k in training}}
+                                        "heldout", "quality_warning", "seen") if k in training}}
     warn_use(meta.get("quality_warning"), f"heads {path}", log)   # never used silently
     if str(hcfg.get("shortlist", "")).startswith("MISSING"):
         log(f"warning: {hcfg['shortlist']}")

@@ -249,7 +249,7 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> LatticeDr
         method, env.cfg, trained_name)), "depth": depth, "tree": tree, "k": k, "threshold": threshold,
         "refine": stage, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
         "trainable_parameters": config.get("trainable_parameters"), "profile": training.get("profile"),
-        "heldout": training.get("heldout")}
+        "heldout": training.get("heldout"), "seen": training.get("seen")}
     if training.get("quality_warning"):
         env.resolved[method.label]["quality_warning"] = training["quality_warning"]
     if tree == "dynamic":

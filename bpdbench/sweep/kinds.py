@@ -113,7 +113,7 @@ def check(kind: str, cfg: RunConfig, options: dict, ctx: dict) -> list[Method]:
     key = (cfg.task, cfg.data_file, cfg.offset, cfg.limit, kind == "tune", options.get("per_category"))
     if key not in ctx["checked"]:
         data = checked.replace(data_dir=ctx["data"]) if ctx["data"] else checked
-        ctx["checked"][key] = len(select_examples(data, heldout=kind == "tune",
+        ctx["checked"][key] = len(select_examples(data, "tune" if kind == "tune" else "eval",
                                                   per_category=options.get("per_category")))
     return methods
 
@@ -149,7 +149,7 @@ def _execute(cell, cfg: RunConfig, log: Log) -> dict:
         raise RuntimeError("test hook: failing on purpose")
     o = cell.options
     if cell.kind == "tune":
-        plan = prepare(cfg.replace(resume=False), "tune", methods_of("tune", cfg, o), heldout=True, log=log)
+        plan = prepare(cfg.replace(resume=False), "tune", methods_of("tune", cfg, o), split="tune", log=log)
         res = commands.tune(plan, log)
         return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
     if cell.kind == "certify":

@@ -27,7 +27,7 @@ import torch
 
 from .. import paths
 from ..config import environment
-from .greedy import (base_on, batches, device_for, greedy_batch, kept, left_padded, prompt_pool, stop_ids,
+from .greedy import (seen, base_on, batches, device_for, greedy_batch, kept, left_padded, prompt_pool, stop_ids,
                      teacher_topk)
 from .pacing import Pacer, data_warning, predict_from_batch, predict_seconds, resolve_dtype
 from .profiles import name_of, named, resolve, settings
@@ -155,6 +155,15 @@ def _changed(path: Path, budget: Budget) -> list[str]:
     return [k for k, v in wanted.items() if k in recorded and recorded[k] != v]
 
 
+def seen_of(meta: dict) -> dict | None:
+    """What the data's prompts were (train/greedy.seen): recorded since the splits were; derived from the budget's
+    prompt count and seed for data cached before (the pool is a function of those and the data)."""
+    if meta.get("seen"):
+        return meta["seen"]
+    b = meta.get("budget") or {}
+    return seen(int(b["n_prompts"]), int(b.get("seed", 0))) if "n_prompts" in b else None
+
+
 def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log = print, out: Path | None = None,
           device: str | None = None) -> Path:
     """Generate, rank the vocabulary, and write `data.pt` + `meta.json` atomically (a killed build leaves none).
@@ -189,7 +198,8 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
             "expected_generation_seconds": None if pacer.predicted is None else round(pacer.predicted, 1),
             "expected_from": pacer.source,
             "hidden_dtype": str(state["hidden"].dtype).removeprefix("torch."),
-            "environment": environment(torch.get_num_threads(), device, dtype)}
+            "environment": environment(torch.get_num_threads(), device, dtype),
+            "seen": seen(b.n_prompts, b.seed, bool(getattr(tok, "chat_template", None)))}
     warning = data_warning(f"the '{name}' distillation data", n_greedy, b.greedy_positions,
                            pacer.truncated_by_time)
     if warning:

@@ -175,7 +175,8 @@ def train(name: str, profile: str | Profile, model_name: str, model=None, tok=No
               | {"path": str(distill.path_for(model_name, data)), "heldout_sequences": len(held),
                  "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
-              "environment": environment(torch.get_num_threads(), "cpu", "float32")}
+              "environment": environment(torch.get_num_threads(), "cpu", "float32"),
+              "seen": distill.seen_of(ds.meta)}
     report["data"].update({k: ds.meta[k] for k in ("dtype", "truncated_by_time", "quality_warning") if k in ds.meta})
     warning = quality_warning(saved, (heldout.get("top1") or [None])[0], ds.meta.get("quality_warning"))
     if warning:

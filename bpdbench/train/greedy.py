@@ -18,15 +18,53 @@ from ..hardware.timing import synchronize
 TOPK_TEACHER = 8
 
 
+POOL_TASKS = ("xsum", "cnn_dailymail", "samsum", "squad", "spec_bench", "mt_bench", "lambada")
+
+
 def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> list[tuple[list[int], int]]:
-    """(prompt ids, generation length) from the held-out slices of the tasks plus C4 text, interleaved for
+    """(prompt ids, generation length) from the train splits of the tasks plus C4 text, interleaved for
     diversity. Each task's prompts are continued for at most its own default length (a summary stops long before
     128 tokens; generating past EOS is wasted work)."""
     import tasks
 
+    out = []
+    for task, item, cap in _pool_items(n, seed, gen_tokens, bool(getattr(tok, "chat_template", None))):
+        if task is not None:
+            out.append((tasks.encode_prompt(tok, task, item, max_tokens), cap))
+        elif isinstance(item, tuple):                   # (index, C4 text): a chat request built from it
+            out.append((_chat_prompt(tok, item[1], item[0]), cap))
+        else:
+            out.append((tok(" ".join(item.split()[:120]), add_special_tokens=False)["input_ids"], cap))
+    return out
+
+
+def seen(n: int, seed: int, chat: bool = True) -> dict | None:
+    """What an artefact built from `prompt_pool(n, seed)` saw: the task example ids by task (all from the train
+    split), their count and a hash, so a result can state its overlap with the artefact's data (experiments/audit).
+    None where no task data is here to say it."""
+    import hashlib
+
+    ids: dict[str, list[str]] = {}
+    try:
+        items = _pool_items(n, seed, 1, chat)
+    except RuntimeError:
+        return None
+    for task, item, _ in items:
+        if task is not None:
+            ids.setdefault(task.name, []).append(item.id)
+    flat = sorted(f"{t}/{i}" for t, group in ids.items() for i in group)
+    return {"split": "train", "ids": {t: sorted(g) for t, g in ids.items()}, "n": len(flat),
+            "sha256": hashlib.sha256("\n".join(flat).encode()).hexdigest()[:16]}
+
+
+def _pool_items(n: int, seed: int, gen_tokens: int, chat: bool) -> list[tuple]:
+    """(task or None, example | C4 text | (chat index, C4 text), generation length), interleaved and cut to n: one order for
+    the prompts and for the record of what they were."""
+    import tasks
+
     data_dir = tasks.default_data_dir()
-    sources: list[list[tuple[list[int], int]]] = []
-    for name in ("xsum", "cnn_dailymail", "samsum", "squad", "spec_bench", "mt_bench", "lambada"):
+    sources: list[list[tuple]] = []
+    for name in POOL_TASKS:
         task = tasks.get_task(name)
         try:
             held = tasks.split(task, tasks.load_examples(task, data_dir))[1]
@@ -34,14 +72,13 @@ def prompt_pool(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) -> lis
             continue
         random.Random(seed).shuffle(held)
         cap = min(gen_tokens, task.max_new_tokens)
-        sources.append([(tasks.encode_prompt(tok, task, ex, max_tokens), cap) for ex in held[:n]])
+        sources.append([(task, ex, cap) for ex in held[:n]])
     corpus = (data_dir / "corpus" / "c4_en_validation_2k.jsonl") if data_dir else None
     if corpus and corpus.exists():
         docs = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
-        sources.append([(tok(" ".join(d.split()[:120]), add_special_tokens=False)["input_ids"], gen_tokens)
-                        for d in docs[:n]])
-        if getattr(tok, "chat_template", None):
-            sources.append([(_chat_prompt(tok, d, i), gen_tokens) for i, d in enumerate(docs[::-1][:n])])
+        sources.append([(None, d, gen_tokens) for d in docs[:n]])
+        if chat:
+            sources.append([(None, (i, d), gen_tokens) for i, d in enumerate(docs[::-1][:n])])
     if not sources:
         raise RuntimeError("no prompts for head training: task data not found (set --data-dir or BPDBENCH_DATA)")
     longest = max(map(len, sources))

@@ -186,7 +186,8 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
               "truncated_by_time": meta["truncated_by_time"],
               "expected_generation_seconds": meta["expected_generation_seconds"],
               "expected_from": meta["expected_from"],
-              "data": {"path": str(distill.path_for(model_name, budget.name)), "seconds": meta["seconds"]}}
+              "data": {"path": str(distill.path_for(model_name, budget.name)), "seconds": meta["seconds"]},
+              "seen": distill.seen_of(meta)}
     warning = quality_warning(f"'{name}' heads", (report["heldout"]["top1"] or [None])[0],
                               meta.get("quality_warning"))
     if warning:

@@ -65,7 +65,7 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     if profile not in PROFILES:
         raise ValueError(f"unknown history profile '{profile}'; valid: {', '.join(PROFILES)}")
     p = PROFILES[profile]
-    from .greedy import base_on, device_for, prompt_pool
+    from .greedy import base_on, device_for, prompt_pool, seen
     device = device_for(device, model)
     dtype, why = resolve_dtype(p.dtype, log, device)
     model, tok = base_on(model_name, dtype, device, model, tok)
@@ -81,7 +81,8 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     path = Path(out) if out else history_file(model_name, profile)
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": model_name, "profile": profile, "settings": asdict(p), "source": source,
-              "sequences": len(seqs), "tokens": sum(map(len, seqs)), "continuations": seqs}
+              "sequences": len(seqs), "tokens": sum(map(len, seqs)), "continuations": seqs,
+              "seen": seen(p.n_prompts, p.seed, bool(getattr(tok, "chat_template", None)))}
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(record))
     tmp.replace(path)
