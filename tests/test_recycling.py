@@ -214,3 +214,19 @@ def test_replay_command_matches_real_decoding(session_for, tmp_path):
             assert rec["id"] == ex.id
             real = s.decode(d, s.prompt(ex)).counters.to_dict()
             assert {k: rec[m.label][k] for k in real} == real, m.label
+
+
+def test_the_snapshot_is_all_the_state_a_drafter_carries_to_the_next_example(tiny_model):
+    """A fresh drafter given the snapshot (through JSON, as replay --resume reads it) decodes the next example as
+    the drafter that made it does; with persist=0 there is nothing to carry."""
+    import json
+    from bpdbench.engine.state import restore, snapshot
+    limits = Limits(40)
+    going = RecyclingDrafter("r")
+    generate(tiny_model, going, PROMPTS[0], limits)
+    resumed, cold = RecyclingDrafter("r"), RecyclingDrafter("r")
+    restore(resumed, json.loads(json.dumps(snapshot(going))))
+    expected = generate(tiny_model, going, PROMPTS[1], limits).counters
+    assert generate(tiny_model, resumed, PROMPTS[1], limits).counters == expected
+    assert generate(tiny_model, cold, PROMPTS[1], limits).counters != expected     # the state matters here
+    assert snapshot(RecyclingDrafter("r", persist=False)) is None

@@ -109,6 +109,15 @@ class Drafter(Protocol):
     # Optional: `feedback_k: int` > 0 and `feedback(fb: Feedback)`, called after every verify forward and before
     # `observe` with the verified tree and the base's top-k ids at each node. Replay (engine.replay) then needs a
     # scorer (engine.loop.TreeScorer) to compute what the verify forward would have computed off the greedy path.
+    #
+    # Optional: `snapshot() -> state` and `restore(state) -> None`, for a drafter that keeps state across examples
+    # (what `reset` does not clear: Token Recycling's successor matrix with persist=1). `snapshot` returns that
+    # state, or None when there is none (persist=0); the state must survive a JSON round trip, and what the drafter
+    # learns after `restore` must never reach the state (one snapshot is restored many times). `speed` restores the
+    # snapshot taken before a prompt before each of its repeats and after the warm-up, so every repeat does the same
+    # work; `replay` and `speed` save it after each example so that `--resume` continues exactly
+    # (experiments/carry.py). A composite drafter forwards both to its inner drafters (methods/compose.py: Wrapper).
+    # Call them through engine.state.snapshot / restore, which do nothing for drafters without them.
 
 
 class EmptyDrafter:

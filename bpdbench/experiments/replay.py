@@ -3,6 +3,9 @@
 Per example: the greedy reference G (cached), one teacher-forced forward for the hidden states, then every method's
 drafter walked along G by `engine.replay` (the loop's own propose/decide code). Records are appended per example;
 with --resume, finished examples are kept. Block efficiency and every other ratio come from summed counters.
+A drafter that keeps state across examples (Token Recycling's matrix) walks the examples in order with one state,
+saved after each example (experiments/carry.py), so a resumed replay starts each remaining example from the state
+the uninterrupted one had, or refuses in one line when that state cannot be rebuilt.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import pandas as pd
 from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
+from .carry import CarriedState
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -79,10 +83,20 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
     key = lambda m: {**settings_and_heads(m), "methods": m.get("methods")}  # noqa: E731
     ids = {ex.id for ex in s.examples}
     with AppendOnlyJsonl(out, "replay.jsonl", log=s.log, lock=lock) as jsonl:
-        # kept whole: records of examples outside this selection stay in the file (never rewritten away)
+        # kept whole: records of examples outside this selection stay in the file (never rewritten away), except a
+        # record the saved drafter state does not follow (written just before a crash: carry.py), replayed again
         kept = resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES, file=jsonl)
-        if not resume:
+        carried = CarriedState.beside(out, "replay.jsonl", drafters, s.log)
+        selection = [ex.id for ex in s.examples]
+        skip: set = set()
+        if resume:
+            skip, redo = carried.resume(selection, {r["id"] for r in kept})
+            if redo:
+                kept = [r for r in kept if r["id"] not in redo]
+                jsonl.rewrite(kept)
+        else:
             jsonl.start_fresh()
+            carried.start_fresh()
         done = [r for r in kept if r["id"] in ids]
         if done:
             s.log(f"resuming: {len(done)} examples already replayed in {out}")
@@ -91,7 +105,8 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
         for r in done:
             totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
         n_examples = len(done)
-        for ex, prompt, greedy, hidden in trajectories(s, frozenset(r["id"] for r in done), with_prompt=True):
+        recorded = {r["id"] for r in kept}
+        for ex, prompt, greedy, hidden in trajectories(s, frozenset(skip | recorded), with_prompt=True):
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(greedy)}
             memo: dict = {}
@@ -103,6 +118,9 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
                 rec[m] = {**c.to_dict(), **repeats[m].take()}
             jsonl.append([rec])
             done.append(rec)
+            recorded.add(ex.id)     # then the state the example hands on (a crash between the two: replayed again)
+            visited = selection[:selection.index(ex.id) + 1]
+            carried.save(visited, recorded & set(visited))
     rows = []
     text_pairs = sum(r.get("text_pairs", 0) for r in done)
     text_share = sum(r.get("text_repeats", 0) for r in done) / text_pairs if text_pairs else float("nan")

@@ -1,7 +1,13 @@
 """`bpdbench speed`: wall-clock speed of every method, ours and transformers', on identical outputs.
 
 Protocol: load once, warm every method up on the first prompt, then for each prompt run the methods interleaved in
-a fixed order `repeats` times (timing.interleaved) and keep the median. Every method must reproduce `ar`'s tokens: a
+a fixed order `repeats` times (timing.interleaved) and keep the median. Every repeat sees the same drafter state: a
+drafter that keeps state across examples (engine/state.py: Token Recycling's matrix) is snapshotted before each
+prompt and restored, untimed, before each repeat, and the warm-up is undone the same way, so it never changes what a
+measured prompt sees; the state a prompt hands on is its last repeat's, which for greedy decoding is an uninterrupted
+run's (saved per prompt for --resume, experiments/carry.py). Each run checks this (experiments/drift.py):
+`repeat_drift` in speed.csv compares how much faster later repeats are than the first with AR's, and a method whose
+repeats speed up is warned about. Every method must reproduce `ar`'s tokens: a
 (prompt, method) pair that does not is reported and left out of that method's speedup, because a different output
 is a different amount of work. Speedup = sum of ar median seconds / sum of method median seconds over the prompts
 where the method is identical; step cost = (method seconds per serial call) / (ar seconds per serial call), the
@@ -17,18 +23,21 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import pandas as pd
 
 from ..config import RunConfig
+from ..engine import Counters
+from ..engine.state import restore, snapshot
 from ..hardware import contention
 from ..methods import Method, MethodUnavailable, Output, parse
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from ..stats import bootstrap_ratio
-from . import prediction
+from . import drift, prediction
+from .carry import CarriedState
 from .reference import first_divergence
 from .plan import Plan
 from .session import Log, open_session
@@ -37,9 +46,30 @@ from .timing import interleaved, median
 UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfig fields `--methods` replaces
 
 
+@dataclass
+class Measured(Output):
+    """Our loop's output with the counters of that very decode (acceptance per draft position)."""
+    counters: Counters | None = None
+
+
+@dataclass
+class Decoder:
+    """One of our methods in speed: its drafter is kept beside it, so its cross-example state can be put back."""
+    session: Any
+    drafter: Any
+
+    def __call__(self, prompt: list[int], index: int) -> Measured:
+        s = self.session
+        s.with_reference(self.drafter, prompt)
+        g = s.decode(self.drafter, prompt, s.acceptance(index))
+        sizes = Counter(prediction.size_key(n, tree, rows) for n, tree, rows in g.verify_log)
+        return Measured(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes),
+                        g.counters)
+
+
 def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
     """One decoder ((prompt, index) -> Output) per method label; unavailable peers that were not named are
-    skipped, and at T > 0 transformers' loops are."""
+    skipped, and at T > 0 transformers' loops are. Our methods' decoders carry their drafter (`Decoder`)."""
     out, skipped = {}, {}
     for m in methods:
         if m.spec.external:
@@ -56,15 +86,24 @@ def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
                 skipped[m.label] = str(e)
                 log(f"skipping {m.label}: {e}")
             continue
-        drafter = s.drafter(m)
-
-        def run(prompt: list[int], index: int, drafter=drafter) -> Output:
-            s.with_reference(drafter, prompt)
-            g = s.decode(drafter, prompt, s.acceptance(index))
-            sizes = Counter(prediction.size_key(n, tree, rows) for n, tree, rows in g.verify_log)
-            return Output(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes))
-        out[m.label] = run
+        out[m.label] = Decoder(s, s.drafter(m))
     return out, skipped
+
+
+def drafters_of(fns: dict) -> dict[str, Any]:
+    """The drafters behind the decoders (None for transformers' loops, which keep nothing between calls)."""
+    return {m: getattr(fn, "drafter", None) for m, fn in fns.items()}
+
+
+def _work(rs: list) -> dict:
+    """What each repeat did (equal across repeats unless state leaks) and the first repeat's acceptance per draft
+    position, from the counters of the decode that produced the recorded tokens."""
+    first = getattr(rs[0][1], "counters", None)
+    out = {"repeat_serial_calls": [o.serial_calls for _, o in rs]}
+    if first is not None:
+        out.update(steps=first.steps, accepted_per_head=list(first.accepted_per_head),
+                   repeat_accepted=[o.counters.accepted for _, o in rs])
+    return out
 
 
 def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int = 0, sampled: bool = False,
@@ -73,8 +112,11 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
     experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt."""
     load = _load()
+    drafters = drafters_of(fns)
+    states = {m: snapshot(d) for m, d in drafters.items()}     # the state every repeat of this prompt starts from
     with contention.Meter() as others:
-        runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device)
+        runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device,
+                           before=lambda m: restore(drafters[m], states[m]))
     load = max(load, _load())
     ref = runs["ar"][0][1].tokens
     records = []
@@ -92,7 +134,7 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                                     else None),
                         "first_divergence": None if wrong is None else first_divergence(wrong, ref),
                         "verified": rs[0][1].verified, "verify_sizes": rs[0][1].verify_sizes,
-                        "load_average": load, "others_cores": others.others_cores,
+                        "load_average": load, "others_cores": others.others_cores, **_work(rs),
                         **({"sampled": True} if sampled else _certificate(certify, prompt, wrong, ref, rs))})
     return records
 
@@ -119,7 +161,8 @@ def _load() -> float:
 def summarize(records: list[dict], keys: tuple[str, ...] = ("method",), cal=None) -> pd.DataFrame:
     """Ratios of sums over the prompts where a method reproduced ar; excluded pairs are counted, not hidden. With a
     calibration, each row also has its predicted speedup and engine efficiency (experiments/prediction.py); every
-    ratio has a bootstrap 95% interval over prompts."""
+    ratio has a bootstrap 95% interval over prompts. `repeat_drift` checks that repeats did the same work
+    (experiments/drift.py); `accept_per_position` is a_1..a_k over the counted prompts."""
     df = pd.DataFrame(prediction.annotate([dict(r) for r in records], cal))
     if "predicted_s" in df:
         df["ar_pred_s"] = df["id"].map(df[df.method == "ar"].set_index("id")["predicted_s"])
@@ -149,8 +192,9 @@ def summarize(records: list[dict], keys: tuple[str, ...] = ("method",), cal=None
                      "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
                      "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
                      **_drafting(ok, ar_step),
-                     "median_spread": float(g.spread.median())})
-    return pd.DataFrame(rows)
+                     "median_spread": float(g.spread.median()),
+                     "accept_per_position": drift.acceptance_per_position(ok)})
+    return drift.with_drift(pd.DataFrame(rows), df, keys)
 
 
 def _kind(g: pd.DataFrame) -> pd.Series:
@@ -282,13 +326,25 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     records = _resumable(out, config, resume, jsonl)
     if not resume:
         jsonl.start_fresh()
+    write_atomic(out / "config.json", json.dumps(config, indent=2))
+    prompts, ids = [s.prompt(ex) for ex in s.examples], [ex.id for ex in s.examples]
+    drafters = drafters_of(fns)
+    carried = CarriedState.beside(out, "speed.jsonl", drafters, log)     # state kept across prompts, for --resume
+    done: set = set()
+    if resume:
+        done, redo = carried.resume(ids, {r["id"] for r in records})
+        if redo:
+            records = [r for r in records if r["id"] not in redo]
+            jsonl.rewrite(records)
+    else:
+        carried.start_fresh()
     if records:
         log(f"resuming: {len({r['id'] for r in records})} prompts already measured in {out}")
-    write_atomic(out / "config.json", json.dumps(config, indent=2))
-    prompts = [s.prompt(ex) for ex in s.examples]
+    before = {m: snapshot(d) for m, d in drafters.items()}
     for fn in fns.values():  # warm-up: allocator, oneDNN kernels, HF's first-call setup
         fn(prompts[0], 0)
-    done = {r["id"] for r in records}
+    for m, d in drafters.items():       # ... and nothing else: what it taught a drafter is forgotten
+        restore(d, before[m])
 
     def certify(prompt: list[int], output: list[int], ref: list[int], width: int):
         from .certificate import certify as cert
@@ -299,6 +355,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
             continue
         recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify)
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
+        carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
             f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))
     summary = summarize(records, cal=cal)
@@ -306,6 +363,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     if any(r["category"] for r in records):
         summarize(records, ("category", "method"), cal).to_csv(out / "speed_by_category.csv", index=False)
     lost = report_divergence(summary, records, log, frozenset(m.label for m in chosen if m.spec.external))
+    drift.warn_drift(summary, log)
     _record_drafting(cal, summary)
     busy = summary.others_cores_max.max()
     if contention.is_busy(busy):

@@ -12,10 +12,15 @@ top-k (`Drafter.feedback`), as the authors' `update` does with all positions, ac
 Choices stated: a template node whose parent token has no row yet (never scored) is left out with its subtree
 (the authors' static tree verifies filler tokens there; leaving them out only saves verify work); `nodes` cuts the
 template in its breadth-first order; the matrix persists across the examples of a run (`persist=1`, the authors
-keep it across queries) and is cleared per example with `persist=0`. Real decoding and replay see the same rows
-because replay's scorer hands the same top-k after every node (engine.loop.TreeScorer). The prompt's prefill does
-not fill the matrix (the loop computes only its last position's logits). The draft is a deterministic function of
-the context and the matrix, so q is a point mass on each proposed token and T > 0 is exact.
+keep it across queries) and is cleared per example with `persist=0`. With `persist=1` the matrix is state kept
+across examples, so the drafter implements `snapshot`/`restore` (engine/state.py): `speed` puts it back before every
+repeat of a prompt (else the second repeat drafts from the first one's successors of that very output: 0.82 of the
+first repeat's time in results/speed-field/spec_bench, where every other method took 0.98-1.03), and `replay` and
+`speed` save it after each example so that `--resume` continues where the interrupted run was. Real decoding and
+replay see the same rows because replay's scorer hands the same top-k after every node (engine.loop.TreeScorer).
+The prompt's prefill does not fill the matrix (the loop computes only its last position's logits). The draft is a
+deterministic function of the context and the matrix, so q is a point mass on each proposed token and T > 0 is
+exact.
 """
 from __future__ import annotations
 
@@ -76,6 +81,18 @@ class RecyclingDrafter:
     def observe(self, tokens: list[int]) -> None:
         pass
 
+    def snapshot(self) -> dict[int, list[int]] | None:
+        """A shallow copy of the matrix (None with persist=0: nothing outlives an example). Shallow is enough and
+        cheap: `feedback` replaces a row, never changes one in place, so a row list is never written after it is
+        made; copying 150k rows per repeat would also leave the garbage collector work that lands in a timed
+        decode."""
+        return dict(self.rows) if self.persist else None
+
+    def restore(self, state: dict) -> None:
+        """A new dict each time (one snapshot is restored before every repeat of a prompt); keys come back as
+        strings from JSON (a resumed replay)."""
+        ints = not state or isinstance(next(iter(state)), int)
+        self.rows = dict(state) if ints else {int(t): row for t, row in state.items()}
 
 def build(env: Env, method: Method) -> RecyclingDrafter:
     nodes, k, persist = method.get("nodes", MAX_NODES), method.get("k", MAX_K), bool(method.get("persist", 1))
