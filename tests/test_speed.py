@@ -74,6 +74,17 @@ def test_speed_writes_results_and_all_methods_identical(tiny_model_dir, prompts_
     assert (ours.predicted_speedup > 0).all() and (ours.engine_efficiency > 0).all()
     assert (csv.speedup_ci_low <= csv.speedup_vs_ar + 1e-9).all() and (csv.speedup_vs_ar <= csv.speedup_ci_high + 1e-9).all()
     assert all(r["verified"] >= r["serial_calls"] - 1 for r in records if not r["method"].startswith("hf-"))
+    # acceptance per draft position from our loop's counters; transformers' loops have none, so none is written
+    for r in records:
+        assert len(r["repeat_serial_calls"]) == 2 and r["repeat_serial_calls"][0] == r["serial_calls"]
+        if r["method"].startswith("hf-"):
+            assert "steps" not in r and "accepted_per_head" not in r
+        else:
+            assert r["steps"] == r["serial_calls"] - 1 and sum(r["accepted_per_head"]) == r["repeat_accepted"][0]
+    assert ar.repeat_drift == 1.0 and csv.repeat_drift.notna().all()        # two repeats: the check ran
+    drafted = {r["method"] for r in records if r.get("accepted_per_head")}    # hf-* and ar: none; bpd drafts
+    assert "bpd" in drafted and not {"ar", "hf-greedy", "hf-pld"} & drafted
+    assert csv.accept_per_position.fillna("").str.len().gt(0).tolist() == [m in drafted for m in METHODS]
 
 
 def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, prompts_file, tmp_path):
@@ -217,7 +228,7 @@ def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp
     assert table.loc["ar", "model"] == str(tiny_model_dir)
     assert table.loc["bpd", "threads"] == 1 and table.loc["bpd", "repeats"] == 2
     assert table.loc["bpd", "max_new_tokens"] == 12 and table.loc["bpd", "dtype"] == "float32"
-    assert "Wall-clock speedup" in (tmp_path / "results" / "tables" / "speed.md").read_text()
+    assert "Speed, ranked by speedup" in next((tmp_path / "results" / "tables" / "leaderboard").glob("*.md")).read_text()
 
 
 def test_prediction_and_bootstrap_on_hand_made_records():

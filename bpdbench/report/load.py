@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -83,6 +84,11 @@ class ResultFolder:
         return self.resolved.get("heads") or self.config.get("heads") or {}
 
     @property
+    def environment(self) -> Mapping[str, Any]:
+        """The machine and code the numbers were measured on (CPU, flags, fingerprint, versions, commit)."""
+        return self.config.get("environment") or {}
+
+    @property
     def rescorer_dtype(self) -> str | None:
         """The dtype neural rescorers ran in (replays); None in files written before it was recorded."""
         return self.config.get("rescorer_dtype")
@@ -123,6 +129,85 @@ def folders(results: Path, kind: str, file: str | None = None, depth: int = 1) -
     found = [p.parent for p in root.glob(f"{pattern}/{file}")] if file else [p for p in root.glob(pattern)
                                                                              if p.is_dir()]
     return [read_folder(p, kind, root) for p in sorted(found)]
+
+
+def kinds(results: Path, prefix: str) -> list[str]:
+    """The kinds under `results` named `prefix` or `prefix-<variant>` (speed, speed-auto, speed-field, ...), in name
+    order: grids file one experiment's variants beside each other, and every table of that experiment reads all."""
+    root = Path(results)
+    return sorted(p.name for p in root.glob(f"{prefix}*") if p.is_dir() and (p.name == prefix
+                                                                           or p.name.startswith(prefix + "-")))
+
+
+def summed_acceptance(records: Iterable[Mapping[str, Any]]) -> tuple[int, list[int]] | None:
+    """(verify steps, steps that accepted draft position j+1) summed over counter records (`steps`,
+    `accepted_per_head`); None when any record lacks them, since a partial sum would overstate acceptance."""
+    steps, acc = 0, []
+    for rec in records:
+        per, n = rec.get("accepted_per_head"), rec.get("steps")
+        if per is None or n is None or n != n:
+            return None
+        acc = [sum(x) for x in zip_longest(acc, per, fillvalue=0)]
+        steps += int(n)
+    return (steps, acc) if steps else None
+
+
+def acceptance(folder: ResultFolder) -> dict[str, tuple[int, list[int]]]:
+    """Per method label, summed_acceptance over the folder's examples: from replay.jsonl (a counters dict per
+    method) or a run's examples.jsonl (its one method); {} when neither file holds the counters. Why here: the
+    leaderboard falls back to these when a speed run predates per-position counts, and they must be read with the
+    same labels as every other table."""
+    per: dict[str, list[Mapping[str, Any]]] = {}
+    if (folder.path / "replay.jsonl").exists():
+        for r in folder.examples("replay.jsonl"):
+            for lab, rec in r.items():
+                if isinstance(rec, dict):
+                    per.setdefault(lab, []).append(rec)
+    elif (folder.path / "examples.jsonl").exists() and len(folder.methods) == 1:
+        per[folder.methods[0].label] = folder.examples("examples.jsonl")
+    return {lab: got for lab, recs in per.items() if (got := summed_acceptance(recs))}
+
+
+class StandIns:
+    """Replay and run folders that stand in for a speed run's per-position acceptance when its speed.jsonl predates
+    the counts: same task, model, dtype, heads profile and drafting settings; those with the same heads (recipe,
+    greedy positions) and machine first, since acceptance follows the heads and, through bf16 rounding, the CPU."""
+    KINDS = (("replay", "replay.jsonl"), ("replay-field", "replay.jsonl"), ("replay-dynamic", "replay.jsonl"),
+             ("medusa", "replay.jsonl"), ("drafters/replay", "replay.jsonl"), ("runs", "examples.jsonl"),
+             ("drafters/runs", "examples.jsonl"))
+
+    def __init__(self, results: Path):
+        self.results = Path(results)
+        self._folders: list[ResultFolder] | None = None
+        self._read: dict[Path, dict] = {}
+
+    def folders(self) -> list[ResultFolder]:
+        if self._folders is None:
+            self._folders = [f for k, file in self.KINDS for f in folders(self.results, k, file) if f.has_config]
+        return self._folders
+
+    def find(self, speed: ResultFolder, label: str) -> tuple[int, list[int], str] | None:
+        """(verify steps, per-position accepted steps, the folder relative to the results root) or None."""
+        cfg = speed.config.get("config") or {}
+
+        def same(f: ResultFolder) -> bool:
+            theirs = f.config.get("config") or {}
+            return ((f.task, f.model, f.dtype) == (speed.task, speed.model, speed.dtype)
+                    and f.heads_profile in (None, speed.heads_profile)
+                    and all(theirs.get(k) == cfg.get(k) for k in ("temperature", "draft_threshold", "k")
+                            if k in theirs and k in cfg)
+                    and label in {m.label for m in f.methods})
+        heads = speed.heads_info.get("recipe"), speed.heads_info.get("greedy_positions")
+        order = sorted((f for f in self.folders() if same(f)), key=lambda f: (
+            (f.heads_info.get("recipe"), f.heads_info.get("greedy_positions")) != heads,
+            f.environment.get("fingerprint") != speed.environment.get("fingerprint")))
+        for f in order:
+            if f.path not in self._read:
+                self._read[f.path] = acceptance(f)
+            steps, acc = self._read[f.path].get(label, (0, []))
+            if steps:
+                return steps, acc, str(f.path.relative_to(self.results))
+        return None
 
 
 def reports(results: Path, kind: str) -> list[dict]:

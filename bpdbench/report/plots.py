@@ -79,3 +79,41 @@ def speed_caption(folder: ResultFolder, n_prompts: int) -> str:
     profile = folder.heads_info.get("profile", folder.heads_profile)
     return (f"{folder.model}, {folder.dtype}, {folder.heads} heads ({profile}), {folder.threads} threads, "
             f"{folder.max_new_tokens} new tokens, median of {folder.repeats}, n = {n_prompts} prompts")
+
+
+def speedup_bars(rows: pd.DataFrame, title: str, subtitle: str) -> bytes | None:
+    """A board's speedups as horizontal bars in rank order with their 95% interval as whiskers and AR's 1.0 as a
+    line, returned as PNG bytes (the leaderboard writes them beside its Markdown and embeds them in its HTML page).
+    Bars rather than a heatmap: one benchmark, one value per method, and the whiskers are what tells a lead from
+    noise."""
+    df = rows[rows.speedup_vs_ar.notna()] if "speedup_vs_ar" in rows else rows.iloc[:0]
+    if df.empty:
+        return None
+    import io
+    import textwrap
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    v = df.speedup_vs_ar.to_numpy(dtype=float)
+    lo = np.where(np.isfinite(df.speedup_ci_low.to_numpy(dtype=float)), df.speedup_ci_low.to_numpy(dtype=float), v)
+    hi = np.where(np.isfinite(df.speedup_ci_high.to_numpy(dtype=float)), df.speedup_ci_high.to_numpy(dtype=float),
+                  v)
+    y = np.arange(len(df))
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.3 * len(df)))
+    ax.barh(y, v, xerr=[np.clip(v - lo, 0, None), np.clip(hi - v, 0, None)], capsize=3,
+            color=["#4c9a5f" if x > 1 else "#c0504d" if x < 1 else "#888888" for x in v], alpha=0.85)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(y, df.method.tolist(), fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("speedup over AR (95% bootstrap interval over prompts)", fontsize=8)
+    ax.set_title(title, fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    fig.suptitle("\n".join(textwrap.wrap(subtitle, 150)), fontsize=6, y=0.998)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()

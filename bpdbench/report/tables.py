@@ -5,13 +5,15 @@ oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/run
 Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours, PNGs
 where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
 `results/replay/<task>/replay.jsonl`), the Medusa tree variants from `results/medusa/<task>/replay.csv`, the
-speed tables from `results/speed/<task>/`, and the float32 certificates from `results/certificates/*/summary.csv`.
+per-machine speed leaderboard from `results/speed*/<folder>/` (leaderboard.py, html.py; the wide speed CSVs beside
+it), and the float32 certificates from `results/certificates/*/summary.csv`.
 Every folder is found and read by load.py, whose `method` column already holds current labels: the readers here
 select and pivot.
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -21,9 +23,13 @@ from .hardware import hardware_table
 from .plots import lines_by_task
 from ..experiments.summary import to_markdown
 
+if TYPE_CHECKING:
+    from .leaderboard import Leaderboard
+
 PAPER_METHOD = {"neural-m": "neural-61m", "oracle:k=16": "oracle-k16"}   # our label -> the paper table's name
 LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle:k=16"]
 CERTIFICATE_COLUMNS = ["task", "method", "dtype", "n_examples", "new_tokens", "block_efficiency", "lossless_rate"]
+RETIRED = ("speed.md", "speed_by_category.md")   # mixed machines, commits and models in one table: see leaderboard
 TASK_ORDER = ["lambada", "squad", "cnn_dailymail", "samsum", "multi_news", "xsum", "newsroom", "mt_bench"]
 
 
@@ -33,12 +39,18 @@ def reference_tables() -> pd.DataFrame | None:
 
 
 def speed_table(results: Path, name: str) -> pd.DataFrame:
-    """`bpdbench speed` outputs of every task, with the settings that make a speedup comparable."""
+    """`bpdbench speed` outputs of every results/speed*/ folder, one row per method (and category), with the
+    settings, machine and commit that make a speedup comparable: the wide dump behind the per-machine leaderboard."""
     def settings(f: load.ResultFolder, df: pd.DataFrame) -> pd.DataFrame:
         df.insert(0, "task", f.task)
         df.insert(1, "model", f.model)   # e.g. the 1.5B target with the 0.5B as its assistant
-        return df.assign(max_new_tokens=f.max_new_tokens, repeats=f.repeats, dtype=f.dtype, threads=f.threads)
-    df = load.rows(results, "speed", name, per_folder=settings).frame
+        env = f.environment
+        return df.assign(max_new_tokens=f.max_new_tokens, repeats=f.repeats, dtype=f.dtype, threads=f.threads,
+                         folder=str(f.path.relative_to(results)), cpu=env.get("processor"),
+                         fingerprint=env.get("fingerprint"), commit=env.get("git_commit"))
+    frames = [load.rows(results, kind, name, per_folder=settings).frame for kind in load.kinds(results, "speed")]
+    frames = [f for f in frames if not f.empty]
+    df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return df.round(3) if not df.empty else df
 
 
@@ -89,12 +101,14 @@ def build(results: Path | None = None) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def emit(name: str, df: pd.DataFrame, title: str) -> None:
+    def emit(name: str, df: pd.DataFrame, title: str, markdown: bool = True) -> None:
         if df.empty:
             return
         df.to_csv(out / f"{name}.csv", index=False)
-        (out / f"{name}.md").write_text(f"# {title}\n\n" + to_markdown(df))
-        written.extend([out / f"{name}.csv", out / f"{name}.md"])
+        written.append(out / f"{name}.csv")
+        if markdown:
+            (out / f"{name}.md").write_text(f"# {title}\n\n" + to_markdown(df))
+            written.append(out / f"{name}.md")
 
     lat = lattice_table(results)
     emit("top16_lattice", lat, "Block efficiency with the top-16 lattice (ours vs paper)")
@@ -138,11 +152,12 @@ def build(results: Path | None = None) -> list[Path]:
     emit("hardware_utilization", hardware_table(results, task_order=TASK_ORDER),
          "Hardware utilization per generated token: computed from the model config and measured counters "
          "(ratios of sums), not measured with hardware counters")
-    emit("speed", speed_table(results, "speed.csv"),
-         "Wall-clock speedup vs our greedy loop (`bpdbench speed`; identical outputs only; sum of AR medians / "
-         "sum of method medians)")
-    emit("speed_by_category", speed_table(results, "speed_by_category.csv"),
-         "Speedup per Spec-Bench / MT-Bench category (`bpdbench speed`)")
+    # The wide dumps stay CSV only (every machine, commit and model in one file); the Markdown is per machine.
+    emit("speed", speed_table(results, "speed.csv"), "", markdown=False)
+    emit("speed_by_category", speed_table(results, "speed_by_category.csv"), "", markdown=False)
+    for name in RETIRED:
+        (out / name).unlink(missing_ok=True)
+    written.extend(leaderboard_files(results, out))
     for folder in load.folders(results, "speed", "speed_by_category.csv"):
         written.extend(_speed_figure(folder, out))
     sampled = sampling_table(results)
@@ -197,3 +212,63 @@ def _speed_figure(folder: load.ResultFolder, out: Path) -> list[Path]:
     n = int(df[df.method == "ar"].n_prompts.sum()) if (df.method == "ar").any() else 0
     png = plot_speed_by_category(df, out / f"speed_by_category_{folder.path.name}.png", speed_caption(folder, n))
     return [png] if png else []
+
+
+def leaderboard_files(results: Path, out: Path) -> list[Path]:
+    """The per-machine leaderboard (report/leaderboard.py): tables/leaderboard.md (the index),
+    tables/leaderboard/<fingerprint>.md with a PNG per board, tables/leaderboard.csv (every board's rows, numeric)
+    and the self-contained tables/leaderboard.html."""
+    from . import html, leaderboard as lb_lib
+    lb = lb_lib.collect(results)
+    pages = out / "leaderboard"
+    pages.mkdir(exist_ok=True)
+    for old in [*pages.glob("*.md"), *pages.glob("*.png")]:       # pages of machines no longer in the results
+        old.unlink()
+    written: list[Path] = []
+    for m in lb.machines:
+        text = [f"# Leaderboard: {m.processor}, fingerprint {m.fingerprint}", "",
+                f"CPU flags: {' '.join(m.flags)}; {m.cores} cores. One board per benchmark, model, dtype and protocol, "
+                "from one commit; rows ranked by speedup. [All machines](../leaderboard.md)", "",
+                "## Which drafter on this machine", "", *(f"- {b.verdict}" for b in m.boards), ""]
+        for b in m.boards:
+            text += [f"## {b.heading}", "", b.caption, ""]
+            if b.figure():
+                png = pages / f"{m.fingerprint}-{b.slug}.png"
+                png.write_bytes(b.figure())
+                written.append(png)
+                text += [f"![speedup over AR, {b.heading}]({png.name})", ""]
+            for t in b.tables:
+                text += [f"### {t.title}", "", to_markdown(t.frame), t.note, ""]
+        path = pages / f"{m.fingerprint}.md"
+        path.write_text("\n".join(text))
+        written.append(path)
+    index = html.machines(lb)
+    index["machine"] = index.machine.map(lambda fp: f"[{fp}](leaderboard/{fp}.md)")
+    text = ["# Leaderboard: one page per machine", "",
+            "Rendered from results/speed*/ by `bpdbench tables`; the same tables, sortable, with figures: "
+            "[leaderboard.html](leaderboard.html). A table never mixes machines (CPU fingerprint), models, dtypes, "
+            "commits or protocols. The wide dumps of every folder are speed.csv and speed_by_category.csv.", "",
+            to_markdown(index) if not index.empty else "No speed folder records its machine.", ""]
+    if lb.left_out:
+        text += ["## Left out", "", to_markdown(pd.DataFrame(lb.left_out, columns=["folder", "why"])), ""]
+    (out / "leaderboard.md").write_text("\n".join(text))
+    rows = leaderboard_rows(lb)
+    if not rows.empty:
+        rows.to_csv(out / "leaderboard.csv", index=False)
+        written.append(out / "leaderboard.csv")
+    return [*written, out / "leaderboard.md", html.write(lb, out / "leaderboard.html")]
+
+
+def leaderboard_rows(lb: "Leaderboard") -> pd.DataFrame:
+    """Every board's ranked rows with the machine, board and per-position acceptance as numbers (the CSV)."""
+    frames = []
+    for m in lb.machines:
+        for b in m.boards:
+            acc = pd.DataFrame([{"method": k, **{f"a_{j + 1}": v for j, v in enumerate(a)}, "acceptance_source": src}
+                                for k, (a, src) in b.accept.items()] or None, columns=None if b.accept else ["method"])
+            keys = {"fingerprint": m.fingerprint, "cpu": m.processor, "board": b.slug, "task": b.task,
+                    "model": b.model, "dtype": b.dtype, "commit": b.runs[0].commit}
+            df = b.rows.drop(columns=["run"]).assign(rank=range(1, len(b.rows) + 1)).merge(acc, on="method",
+                                                                                               how="left")
+            frames.append(pd.concat([pd.DataFrame([keys] * len(df)), df], axis=1))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
