@@ -137,7 +137,7 @@ def test_point_mass_q_runs_at_positive_temperature(tiny, monkeypatch):
     model, tok, name, cache = tiny
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
     env = _env(model, tok, name, Limits(12))
-    method = parse("hydra:tree=dynamic,nodes=8")
+    method = parse("hydra:tree=dynamic,nodes=8,topk=4")       # a small tree: the tiny drafters' test is for q
     drafter = method.spec.build(env, method)
     seen = []
     propose = drafter.propose
@@ -147,6 +147,23 @@ def test_point_mass_q_runs_at_positive_temperature(tiny, monkeypatch):
     assert len(gen.tokens) == 12
     assert seen and all(p.probs is not None and [len(q) for q in p.probs] == [len(x) for x in p.paths]
                         and all(v == 1.0 for q in p.probs for v in q) for p in seen if p.paths != [[]])
+
+
+def test_defaults_are_eagle2s_published_shape(tiny, monkeypatch):
+    """tree=dynamic unspelled is EAGLE-2's gen_ea_answer_vicuna.py shape: 59 draft nodes, top-10, 6 levels where the
+    drafter can draft them (EAGLE is autoregressive); heads with one network per depth keep their trained depth."""
+    from bpdbench.methods.dynamic import DYNAMIC_LEVELS, DYNAMIC_NODES, DYNAMIC_TOPK
+    assert (DYNAMIC_NODES, DYNAMIC_TOPK, DYNAMIC_LEVELS) == (59, 10, 6)
+    model, tok, name, cache = tiny
+    monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
+    env = _env(model, tok, name, Limits(12))
+    for spelling, depth in (("eagle:tree=dynamic", 6), ("eagle:depth=2,tree=dynamic", 2), ("hydra:tree=dynamic", None)):
+        method = parse(spelling)
+        drafter = method.spec.build(env, method)
+        rec = env.resolved[method.label]
+        assert method.label == spelling and (rec["nodes"], rec["topk"]) == (59, 10), rec
+        assert (drafter.nodes, drafter.topk) == (59, 10)
+        assert drafter.depth == rec["depth"] == (depth or drafter.model.depth), spelling
 
 
 @pytest.mark.parametrize("spelling,words", [
@@ -212,6 +229,9 @@ def test_medusa_dynamic_is_lossless_and_replays(tiny_model_dir):
     limits = Limits(16)
     env = Env(model, tok, RunConfig(model=str(tiny_model_dir), k=4, heads=4, heads_profile="init"), limits,
               log=lambda m: None)
+    default = parse("medusa:tree=dynamic")
+    default.spec.build(env, default)
+    assert env.resolved[default.label]["nodes"] == 59                  # EAGLE-2's published total
     method = parse("medusa:tree=dynamic,nodes=10")
     drafter = method.spec.build(env, method)
     assert env.resolved[method.label]["nodes"] == 10

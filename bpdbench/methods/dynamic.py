@@ -17,7 +17,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-DYNAMIC_NODES, DYNAMIC_TOPK = 16, 4   # tree=dynamic defaults (EAGLE-2 uses 60 and 10 on a GPU; a CPU verifies fewer)
+# tree=dynamic defaults: EAGLE-2's published shape (SafeAILab/EAGLE, eagle/evaluation/gen_ea_answer_vicuna.py:
+# --total-token 60 --depth 5 --top-k 10). total_token counts the root, so 59 draft nodes are verified; `depth` counts
+# the expansions after the root's top-k (cnets1.py topK_generate), so the tree has 6 draft levels. A CPU verifies 60
+# tokens at a few decode steps' cost: `nodes=auto` is the budget sized for this machine.
+DYNAMIC_NODES, DYNAMIC_TOPK, DYNAMIC_LEVELS = 59, 10, 6
 
 Expand = Callable[[list[list[int]], int], tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]
 Node = tuple[tuple[int, ...], float]
@@ -65,8 +69,10 @@ def dynamic_tree(expand: Expand, depth: int, topk: int, nodes: int, frontier_siz
 class LatticeTree:
     """The dynamic tree of independent heads (medusa:tree=dynamic): every node of depth d has head d's top-k, so
     the tree is the `nodes` best lattice paths (prefixes) by summed head log-probs. The frontier keeps `nodes`
-    per depth, which makes the top-`nodes` exact (a kept node's ancestors are kept and outscore it). A lattice
-    refiner (reset/refine) so it replaces Medusa's fixed tree in the heads drafter."""
+    per depth, which makes the top-`nodes` exact (a kept node's ancestors are kept and outscore it); EAGLE-2's
+    frontier of top_k nodes approximates that set for a model whose children depend on the path, which independent
+    heads' do not. Its depth is the heads used and its ranks the lattice's k (`heads=6,k=10`: EAGLE-2's levels and
+    width). A lattice refiner (reset/refine) so it replaces Medusa's fixed tree in the heads drafter."""
 
     def __init__(self, nodes: int):
         self.nodes = self.p = nodes

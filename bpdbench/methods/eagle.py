@@ -4,12 +4,31 @@ in step with the decided tokens, ending in the base's frozen projection cut to t
 (bpdbench/drafters/eagle.py). The reference point for the heads that see each other.
 
 `eagle` drafts a chain of `depth` tokens (default: the trained depth; up to 16, it is autoregressive), or a tree
-(`tree=W`); `refine=` applies the paper's refiners to the chain's top-k lattice. Train it with
+(`tree=W`); `refine=` applies the paper's refiners to the chain's top-k lattice. `tree=dynamic` is EAGLE-2's tree at
+its published shape: 59 draft nodes, top-10, 6 draft levels (the trained depth is 5, and EAGLE drafts past it).
+The plain spelling stays a chain, not EAGLE-1's fixed 25-node tree nor EAGLE-2's: every committed `eagle` result
+is a chain under that label (docs/methods.md, Published configurations). Train it with
 `bpdbench train-drafter eagle --profile quick|full`.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
+from .base import Method
+from .dynamic import DYNAMIC_LEVELS
+from .env import Env
 from .trained import spec
 
-SPECS = [spec("eagle", "EAGLE-style draft layer over the base's features (own KV cache), chain or tree (tree=W), "
-              "base projection on a shortlist", "eagle", "eagle")]
+_SPEC = spec("eagle", "EAGLE-style draft layer over the base's features (own KV cache), chain or tree (tree=W), "
+             "base projection on a shortlist", "eagle", "eagle")
+
+
+def _build(env: Env, method: Method):
+    """EAGLE-2's published tree has one level more than our drafter's trained depth; the drafter is autoregressive,
+    so a dynamic tree drafts EAGLE-2's levels unless `depth=` says otherwise (the label stays as spelled)."""
+    if method.get("tree") == "dynamic" and "depth" not in method.params:
+        method = Method(method.spec, {**method.params, "depth": DYNAMIC_LEVELS}, method.label)
+    return _SPEC.build(env, method)
+
+
+SPECS = [replace(_SPEC, build=_build)]

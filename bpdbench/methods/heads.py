@@ -103,8 +103,9 @@ SPECS = [MethodSpec("bpd", "blockwise parallel decoding: the heads' top-1 draft,
 TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, auto (built from the heads' held-out accuracy), or dynamic "
              "(the nodes= best lattice paths by summed head log-probs, per step)", choices=("mc_sim_7b_63", "auto",
                                                                                              "dynamic"))
-NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (auto: the size and tree "
-              "fastest on this machine, from per-rank acceptance on held-out examples)", low=1, auto=True)
+NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N nodes (tree=dynamic: 59, EAGLE-2's; "
+              "auto: the size and tree fastest on this machine, from per-rank acceptance on held-out examples)", low=1,
+              auto=True)
 for _r in refine.RESCORERS.values():
     if _r.kind == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
         continue

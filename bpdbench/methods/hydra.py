@@ -5,6 +5,12 @@ time, every node's children coming from the head conditioned on that node's path
 layer over the base's hidden states (its own KV cache, in step with the decided tokens) whose output replaces h_t,
 and trains with the teacher's soft labels and dropout (bpdbench/drafters/hydra.py).
 
+Published (zankner/Hydra): Medusa's 63-node `mc_sim_7b_63` tree (`hydra_choices`), 4 heads, each node's children
+from the head conditioned on its path. Here `hydra` is a chain of the trained depth (5 heads) and the trees are
+`tree=W` and `tree=dynamic` (EAGLE-2's policy at its published 59 nodes and top-10, over 5 levels since there are 5
+heads); the published fixed tree is not offered, and every committed `hydra` result is a chain under that label
+(docs/methods.md, Published configurations).
+
 Train with `bpdbench train-drafter hydra|hydra++ --profile quick|full`.
 """
 from __future__ import annotations
