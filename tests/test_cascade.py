@@ -214,3 +214,30 @@ def test_registry_shapes_build_and_record_their_shape(loaded, tiny_model_dir, tm
     assert env.resolved["cascade"]["bigram"]["path"].endswith("bigram-corpus.npy")
     with pytest.raises(MethodError, match="only 4"):
         parse("cascade:split=6").spec.build(env, parse("cascade:split=6"))
+
+
+def test_the_top_level_is_wrapped_and_declared():
+    """The top level is an inner drafter (methods/compose.py): reset and observe reach it, the cascade takes no
+    verify feedback, reference or cross-example state; at parse time only the heads' top reads hidden states."""
+    from bpdbench.methods.compose import HIDDEN, OBSERVE, RESET, consumes, declared
+
+    class Top:
+        name = "top"
+
+        def __init__(self):
+            self.calls: list[tuple] = []
+
+        def reset(self, prompt_ids):
+            self.calls.append(("reset", list(prompt_ids)))
+
+        def observe(self, tokens):
+            self.calls.append(("observe", list(tokens)))
+
+    top = Top()
+    d = CascadeDrafter("c", top, 1, 4, MaG(2, None))
+    d.reset([1, 2, 3])
+    d.observe([4, 5])
+    assert top.calls == [("reset", [1, 2, 3]), ("observe", [4, 5])]
+    assert consumes(d) == {RESET, OBSERVE} and d.feedback_k == 0 and d.snapshot() is None
+    assert HIDDEN in declared(parse("cascade:split=2")) and HIDDEN not in declared(parse("cascade:top=none"))
+    assert HIDDEN not in declared(parse("cascade:top=sps"))

@@ -106,3 +106,28 @@ def test_wrong_grams_accept_nothing_and_stay_lossless(tiny_model):
 def test_bad_parameters_are_one_line_errors(spelling, match):
     assert re.search(match, parse_error(spelling))
     assert parse("lookahead:guesses=auto").auto == ["guesses"]
+
+
+def test_a_tree_without_its_window_leaves_the_window_as_it_was():
+    """As a wrapper's fallback (sam, methods/compose.py) lookahead is handed the feedback of forwards it did not
+    propose for: a tree without its window moves nothing (and does not fail); its own window steps once."""
+    import torch
+    from bpdbench.engine import Feedback
+    from bpdbench.engine.tree import build_tree
+    d = LookaheadDrafter("l", 2, 4, 2)
+    d.reset([1, 2, 3, 4])
+    ctx = DraftContext([1, 2, 3, 4], None, 10)
+
+    def fed(paths, scored):
+        tree = build_tree(4, paths, scored)
+        d.feedback(Feedback(tree, torch.arange(len(tree.tokens))[:, None] + 50))
+    p = d.propose(ctx)
+    fed([[5, 6]], None)                              # another drafter's chain: no window in the tree
+    assert len(d.levels) == 1 and not d.pool
+    fed([[5, 6]], p.scored)                          # the window was this proposal's: already handed back once
+    assert len(d.levels) == 1
+    p = d.propose(ctx)
+    fed([[5, 6]], p.scored)                          # its own window: one Jacobi step
+    assert len(d.levels) == 2
+    fed([[5, 6]], p.scored)                          # the same tree again: the window is stepped once
+    assert len(d.levels) == 2

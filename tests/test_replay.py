@@ -122,7 +122,9 @@ def all_methods(model_dir) -> list[str]:
                   "eagle:tree=3", "hydra:tree=2",
                   "koala:base=hydra,adv=1,refine=ngram4", "recycling:nodes=8,k=2,persist=0",
                   "lookahead:window=3,ngram=3,guesses=2", "sam:threshold=2,fallback=hierarchy;order=c",
-                  "sam:fallback=bpd;heads=2", "rest:nodes=8,span=4"]
+                  "sam:fallback=bpd;heads=2", "sam:threshold=3,fallback=lookahead;window=3;ngram=3;guesses=2",
+                  "sam:threshold=3,fallback=oracle;k=4", "sam:tokens=9,threshold=4,bias=4,fallback=none",
+                  "rest:nodes=8,span=4"]
 
 
 @pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])

@@ -4,6 +4,7 @@ lossless decoding and replay == real decoding for every counter, bad spellings, 
 statistical certificate with a lossy control that must fail."""
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -165,9 +166,145 @@ def test_dynamic_automaton_follows_a_loop(tiny_model):
                                              ("sam:fallback=hierarchy;order=x", "order must be one of"),
                                              ("sam:tokens=0", "tokens must be >= 1"),
                                              ("sam:threshold=x", "is not a int"),
-                                             ("sam:static=big", "static must be one of")])
+                                             ("sam:static=big", "static must be one of"),
+                                             ("sam:fallback=ar", "drafts nothing; write fallback=none"),
+                                             ("sam:fallback=hf-pld", "whole decoder"),
+                                             ("sam:fallback=none;k=2", "none takes no parameters")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
     assert expect in parse_error(spelling)
+
+
+def test_published_defaults_and_no_fallback(tiny_model, monkeypatch):
+    """`sam` is the published configuration (39 draft tokens, threshold 5, bias 5, Token Recycling below it);
+    `fallback=none` drafts nothing below the threshold; the old shape is a spelling of its own."""
+    from bpdbench.config import RunConfig
+    from bpdbench.methods import Env, suffix_store
+    from bpdbench.methods.recycling import RecyclingDrafter
+    index = SuffixIndex.build(stream([[1, 2, 3]]))
+    monkeypatch.setattr(suffix_store, "corpus_index", lambda env: (index, {"tokens": 3}))
+    env = Env(tiny_model, None, RunConfig(), Limits(8), log=lambda m: None)
+    for spelling, shape, fallback in [("sam", (39, 5, 5), RecyclingDrafter), ("sam:fallback=none", (39, 5, 5), None),
+                                      ("sam:tokens=9,threshold=4,bias=4,fallback=none", (9, 4, 4), None)]:
+        d = env.build(parse(spelling))
+        assert (d.tokens, d.threshold, d.bias) == shape and d.static is index, spelling
+        assert (type(d.fallback) if fallback else d.fallback) is fallback, spelling
+        assert env.resolved[spelling]["fallback"] == ("recycling" if fallback else "none")
+        assert d.feedback_k == (8 if fallback else 0)
+    assert parse("sam:fallback=none").label == "sam:fallback=none" != parse("sam").label
+
+
+def run_steps(model, drafter, prompt, limits):
+    """Real decoding, with who drafted each step and how many of its tokens were accepted."""
+    steps: list[tuple[str, int]] = []
+    out = generate(model, drafter, list(prompt), limits,
+                   on_step=lambda ev: steps.append((drafter.source, ev.decision.accepted)))
+    return out, steps
+
+
+TR_PROMPTS = PROMPTS + ([5, 6, 7, 8, 5, 6, 7, 9, 5, 6, 7, 8, 5, 6], [11, 12, 13, 11, 12, 14, 40, 41])
+
+
+def test_sam_tr_is_lossless_replays_exactly_and_drafts_more_than_sam_alone(tiny_model):
+    """SAM[TR] (Token Recycling below the threshold) in float32: output == greedy, replay == real decoding for
+    every counter (the matrix carried across the examples in both), accepted tokens from the recycling side, and
+    a higher block efficiency than SAM without a fallback on the same examples."""
+    from bpdbench.engine import TreeScorer, ratios
+    from bpdbench.methods.recycling import RecyclingDrafter
+    limits = Limits(64)
+    tr, twin = (SamDrafter("s", static=None, fallback=RecyclingDrafter("r")) for _ in range(2))
+    alone = SamDrafter("s", static=None)
+    scorer = TreeScorer(tiny_model)
+    totals = {"tr": None, "alone": None}
+    from_fallback = 0
+    for prompt in TR_PROMPTS:
+        greedy = generate(tiny_model, None, list(prompt), limits).tokens
+        real, steps = run_steps(tiny_model, tr, prompt, limits)
+        assert real.tokens == greedy
+        assert replay(twin, list(prompt), greedy, None, limits, scorer=scorer) == real.counters
+        from_fallback += sum(a for s, a in steps if s == "fallback")
+        base = decode_and_replay(tiny_model, alone, prompt, limits, greedy)
+        for key, c in (("tr", real.counters), ("alone", base.counters)):
+            totals[key] = c if totals[key] is None else totals[key].add(c)
+    assert tr.fallback.rows == twin.fallback.rows and from_fallback > 0
+    eff = {k: ratios(c)["block_efficiency"] for k, c in totals.items()}
+    assert eff["tr"] > eff["alone"] + 0.5, eff        # 6.0 against 2.0 here
+
+
+class Recording:
+    """Wraps a drafter that learns from verify forwards and records every tree it is handed."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.feedback_k, self.trees = inner, inner.name, inner.feedback_k, []
+
+    def reset(self, prompt_ids):
+        self.inner.reset(prompt_ids)
+
+    def propose(self, ctx):
+        return self.inner.propose(ctx)
+
+    def feedback(self, fb):
+        self.trees.append(fb.tree)
+        self.inner.feedback(fb)
+
+    def observe(self, tokens):
+        self.inner.observe(tokens)
+
+
+def test_recycling_learns_from_the_chains_sam_drafts(tiny_model):
+    """Every verify forward reaches the recycling fallback, SAM's own chains included (the authors' SAM[TR]
+    updates the matrix from every forward): after a step SAM drafted, every token of its chain has a row."""
+    from bpdbench.methods.recycling import RecyclingDrafter
+    rec = Recording(RecyclingDrafter("r"))
+    d = SamDrafter("s", static=None, threshold=2, fallback=rec)
+    _, steps = run_steps(tiny_model, d, TR_PROMPTS[3], Limits(48))
+    assert len(rec.trees) == len(steps)                             # every step, whoever drafted
+    sam_steps = [(t, s) for t, (s, _) in zip(rec.trees, steps) if s == "dyn"]
+    assert sam_steps and all(t.is_chain for t, _ in sam_steps)
+    assert all(tok in rec.inner.rows for t, _ in sam_steps for tok in t.tokens)
+
+
+def test_lookahead_fallback_advances_only_on_its_own_steps(tiny_model):
+    """A Lookahead fallback gets the feedback of every forward; a tree without its window (SAM drafted) leaves the
+    window as it was, its own steps move it one level; lossless, and replay == real decoding."""
+    from bpdbench.engine import TreeScorer
+    from bpdbench.methods.lookahead import LookaheadDrafter
+    limits = Limits(48)
+    prompt = TR_PROMPTS[3]
+    la = LookaheadDrafter("l", 3, 4, 2)
+    d = SamDrafter("s", static=None, threshold=2, fallback=la)
+    levels: list[tuple[str, int, int]] = []         # (who drafted, window levels before the step, after it)
+    before = [1]                                    # reset gives level 0
+
+    def track(_):
+        levels.append((d.source, before[0], len(la.levels)))
+        before[0] = len(la.levels)
+    greedy = generate(tiny_model, None, list(prompt), limits).tokens
+    real = generate(tiny_model, d, list(prompt), limits, on_step=track)
+    assert real.tokens == greedy
+    own = [(b, a) for s, b, a in levels if s == "fallback"]
+    sam = [(b, a) for s, b, a in levels if s == "dyn"]
+    assert own and sam and len(la.levels) == 3
+    assert all(a == b for b, a in sam)                              # SAM's chains: the window waits
+    assert all(a == min(b + 1, 3) for b, a in own)                  # its own steps: one level more (up to n - 1)
+    assert la.pool                                                  # and full columns became n-grams
+    again = SamDrafter("s", static=None, threshold=2, fallback=LookaheadDrafter("l", 3, 4, 2))
+    assert replay(again, list(prompt), greedy, None, limits, scorer=TreeScorer(tiny_model)) == real.counters
+
+
+def test_state_across_examples_is_the_fallbacks(tiny_model):
+    """SAM keeps nothing across examples itself; with a persistent recycling matrix its snapshot is (None, the
+    matrix), which survives JSON and puts the matrix back; without a fallback there is nothing to keep."""
+    from bpdbench.methods.recycling import RecyclingDrafter
+    d = SamDrafter("s", static=None, fallback=RecyclingDrafter("r"))
+    generate(tiny_model, d, list(TR_PROMPTS[3]), Limits(24))
+    snap = d.snapshot()
+    assert snap is not None and snap[0] is None and snap[1] == d.fallback.snapshot()
+    rows = dict(d.fallback.rows)
+    d.fallback.rows = {}
+    d.restore(json.loads(json.dumps(snap)))
+    assert d.fallback.rows == rows
+    assert SamDrafter("s", static=None).snapshot() is None
+    assert SamDrafter("s", static=None, fallback=RecyclingDrafter("r", persist=False)).snapshot() is None
 
 
 def test_nested_spelling_round_trips():

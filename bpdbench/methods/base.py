@@ -78,6 +78,9 @@ class MethodSpec:
     fixed: dict = field(default_factory=dict)                   # values implied by the name (aliases)
     family: str = ""
     check: Callable[["Method"], None] | None = None              # parameters checked together (MethodError)
+    # what the method's drafter takes from the loop besides reset/observe (methods/compose.py), where the family
+    # and compose.DECLARED do not say it: a wrapper's own inputs plus its inner methods'
+    inputs: Callable[["Method"], frozenset[str]] | None = None
 
     def param(self, name: str) -> Param:
         for p in self.params:

@@ -38,6 +38,7 @@ import torch
 
 from ..engine import DraftContext, Proposal
 from .base import THRESHOLD, Method, MethodError, MethodSpec, Param
+from .compose import HIDDEN, Wrapper
 from .env import Env
 from .lattice import HeadsSource, LatticeDrafter
 from .lookup import MaG, ContextIndex, cut_after_eos
@@ -90,20 +91,25 @@ class AssistedDraftModel(DraftModelDrafter):
         return out
 
 
-class CascadeDrafter:
+class CascadeDrafter(Wrapper):
     """`tree`: verify the bottom level's own draft (from the first position) beside the cascade's, as a second
-    path of one trie: the top level's guess at the first positions and MaG's copy are both tried."""
+    path of one trie: the top level's guess at the first positions and MaG's copy are both tried. The top level is
+    a drafter of its own, wrapped (methods/compose.py) so reset and observe reach it; it is asked every step that
+    drafts, with that step's context, so it misses no hidden state."""
 
     def __init__(self, name: str, top: LatticeDrafter | AssistedDraftModel | None, split: int, length: int,
                  mag: MaG | None, eos: frozenset[int] = frozenset(), tree: bool = False):
+        super().__init__()
         self.name, self.top, self.split, self.length, self.mag, self.eos = name, top, split, length, mag, eos
         self.tree = tree
         self.index = ContextIndex(mag.ngram if mag is not None else 1)
 
+    def inner_drafters(self) -> list:
+        return [] if self.top is None else [self.top]
+
     def reset(self, prompt_ids: list[int]) -> None:
         self.index.reset(prompt_ids)
-        if self.top is not None:
-            self.top.reset(prompt_ids)
+        super().reset(prompt_ids)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         self.index.sync(ctx.tokens)
@@ -128,10 +134,6 @@ class CascadeDrafter:
             lat = self.top.lattice(ctx)
             return [] if lat is None else lat.ids[:n, 0].tolist()
         return self.top.draft(ctx, n)
-
-    def observe(self, tokens: list[int]) -> None:
-        if self.top is not None:
-            self.top.observe(tokens)
 
 
 def _shape(method: Method) -> tuple[str, int, int, str, int]:
@@ -214,6 +216,11 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     return _needs_heads(model, cfg) + needs(model, ("bigram",))
 
 
+def _inputs(method: Method) -> frozenset[str]:
+    """Only the heads' top level reads hidden states (a draft model keeps its own cache, MaG reads tokens)."""
+    return frozenset({HIDDEN}) if _shape(method)[0] == "bpd" else frozenset()
+
+
 SPECS = [MethodSpec("cascade", "cascade drafting (CS-Drafting), exact: a top drafter (heads or a draft model) for "
                     "the first positions, MaG lookup (n-gram match, then a bigram chain) for the rest; vertical=1 "
                     "lets MaG draft for the draft model", build,
@@ -232,4 +239,4 @@ SPECS = [MethodSpec("cascade", "cascade drafting (CS-Drafting), exact: a top dra
                      THRESHOLD,
                      Param("ngram", int, "MaG's longest n-gram", low=1),
                      Param("bigram", str, "where MaG's bigram table comes from", choices=("corpus", "history"))),
-                    _needs, family="cascade", check=_check)]
+                    _needs, family="cascade", check=_check, inputs=_inputs)]

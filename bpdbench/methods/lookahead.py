@@ -53,10 +53,15 @@ class LookaheadDrafter:
         return Proposal(cands, [[1.0] * len(c) for c in cands], scored=self.scored)
 
     def feedback(self, fb: Feedback) -> None:
-        """One Jacobi step: each column's new token is the base's argmax after its top node in the window."""
+        """One Jacobi step: each column's new token is the base's argmax after its top node in the window. A tree
+        without this step's window leaves the window as it is: as a wrapper's fallback (sam, methods/compose.py)
+        lookahead gets every verify forward's feedback, also of the steps the wrapper drafted itself."""
         tree, top = fb.tree, fb.topk[:, 0].tolist()
         node_of = {_path(tree, n): n for n in tree.scored}    # the scored nodes: their own trie under the root
-        new = [top[node_of[tuple(path)]] for path in self.scored]
+        window, self.scored = self.scored, []                 # one proposal's window is stepped at most once
+        if not window or any(tuple(path) not in node_of for path in window):
+            return
+        new = [top[node_of[tuple(path)]] for path in window]
         if len(self.levels) < self.ngram - 1:
             self.levels.append(new)
             return

@@ -1,49 +1,81 @@
 """SAM-Decoding (Hu et al. 2024, github hyx1999/SAM-Decoding): draft the continuation of the longest suffix match
-in a suffix automaton over the text so far and in a static one over a corpus; below a match length, another drafter.
+in a suffix automaton over the text so far and in a static index over a corpus; below a match length, an auxiliary
+drafter (Token Recycling by default).
 
-What the published code does (`samd/draft.py`, `samd/sam/dyn_sam.py`, `static_sam.py`, `samd_config.py`): a dynamic
-automaton over prompt + generated tokens and a static one over a dataset each track the longest suffix of the text
-they hold (matching state moved along suffix links, amortised O(1) per token). At each step the static match length
-is lowered by `len_bias` = 4 and the longer match wins (the dynamic one on ties); if it is >= `len_threshold` = 4 the
-draft is the `n_predicts` - 1 = 9 tokens after the match's earliest occurrence (min_endpos), verified as a chain,
-else the auxiliary drafter's tree (Token Recycling or EAGLE) is verified instead. Both automata and the auxiliary
-drafter are updated with every decided token whichever drafted.
+What the published code does (`samd/draft.py`, `samd/sam/dyn_sam.py`, `static_sam.py`, `samd_config.py` as of its
+last commit, Dec 2024): a dynamic automaton over prompt + generated tokens and a static one over a dataset (prompts
+of alpaca-clean, GSM8K and python-instruction with the target's own responses, `tools/gen_response.py`) each track
+the longest suffix of the text they hold (amortised O(1) per token). At each step the static match length is
+lowered by `len_bias` and the longer match wins (the dynamic one on ties); if it is >= `len_threshold` the draft is
+the `n_predicts` - 1 tokens after the match's earliest occurrence, verified as a chain, else the auxiliary drafter's
+tree is verified instead (`tree_method`: token_recycle, the training-free SAM[TR]; eagle or eagle2 when trained).
+Both automata are updated with every decided token, and the auxiliary drafter with every verify forward's tokens
+and logits (`DraftModel.update`), whichever drafted: Token Recycling's matrix learns from SAM's chains too.
+Published configuration: n_predicts = 40 (39 draft tokens), len_threshold = 5, len_bias = 5, token_recycle. Our
+defaults are these: `tokens=39`, `threshold=5`, `bias=5`, `fallback=recycling` (an earlier revision of that file,
+Nov 2024, had 10 / 4 / 4 and no tree model; `sam:tokens=9,threshold=4,bias=4,fallback=none` is that shape).
+`tokens=auto` is ours: the draft length fastest on this machine (experiments/autoshape.py).
 
 What bpdbench does and why it differs:
-- The static side is a suffix array over the rescorers' corpus (suffix_store.py; a 5M-token automaton in Python
-  would take minutes and GBs), queried for the longest suffix of the context (up to 32 tokens) that occurs: the same
-  match length as the authors' static automaton, capped at 32. The draft is the earliest occurrence's continuation.
+- The static side is a suffix array over the rescorers' corpus (C4 + WikiText, suffix_store.py), not an automaton
+  over a dataset with the target's responses: we have no such dataset for our models, and a 5M-token automaton in
+  Python would take minutes and GBs. It is queried for the longest suffix of the context (up to 32 tokens) that
+  occurs: the same match length as an automaton's, capped at 32. The draft is the earliest occurrence's continuation.
 - A dynamic draft that runs past the end of the text is copied forward LZ77-style (methods/lookup.continuation)
-  instead of the authors' zero padding, so a loop the model is in is drafted as a loop.
-- The auxiliary drafter is any method (`fallback=<spelling>`, its parameters separated by ';'); without one, a
-  match below the threshold is a plain decode step. The fallback sees every reset and observe, and the hidden states
-  of the steps SAM drafted are handed to it at its next proposal (DraftContext.accepted_hidden concatenated), so
-  feature drafters (EAGLE, Hydra++) keep their caches in sync without running when SAM drafts.
-- `tokens` caps every draft, the fallback's too (so a shorter `tokens=auto` shape is a truncation of a longer one).
+  where the authors step to a shorter match with room for a full draft (`to_anc`) and pad with zeros, so a loop the
+  model is in is drafted as a loop.
+- The auxiliary drafter is any drafting method (`fallback=<spelling>`, its parameters separated by ';';
+  `fallback=none`: a match below the threshold is a plain decode step). SAM wraps it through methods/compose.py,
+  so every input the loop gives reaches it: every reset and observe; every verify forward's top-k (`feedback_k` is
+  the fallback's), whoever drafted, so SAM[TR]'s matrix learns from SAM's chains as the authors' does (their
+  prefill also fills it from the prompt's logits; ours does not, methods/recycling.py); the hidden states of the
+  steps SAM drafted, at its next proposal (accepted_hidden concatenated), so feature drafters (EAGLE, Hydra++)
+  keep their caches in sync without running; the greedy reference (`fallback=oracle`); state across examples
+  (`snapshot`: SAM's own, None, then the fallback's). Fallbacks that cannot be driven so are refused when the
+  spelling is parsed: a whole decoder (hf-*), `ar` (drafts nothing: write `none`) and sam itself.
+- Lookahead as the fallback: its Jacobi window is scored only on the steps it drafts, so the window advances on
+  those steps and waits while SAM drafts (its feedback ignores a tree without its window). We do not add the
+  window to SAM's chains: that would keep it moving but score up to window x (ngram - 1) more tokens on every step
+  SAM drafts, and on a CPU a forward's cost grows with the tokens it scores (docs/hardware.md); the authors' code,
+  too, asks the auxiliary drafter for a draft only on the steps it drafts.
+- `tokens` caps every draft, the fallback's too (so a shorter `tokens=auto` shape is a truncation of a longer one;
+  Token Recycling's tree is 6 deep, never cut by the default 39).
 Speculative sampling (T > 0): SAM's drafts are deterministic, so q is a point mass on each proposed token; the
 fallback's proposals carry its own q.
 """
 from __future__ import annotations
 
-import torch
-
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
+from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
 from .env import Env
 from .lookup import continuation, cut_after_eos
 from .suffix_store import SuffixAutomaton, SuffixIndex
 
-HIDDEN_FAMILIES = ("heads", "cascade", "drafter")     # fallbacks that draft from the base's hidden states
+TOKENS, THRESHOLD, BIAS = 39, 5, 5      # the published n_predicts - 1, len_threshold, len_bias
+FALLBACK = "recycling"                  # the published training-free auxiliary drafter (SAM[TR])
+NONE = "none"                           # fallback=none: below the threshold, a plain decode step
 
 
 def fallback_spelling(raw: str) -> str:
-    """`hydra;tree=4` -> the inner method's canonical label with ';' between its parameters (a MethodError from the
-    inner spelling passes through as it is: it names what is wrong)."""
+    """`hydra;tree=4` -> the inner method's canonical label with ';' between its parameters, `none` as it is. A
+    fallback SAM cannot drive is refused here, at parse time (a MethodError from the inner spelling passes through
+    as it is: it names what is wrong)."""
     from .spelling import parse
     text = _inner(raw)
-    if text.partition(":")[0].strip() == "sam":
+    name = text.partition(":")[0].strip()
+    if name == NONE:                    # not the `none` alias of bpd
+        if text.strip() != NONE:
+            raise MethodError(f"sam: fallback={raw}: none takes no parameters")
+        return NONE
+    if name == "sam":
         raise MethodError(f"sam: fallback={raw} is sam itself; name another method (e.g. fallback=hierarchy)")
-    return parse(text).label.replace(":", ";", 1).replace(",", ";")
+    if name == "ar":
+        raise MethodError(f"sam: fallback={raw} drafts nothing; write fallback=none for plain decode steps below "
+                          f"the threshold")
+    inner = parse(text)
+    check_inner("sam", "fallback", inner)
+    return inner.label.replace(":", ";", 1).replace(",", ";")
 
 
 def _inner(raw: str) -> str:
@@ -55,21 +87,23 @@ def _inner(raw: str) -> str:
 fallback_spelling.__name__ = "method spelling"
 
 
-class SamDrafter:
-    def __init__(self, name: str, tokens: int = 9, threshold: int = 4, bias: int = 4,
+class SamDrafter(Wrapper):
+    """`source`: who drafted the last proposal (dyn, static, fallback or none), for analyses and tests."""
+
+    def __init__(self, name: str, tokens: int = TOKENS, threshold: int = THRESHOLD, bias: int = BIAS,
                  static: SuffixIndex | None = None, fallback=None, eos: frozenset[int] = frozenset()):
+        super().__init__()
         self.name, self.tokens, self.threshold, self.bias = name, tokens, threshold, bias
         self.static, self.fallback, self.eos = static, fallback, eos
         self.dyn = SuffixAutomaton()
-        self.pending: list[torch.Tensor] = []         # hidden states the fallback has not been shown yet
-        self.source = ""                              # who drafted the last proposal: dyn, static, fallback or none
-        self.needs_hidden = False
+        self.source = ""
+
+    def inner_drafters(self) -> list:
+        return [] if self.fallback is None else [self.fallback]
 
     def reset(self, prompt_ids: list[int]) -> None:
         self.dyn.reset(prompt_ids)
-        self.pending = []
-        if self.fallback is not None:
-            self.fallback.reset(prompt_ids)
+        super().reset(prompt_ids)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         self.dyn.sync(ctx.tokens)
@@ -77,17 +111,14 @@ class SamDrafter:
         if length > 0:
             draft = self._sam(ctx.tokens, length)
             if draft:
-                if ctx.accepted_hidden is not None and self.fallback is not None:
-                    self.pending.append(ctx.accepted_hidden)
+                if self.fallback is not None:
+                    self.hold(self.fallback, ctx)
                 return Proposal([draft], probs=[[1.0] * len(draft)])
         if self.fallback is None:
             self.source = "none"
             return Proposal()
         self.source = "fallback"
-        if self.pending and ctx.accepted_hidden is not None:
-            ctx = DraftContext(ctx.tokens, ctx.hidden, ctx.budget, ctx.memo, ctx.sampler,
-                               torch.cat(self.pending + [ctx.accepted_hidden]))
-        self.pending = []
+        ctx = self.context_for(self.fallback, ctx)
         return self.fallback.propose(ctx).clip(min(self.tokens, ctx.budget))
 
     def _sam(self, tokens: list[int], length: int) -> list[int]:
@@ -108,36 +139,38 @@ class SamDrafter:
             draft = self.static.read(self.static.earliest(lo, hi) + n_static, length)
         return cut_after_eos(draft, self.eos)
 
-    def observe(self, tokens: list[int]) -> None:
-        if self.fallback is not None:
-            self.fallback.observe(tokens)
-
 
 def _fallback(method: Method) -> Method | None:
-    spelling = method.get("fallback")
-    if spelling is None:
-        return None
+    """The fallback method: the spelled one, recycling when none is spelled, None for `fallback=none`."""
     from .spelling import parse
-    return parse(_inner(spelling))
+    spelling = method.get("fallback")
+    if spelling == NONE:
+        return None
+    return parse(_inner(spelling if spelling is not None else FALLBACK))
+
+
+def _inputs(method: Method) -> frozenset[str]:
+    """What SAM takes from the loop beyond reset and observe: what its fallback takes (the automata need nothing
+    else)."""
+    inner = _fallback(method)
+    return frozenset() if inner is None else declared(inner) - {RESET, OBSERVE}
 
 
 def build(env: Env, method: Method) -> SamDrafter:
     from . import suffix_store
-    tokens, threshold, bias = method.get("tokens", 9), method.get("threshold", 4), method.get("bias", 4)
+    tokens = method.get("tokens", TOKENS)
+    threshold, bias = method.get("threshold", THRESHOLD), method.get("bias", BIAS)
     use_static = method.get("static", "corpus") == "corpus"
     resolved: dict = {"tokens": tokens, "threshold": threshold, "bias": bias}
     static = None
     if use_static:
         static, resolved["static"] = suffix_store.corpus_index(env)
     inner = _fallback(method)
-    fallback = None
-    if inner is not None:
-        fallback = env.build(inner)
-        resolved["fallback"] = inner.label
+    fallback = None if inner is None else env.build(inner)
+    resolved["fallback"] = NONE if inner is None else inner.label
     env.resolved[method.label] = resolved
     d = SamDrafter(method.label, tokens, threshold, bias, static, fallback, env.limits.eos_ids)
-    d.needs_hidden = inner is not None and (inner.spec.family in HIDDEN_FAMILIES or
-                                            getattr(fallback, "needs_hidden", False))
+    d.needs_hidden = inner is not None and (HIDDEN in declared(inner) or HIDDEN in consumes(fallback, inner))
     return d
 
 
@@ -148,13 +181,17 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
 
 SPECS = [MethodSpec("sam", "SAM-Decoding: the continuation of the longest suffix match in a suffix automaton over "
                     "the text so far and a suffix array over the corpus; below `threshold`, another method drafts "
-                    "(fallback=<method>, which needs what that method needs)",
+                    f"(fallback=<method>, default {FALLBACK}: SAM[TR], the published training-free setup; it needs "
+                    "what that method needs)",
                     build,
-                    (Param("tokens", int, "draft length (auto: the length fastest on this machine)", low=1, auto=True),
-                     Param("threshold", int, "shortest match drafted from; shorter ones go to the fallback", low=1),
-                     Param("bias", int, "the static match must be this much longer to win over the dynamic one",
-                           low=0),
+                    (Param("tokens", int, f"draft length (default {TOKENS}, the published; auto: the length fastest "
+                           "on this machine)", low=1, auto=True),
+                     Param("threshold", int, f"shortest match drafted from (default {THRESHOLD}); shorter ones go "
+                           "to the fallback", low=1),
+                     Param("bias", int, f"the static match must be this much longer to win over the dynamic one "
+                           f"(default {BIAS})", low=0),
                      Param("static", str, "static side: the corpus suffix array or none", choices=("corpus", "none")),
-                     Param("fallback", fallback_spelling, "the method that drafts below the threshold, parameters "
-                           "separated by ';' (e.g. fallback=hydra;tree=4)")),
-                    _needs, family="lookup")]
+                     Param("fallback", fallback_spelling, f"the method that drafts below the threshold, parameters "
+                           f"separated by ';' (default {FALLBACK}; none: a plain decode step; e.g. "
+                           "fallback=hydra;tree=4)")),
+                    _needs, family="lookup", inputs=_inputs)]

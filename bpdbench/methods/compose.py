@@ -1,0 +1,170 @@
+"""What a drafter takes from the decode loop besides `propose`'s context, and one base for drafters that wrap
+others, so that none of it is lost on the way to the inner drafter.
+
+Why it exists: the loop talks to the outermost drafter only. Besides `propose` it calls `reset` and `observe`,
+hands the verify forward's top-k to drafters with `feedback_k` > 0 (`feedback`), passes the base's hidden states of
+the positions decided since the last proposal (`DraftContext.accepted_hidden`, which feature drafters keep a cache
+of), gives the greedy reference to drafters with `needs_reference` (`use_reference`: the oracle) and takes and puts
+back state kept across examples (`snapshot`/`restore`, engine/state.py). A wrapper that forgets one of these does
+not fail: its inner drafter runs without it. SAM's Token Recycling fallback never received the verify logits, so
+its matrix stayed empty and it never drafted, and a Lookahead fallback paid for a Jacobi window that never moved.
+
+- `consumes(drafter)`: what a built drafter takes, read off the protocol's own attributes.
+- `declared(method)`: the same, known from the parsed spelling before anything is built or loaded, so a wrapper
+  refuses an inner method whose input it cannot pass on with one line (`check_inner`), at parse time.
+- `Wrapper`: forwards every input to `inner_drafters()`; the subclass decides who drafts, and hands an inner
+  drafter that sat steps out the hidden states of those steps (`hold`, `context_for`).
+"""
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch
+
+from ..engine import DraftContext, Feedback
+from ..engine import state as drafter_state
+from .base import Method, MethodError
+
+RESET, OBSERVE = "reset", "observe"
+FEEDBACK = "verify feedback"          # feedback_k > 0 and feedback(Feedback)
+HIDDEN = "hidden states"              # DraftContext.hidden / accepted_hidden of every decided position
+REFERENCE = "greedy reference"        # needs_reference and use_reference(tokens)
+STATE = "state across examples"       # snapshot() / restore(state)
+INPUTS = (RESET, OBSERVE, FEEDBACK, HIDDEN, REFERENCE, STATE)
+
+# Families whose drafters read the base's hidden states (heads, cascade's top=bpd, trained drafters).
+HIDDEN_FAMILIES = ("heads", "cascade", "drafter")
+# What a method's drafter takes beyond reset, observe and its family's hidden states, for the methods that take
+# more. tests/test_compose.py checks it against every registered method's built drafter, so a new method that
+# learns from the verify forward or reads the reference fails there until it is declared here.
+DECLARED: dict[str, frozenset[str]] = {"recycling": frozenset({FEEDBACK}), "lookahead": frozenset({FEEDBACK}),
+                                       "oracle": frozenset({REFERENCE})}
+
+
+def feedback_k(drafter: Any) -> int:
+    """The top-k a drafter asks of each verify forward (0: it learns nothing from it)."""
+    return int(getattr(drafter, "feedback_k", 0) or 0)
+
+
+def consumes(drafter: Any, method: Method | None = None) -> frozenset[str]:
+    """What a built drafter takes from the loop. Hidden states: the drafter says so (`needs_hidden`) or its
+    method's family does (lattice and trained drafters read `ctx.hidden` without declaring it)."""
+    out = {RESET, OBSERVE}
+    if feedback_k(drafter) > 0:
+        out.add(FEEDBACK)
+    if getattr(drafter, "needs_hidden", False) or (method is not None and method.spec.family in HIDDEN_FAMILIES):
+        out.add(HIDDEN)
+    if getattr(drafter, "needs_reference", False):
+        out.add(REFERENCE)
+    if drafter_state.keeps_state(drafter):
+        out.add(STATE)
+    return frozenset(out)
+
+
+def declared(method: Method) -> frozenset[str]:
+    """What the drafter of a parsed method will take (state across examples aside: it depends on values, and every
+    wrapper forwards it). A spec with `inputs` says it itself (a wrapper: its own plus its inner methods')."""
+    if method.spec.inputs is not None:
+        return frozenset({RESET, OBSERVE} | set(method.spec.inputs(method)))
+    out = {RESET, OBSERVE} | set(DECLARED.get(method.name, ()))
+    if method.spec.family in HIDDEN_FAMILIES:
+        out.add(HIDDEN)
+    return frozenset(out)
+
+
+def check_inner(outer: str, param: str, inner: Method, forwards: Collection[str] = INPUTS) -> None:
+    """Refuse, at parse time, an inner method the wrapper cannot drive: a whole decoder of its own (transformers'
+    loops), or one that needs an input the wrapper does not forward."""
+    if inner.spec.external:
+        raise MethodError(f"{outer}: {param}={inner.name} is a whole decoder (transformers' own loop, timed by "
+                          f"`speed` only), not a drafter; name a drafting method (see `bpdbench methods`)")
+    missing = sorted(declared(inner) - set(forwards))
+    if missing:
+        raise MethodError(f"{outer}: {param}={inner.label} needs the {' and the '.join(missing)}, which {outer} "
+                          f"does not pass to its {param}; name a method that needs neither")
+
+
+class Wrapper:
+    """A drafter that drafts with inner drafters: every loop input reaches each of them.
+
+    Forwarded: `reset` and `observe` (every call, whoever drafted the step), `feedback` (every verify forward,
+    whoever drafted it: Token Recycling refreshes its rows from any scored node, as its authors' SAM[TR] does; an
+    inner drafter whose own nodes are not in the tree must ignore it, as Lookahead does), `feedback_k` (the largest
+    inner one, each inner drafter getting its own first k columns), the greedy reference, and `snapshot`/`restore`
+    (own state first, then each inner drafter's; None when none keeps any). Hidden states: a subclass calls
+    `hold(inner, ctx)` on a step an inner drafter sits out and `context_for(inner, ctx)` when it asks it to propose,
+    which then carries the held rows too, so a feature drafter's cache never misses a position."""
+
+    def __init__(self) -> None:
+        self.needs_hidden = False     # set by the builder: some inner drafter reads hidden states
+        self.held: dict[int, list[torch.Tensor]] = {}    # id(inner) -> hidden rows of the steps it sat out
+
+    def inner_drafters(self) -> list[Any]:
+        """The drafters wrapped, in a fixed order (snapshot's order)."""
+        raise NotImplementedError
+
+    # ---- reset, observe ------------------------------------------------------------------------------------
+    def reset(self, prompt_ids: list[int]) -> None:
+        self.held.clear()
+        for d in self.inner_drafters():
+            d.reset(list(prompt_ids))
+
+    def observe(self, tokens: list[int]) -> None:
+        for d in self.inner_drafters():
+            d.observe(tokens)
+
+    # ---- verify feedback -----------------------------------------------------------------------------------
+    @property
+    def feedback_k(self) -> int:
+        return max([feedback_k(d) for d in self.inner_drafters()] + [0])
+
+    def feedback(self, fb: Feedback) -> None:
+        for d in self.inner_drafters():
+            k = feedback_k(d)
+            if k:
+                d.feedback(fb if fb.topk.shape[-1] == k else Feedback(fb.tree, fb.topk[:, :k]))
+
+    # ---- the greedy reference ------------------------------------------------------------------------------
+    @property
+    def needs_reference(self) -> bool:
+        return any(getattr(d, "needs_reference", False) for d in self.inner_drafters())
+
+    def use_reference(self, tokens: list[int]) -> None:
+        for d in self.inner_drafters():
+            if getattr(d, "needs_reference", False):
+                d.use_reference(tokens)
+
+    # ---- state across examples -----------------------------------------------------------------------------
+    def own_snapshot(self) -> Any:
+        """The wrapper's own state kept across examples (None: it keeps none, the usual case)."""
+        return None
+
+    def own_restore(self, state: Any) -> None:
+        """Put back what `own_snapshot` returned (only called with a state that is not None)."""
+
+    def snapshot(self) -> tuple | None:
+        parts = (self.own_snapshot(),) + tuple(drafter_state.snapshot(d) for d in self.inner_drafters())
+        return None if all(p is None for p in parts) else parts
+
+    def restore(self, state: Sequence[Any]) -> None:
+        """`state` as `snapshot` gave it, or as JSON gives it back (a list)."""
+        own, *inner = state
+        if own is not None:
+            self.own_restore(own)
+        for d, s in zip(self.inner_drafters(), inner):
+            drafter_state.restore(d, s)
+
+    # ---- hidden states of the steps an inner drafter sat out -----------------------------------------------
+    def hold(self, inner: Any, ctx: DraftContext) -> None:
+        """`inner` does not propose this step: keep the step's new hidden rows for its next proposal."""
+        if ctx.accepted_hidden is not None:
+            self.held.setdefault(id(inner), []).append(ctx.accepted_hidden)
+
+    def context_for(self, inner: Any, ctx: DraftContext) -> DraftContext:
+        """The context `inner` proposes from: `ctx`, its accepted_hidden preceded by the rows held for it."""
+        held = self.held.pop(id(inner), [])
+        if not held or ctx.accepted_hidden is None:
+            return ctx
+        return DraftContext(ctx.tokens, ctx.hidden, ctx.budget, ctx.memo, ctx.sampler,
+                            torch.cat(held + [ctx.accepted_hidden]))
