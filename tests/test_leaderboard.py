@@ -221,3 +221,11 @@ def test_a_label_run_with_a_default_since_changed_says_so():
     assert leaderboard.older_default("hydra:tree=dynamic", {"nodes": 16, "topk": 4}) == \
         "hydra:tree=dynamic [older default: nodes=16, topk=4]"
     assert leaderboard.older_default("pld", {"tokens": 10}) == "pld"
+
+
+def test_recycling_timed_before_the_state_restore_is_marked():
+    """Folders made before speed restored drafter state per repeat have no repeat_drift column; a method that kept
+    state then (recycling, or sam with it as fallback) is renamed to say its repeats saw their own output."""
+    assert leaderboard.keeps_state("recycling", {"persist": 1}) and not leaderboard.keeps_state("recycling:persist=0",
+                                                                                               {"persist": 0})
+    assert leaderboard.keeps_state("sam", {"fallback": "recycling"}) and not leaderboard.keeps_state("pld", {})

@@ -30,6 +30,7 @@ from ..experiments.speed import by_prompt_method, counted
 from ..stats import bootstrap_ratio
 from ..store import read_examples
 from . import load
+from .provenance import LEAKED, PUBLISHED_SINCE, keeps_state, older_default, overlap  # noqa: F401 (tests read them here)
 
 MAX_COLUMNS = 12
 POSITIONS = 8                       # a_1..a_8 at most
@@ -170,48 +171,16 @@ def missing(f: load.ResultFolder) -> str:
     return f"older recipe: lacks {', '.join(lacks)}" if lacks else ""
 
 
-# Defaults that changed to a paper's published configuration: a folder that ran a bare label before the change
-# ran another configuration under the same name, so its row is renamed to say which (docs/methods.md).
-PUBLISHED_SINCE = {"sam": {"tokens": 39, "threshold": 5, "bias": 5}, "tree=dynamic": {"nodes": 59, "topk": 10}}
-
-
-def older_default(label: str, resolved: dict) -> str:
-    """`label` as measured: with `[older default: k=v, ...]` where the folder resolved it to a default since changed
-    (a value the label does not spell)."""
-    name, _, given = label.partition(":")
-    spelled = dict(kv.split("=", 1) for kv in given.split(",") if "=" in kv)
-    want = {**PUBLISHED_SINCE.get(name, {}), **(PUBLISHED_SINCE["tree=dynamic"] if spelled.get("tree") == "dynamic"
-                                                else {})}
-    old = {k: resolved[k] for k, v in want.items() if k not in spelled and k in resolved and resolved[k] != v}
-    if name == "sam" and "fallback" not in spelled and "fallback" not in resolved:
-        old["fallback"] = "none"
-    return label + (f" [older default: {', '.join(f'{k}={v}' for k, v in old.items())}]" if old else "")
-
-
 def read_run(f: load.ResultFolder, rel: str) -> Run:
     records = pd.DataFrame(read_examples(f.path / "speed.jsonl", key=by_prompt_method))
     records["method"] = records["method"].map(load.label)
     summary = f.read("speed.csv")
     resolved = ((f.config.get("resolved") or {}).get("methods") or {})
     rename = {m: older_default(m, resolved.get(m) or {}) for m in summary.method}
+    if "repeat_drift" not in summary:           # made before state was restored per repeat (experiments/drift.py)
+        rename = {m: r + (LEAKED if keeps_state(m, resolved.get(m) or {}) else "") for m, r in rename.items()}
     records["method"] = records["method"].map(lambda m: rename.get(m, m))
     return Run(f, rel, summary.assign(method=summary.method.map(rename)), records)
-
-
-def overlap(f: load.ResultFolder) -> str:
-    """Why a folder's prompts cannot be trusted ("" when `bpdbench audit` finds them clean): the leaderboard takes
-    only folders that evaluated nothing of the train or tune split and nothing an artefact saw."""
-    from ..experiments import audit
-    try:
-        a = audit.folder(f.path)
-    except Exception as e:               # data not here to classify the ids: not proven clean
-        return f"not audited ({type(e).__name__}: {e})"
-    if a is None or a.get("error"):
-        return f"not audited ({(a or {}).get('error', 'no per-example ids')})"
-    if not a["clean"]:
-        seen = sum(x["overlap"] for x in a["artefacts"].values())
-        return f"overlap: {a['in_train']} train, {a['in_tune']} tune, {seen} seen by artefacts (bpdbench audit)"
-    return ""
 
 
 def flags(env: dict) -> str:
