@@ -1,5 +1,5 @@
-"""What `auto` measures on a task's held-out slice (the trainers' prompt pool, so the heads' training prompts) against
-evaluation examples outside the run (what it measures on now): per method, the acceptance curve a[1..4] and the
+"""What `auto` measures on a task's train split (the trainers' prompt pool, so the heads' training prompts) against
+its tune split (what it measures on now): per method, the acceptance curve a[1..4] and the
 shape each example set would choose. A thin caller of experiments/autoshape.py.
 
     python scripts/auto_overlap.py --task mt_bench --methods medusa:nodes=auto,bpd:heads=auto
@@ -32,7 +32,7 @@ def main() -> None:
     held = [(ex, s.prompt(ex)) for ex in select_examples(run.replace(offset=0, limit=len(new)), "train")]
     cost = autoshape.cost_model(s)
     for m in methods:
-        for name, examples in (("held-out slice", held), (source["source"], new)):
+        for name, examples in (("train split", held), (source["source"], new)):
             runs = [(fixed, autoshape.measure(s, pm, examples, {})) for pm, fixed in autoshape._plans(s, m)]
             accept = [round(x, 3) for x in runs[0][1].accept[:4]]
             print(f"{a.task} {m.label} | {name} | a[1..4] = {accept} | "
