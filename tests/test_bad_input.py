@@ -239,8 +239,8 @@ def test_corrupt_middle_line_is_named_not_dropped(finished_run, tiny_model_dir, 
 
 OTHER_CASES = [
     ("tables-missing", ["tables", "--results", "{tmp}/nope"], ["no results directory", "--results"]),
-    ("tune-no-heldout", ["tune", "--task", "prompts", "--data-file", "{prompts}", "--rescorer", "ngram2",
-                         "--model", "{model}", "--heads-profile", "init"], ["no held-out examples", "--alpha"]),
+    ("tune-no-tune-split", ["tune", "--task", "prompts", "--data-file", "{prompts}", "--rescorer", "ngram2",
+                         "--model", "{model}", "--heads-profile", "init"], ["has no tune split", "--alpha"]),
     ("tune-not-tunable", ["tune", "--task", "prompts", "--data-file", "{prompts}", "--rescorer", "warp",
                           "--model", "{model}"], ["unknown method"]),
     ("replay-offset", ["replay", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",

@@ -45,6 +45,18 @@ class CarriedState:
             write_atomic(self.path, json.dumps({"examples": list(visited), "recorded": sorted(recorded), "states": {
                 m: snapshot(d) for m, d in self.drafters.items()}}, separators=(",", ":")))
 
+    def open(self, resume: bool, selection: list[str], records: list[dict], jsonl) -> tuple[set[str], list[dict]]:
+        """The one start of a run that carries state: fresh, or resumed (`resume`) with the records the saved state
+        does not follow dropped from `jsonl` to be measured again. Returns (ids to skip, the records kept)."""
+        if not resume:
+            self.start_fresh()
+            return set(), records
+        skip, redo = self.resume(selection, {r["id"] for r in records})
+        if redo:
+            records = [r for r in records if r["id"] not in redo]
+            jsonl.rewrite(records)
+        return skip, records
+
     def resume(self, selection: list[str], done: set[str]) -> tuple[set[str], set[str]]:
         """Restore the saved states for a resumed run over `selection` (ids in order) where the records of `done`
         exist. Returns (ids to skip, ids whose records to drop and measure again: written after the last state).

@@ -88,15 +88,9 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
         kept = resumable(out, "replay.jsonl", meta, key, resume, ignore=RESUME_IGNORES, file=jsonl)
         carried = CarriedState.beside(out, "replay.jsonl", drafters, s.log)
         selection = [ex.id for ex in s.examples]
-        skip: set = set()
-        if resume:
-            skip, redo = carried.resume(selection, {r["id"] for r in kept})
-            if redo:
-                kept = [r for r in kept if r["id"] not in redo]
-                jsonl.rewrite(kept)
-        else:
+        if not resume:
             jsonl.start_fresh()
-            carried.start_fresh()
+        skip, kept = carried.open(resume, selection, kept, jsonl)
         done = [r for r in kept if r["id"] in ids]
         if done:
             s.log(f"resuming: {len(done)} examples already replayed in {out}")

@@ -330,14 +330,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     prompts, ids = [s.prompt(ex) for ex in s.examples], [ex.id for ex in s.examples]
     drafters = drafters_of(fns)
     carried = CarriedState.beside(out, "speed.jsonl", drafters, log)     # state kept across prompts, for --resume
-    done: set = set()
-    if resume:
-        done, redo = carried.resume(ids, {r["id"] for r in records})
-        if redo:
-            records = [r for r in records if r["id"] not in redo]
-            jsonl.rewrite(records)
-    else:
-        carried.start_fresh()
+    done, records = carried.open(resume, ids, records, jsonl)
     if records:
         log(f"resuming: {len({r['id'] for r in records})} prompts already measured in {out}")
     before = {m: snapshot(d) for m, d in drafters.items()}
