@@ -30,14 +30,12 @@ from ..experiments.speed import by_prompt_method, counted
 from ..stats import bootstrap_ratio
 from ..store import read_examples
 from . import load
-from .provenance import LEAKED, PUBLISHED_SINCE, keeps_state, older_default, overlap  # noqa: F401 (tests read them here)
+from .provenance import LEAKED, PUBLISHED_SINCE, keeps_state, missing, older_default, overlap  # noqa: F401 (tests read them here)
 
 MAX_COLUMNS = 12
 POSITIONS = 8                       # a_1..a_8 at most
 KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 NOT_DRAFTERS = ("ar", "hf-greedy")  # plain decoding loops: never "the drafter to use"
-REQUIRED = (("environment", "fingerprint"), ("environment", "cpu_flags"), ("environment", "processor"),
-            ("environment", "git_commit"), ("environment", "versions", "torch"), ("config", "model"))
 PROTOCOL = ("limit", "offset", "data_file", "max_prompt_tokens", "heads_profile", "temperature", "top_p", "top_k")
 LETTERS = string.ascii_uppercase
 CONVENTIONS = (
@@ -48,12 +46,6 @@ CONVENTIONS = (
     "the counters. verified/step = tokens the base scores per verify forward. step cost = the method's seconds per "
     "serial call over AR's. identical / near-tie / lost = prompts equal to greedy / certified near-ties (counted) / "
     "not counted.")
-
-
-def _dig(d, keys: tuple[str, ...]):
-    for k in keys:
-        d = d.get(k) if isinstance(d, dict) else None
-    return d
 
 
 @lru_cache(maxsize=None)
@@ -159,16 +151,6 @@ class Machine:
 class Leaderboard:
     machines: list[Machine]
     left_out: list[tuple[str, str]]
-
-
-def missing(f: load.ResultFolder) -> str:
-    """Why a speed folder cannot be placed on a machine's page ("" when it can)."""
-    if not f.has_config:
-        return "no config.json"
-    lacks = [".".join(k) for k in REQUIRED if _dig(f.config, k) is None]
-    if not (f.path / "speed.jsonl").exists():
-        lacks.append("speed.jsonl")
-    return f"older recipe: lacks {', '.join(lacks)}" if lacks else ""
 
 
 def read_run(f: load.ResultFolder, rel: str) -> Run:

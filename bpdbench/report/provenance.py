@@ -1,10 +1,13 @@
 """What a speed folder's rows really measured, beyond their labels: the leaderboard places a folder only when its
 prompts are clean (`bpdbench audit`), and renames a row whose label meant another configuration when it ran (a
 default since changed to the published one) or whose repeats were timed before drafter state was restored per
-repeat."""
+repeat, or why it cannot be placed at all (no recorded machine)."""
 from __future__ import annotations
 
 from . import load
+
+REQUIRED = (("environment", "fingerprint"), ("environment", "cpu_flags"), ("environment", "processor"),
+            ("environment", "git_commit"), ("environment", "versions", "torch"), ("config", "model"))
 
 # Defaults that changed to a paper's published configuration: a folder that ran a bare label before the change
 # ran another configuration under the same name, so its row is renamed to say which (docs/methods.md).
@@ -50,3 +53,19 @@ def overlap(f: load.ResultFolder) -> str:
         seen = sum(x["overlap"] for x in a["artefacts"].values())
         return f"overlap: {a['in_train']} train, {a['in_tune']} tune, {seen} seen by artefacts (bpdbench audit)"
     return ""
+
+
+def _dig(d, keys: tuple[str, ...]):
+    for k in keys:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def missing(f: load.ResultFolder) -> str:
+    """Why a speed folder cannot be placed on a machine's page ("" when it can)."""
+    if not f.has_config:
+        return "no config.json"
+    lacks = [".".join(k) for k in REQUIRED if _dig(f.config, k) is None]
+    if not (f.path / "speed.jsonl").exists():
+        lacks.append("speed.jsonl")
+    return f"older recipe: lacks {', '.join(lacks)}" if lacks else ""
