@@ -80,3 +80,19 @@ def distill_dir(model: str, budget: str) -> Path:
 def drafter_dir(model: str, name: str, profile: str) -> Path:
     """A trained drafter (`bpdbench train-drafter NAME`): config.json naming its type, weights, report.json."""
     return cache_root() / "drafters" / f"{_safe(model)}-{name}-{profile}"
+
+
+def git_ignored(root: Path, folders: list[Path]) -> set[Path]:
+    """The folders among `folders` that git ignores (none outside a git checkout): outputs such as `make demo`'s
+    results/runs/demo-* sit beside the committed results but are not results any table or check should read."""
+    import subprocess
+    if not folders:
+        return set()
+    try:
+        out = subprocess.run(["git", "check-ignore", "--stdin"], cwd=root, capture_output=True, text=True,
+                             input="\n".join(str(f) + "/" for f in folders), timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return set()
+    if out.returncode not in (0, 1):         # 128: not a git checkout
+        return set()
+    return {Path(line.rstrip("/")) for line in out.stdout.splitlines()}

@@ -25,17 +25,9 @@ def committed_folders(root: Path) -> list[str]:
 
 
 def ignored(root: Path, folders: list[str]) -> set[str]:
-    """The folders among `folders` (relative to `root`) that git ignores; none outside a git checkout."""
-    if not folders:
-        return set()
-    try:
-        out = subprocess.run(["git", "check-ignore", "--stdin"], cwd=root, input="\n".join(f + "/" for f in folders),
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    if out.returncode not in (0, 1):         # 128: not a git checkout
-        return set()
-    return {line.rstrip("/") for line in out.stdout.splitlines()}
+    """The folders among `folders` (relative to `root`) that git ignores (bpdbench.paths.git_ignored)."""
+    from bpdbench.paths import git_ignored
+    return {p.relative_to(root).as_posix() for p in git_ignored(root, [root / f for f in folders])}
 
 
 def owners(root: Path) -> dict[str, list[str]]:
@@ -78,3 +70,14 @@ def test_folders_git_ignores_are_not_committed_results(tmp_path):
         (tmp_path / rel).mkdir(parents=True)
         (tmp_path / rel / "config.json").write_text("{}")
     assert committed_folders(tmp_path) == ["runs/kept"]
+
+
+def test_tables_read_no_folder_git_ignores(tmp_path):
+    """`bpdbench tables` after `make demo`: the demo's run folders (ignored) are not read, a committed one is."""
+    from bpdbench.report import load
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("runs/demo-*/\n")
+    for rel in ("runs/demo-xsum", "runs/kept"):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "config.json").write_text("{}")
+    assert [f.path.name for f in load.folders(tmp_path, "runs", "config.json")] == ["kept"]

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
+from .. import paths
 from ..methods.base import Method, MethodError
 from ..methods.registry import canonical, parse
 from ..store import CONFIG, read_examples
@@ -128,7 +129,8 @@ def folders(results: Path, kind: str, file: str | None = None, depth: int = 1) -
     pattern = "/".join(["*"] * depth)
     found = [p.parent for p in root.glob(f"{pattern}/{file}")] if file else [p for p in root.glob(pattern)
                                                                              if p.is_dir()]
-    return [read_folder(p, kind, root) for p in sorted(found)]
+    ignored = paths.git_ignored(root, found) if root.is_dir() else set()
+    return [read_folder(p, kind, root) for p in sorted(found) if p not in ignored]
 
 
 def kinds(results: Path, prefix: str) -> list[str]:
