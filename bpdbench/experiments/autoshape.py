@@ -25,7 +25,8 @@ Hierarchy: candidates and length are chosen jointly (one replay per candidate co
 longest length; every length is a truncation of it). Sam: `tokens` from one replay at 16 (its fallback's drafts are
 capped at `tokens` too, so a shorter draft is a truncation; a fallback that drafts from hidden states is replayed
 with them). Rest: one replay per trie budget (`nodes` in 4, 8, 16, 32, 64), each priced at its own verify sizes.
-Sps: a fixed gamma (the heuristic schedule is refused with gamma=auto); drafting cost per drafted token. Cascade: the length at the given split (split..16). Medusa: the
+Sps: a fixed gamma (the heuristic schedule is refused with gamma=auto); drafting cost per drafted token (qdraft
+and layerskip alike: `length`, from one replay at 8). Cascade: the length at the given split (split..16). Medusa: the
 optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
 Medusa's own. What a shorter shape would accept is read from the longer shape's replay (exact for chains, whose
 shorter drafts are prefixes; an estimate for candidates and trees, whose trajectories would differ slightly).
@@ -58,6 +59,7 @@ RECYCLING_NODES = (4, 8, 12, 16, 24, 32, 48, 64, 80)      # the template's bread
 LOOKAHEAD_GUESSES = (1, 2, 3, 4, 5, 7)
 FEEDBACK_SIZES = {"recycling": ("nodes", RECYCLING_NODES), "lookahead": ("guesses", LOOKAHEAD_GUESSES)}
 REST_NODES = (4, 8, 16, 32, 64)           # rest:nodes=auto: one replay per trie budget
+SELF_DRAFTS = ("qdraft", "layerskip")     # the target drafting for itself: a draft model's chain, length=auto
 VERSION = 1
 
 
@@ -229,6 +231,8 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
         return [(_with(method, tokens=PLD_MAX), {})]
     if name == "sps":
         return [(_with(method, gamma=SPS_MAX), {})]
+    if name in SELF_DRAFTS:
+        return [(_with(method, length=SPS_MAX), {})]
     if name == "cascade":
         return [(_with(method, length=CASCADE_MAX), {})]
     if name == "hierarchy":
@@ -284,7 +288,8 @@ def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostM
     for fixed, meas in runs:
         n = max([len(meas.accept)] + [len(d) for d in meas.nodes])
         param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length",
-                          "sam": "tokens", "rest": "length"}.get(name, "heads"), list(range(1, n + 1))
+                          "sam": "tokens", "rest": "length", **dict.fromkeys(SELF_DRAFTS, "length")
+                          }.get(name, "heads"), list(range(1, n + 1))
         if name == "rest":                               # the trie's depth stays as given: its budget is chosen
             lengths = [method.get("length", 10)]
         elif name == "hierarchy" and "length" not in auto:

@@ -54,7 +54,7 @@ class Param:
         if self.high is not None and value >= self.high:
             raise MethodError(f"{method}: {self.name} must be < {self.high:g}, got {raw}")
         if self.choices and value not in self.choices:
-            raise MethodError(f"{method}: {self.name} must be one of {', '.join(self.choices)}, got {raw}")
+            raise MethodError(f"{method}: {self.name} must be one of {', '.join(map(str, self.choices))}, got {raw}")
         return value
 
 

@@ -15,10 +15,12 @@ from .heads import SPECS as HEADS
 from .hierarchy import SPECS as HIERARCHY
 from .hf import SPECS as HF
 from .hydra import SPECS as HYDRA
+from .layerskip import SPECS as LAYERSKIP
 from .koala import SPECS as KOALA
 from .lookahead import SPECS as LOOKAHEAD
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
+from .qdraft import SPECS as QDRAFT
 from .recycling import SPECS as RECYCLING
 from .rest import SPECS as REST
 from .sam import SPECS as SAM
@@ -27,6 +29,6 @@ from .spelling import (ALIASES, REGISTRY, canonical, get, parse, parse_list, spl
                        valid_names)
 
 REGISTRY.update({s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF, RECYCLING, LOOKAHEAD,
-                                         SAM, REST) for s in group})
+                                         SAM, REST, QDRAFT, LAYERSKIP) for s in group})
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
 

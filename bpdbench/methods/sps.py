@@ -112,6 +112,19 @@ class DraftModelDrafter:
                 logits = self._forward([t])
         return Proposal([draft], probs=[probs], dists=[torch.stack(dists)] if dists else None)
 
+    @torch.inference_mode()
+    def chain(self, tokens: list[int], n: int) -> list[int]:
+        """`n` greedy tokens after `tokens`, the cache rolled back to them first (a guess for the level above in a
+        multi-level draft: methods/qdraft.py)."""
+        self._crop_to(tokens, keep_last_unfed=True)
+        logits = self._forward(tokens[len(self.fed):])
+        out: list[int] = []
+        for i in range(n):
+            out.append(int(torch.argmax(logits)))
+            if i + 1 < n:
+                logits = self._forward(out[-1:])
+        return out
+
     def observe(self, tokens: list[int]) -> None:
         """Drop the rejected draft suffix from the cache now and adapt γ to the acceptance the step shows."""
         self.decided.extend(tokens)

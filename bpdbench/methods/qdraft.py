@@ -1,0 +1,121 @@
+"""`qdraft`: the target's own weights, quantized, as its draft model (ML-SpecQD, Georganas et al. 2025; the
+self-speculation of QSpec and of llama.cpp's quantized drafts).
+
+Why: on a CPU one decode step is bound by reading the weights, so the target with int8 or int4 weights drafts the
+target's own continuation at a fraction of a step per token, with no training and no second model. The copy runs in
+bfloat16 with torch's weight-only CPU kernels (nets/quant.py: measured there, and the reason why bfloat16); its
+agreement with the target on the tune split and its cost per draft token on this machine are measured at build
+(methods/selfdraft.py) and recorded in the result (`resolved.<label>.profile`).
+
+Drafting is methods/sps.py's: a chain of `length` greedy tokens (sampled from the draft's own q at T > 0, so
+speculative sampling stays exact), the draft keeping its own KV cache, rolled back to what the target decided after
+every step and reused across steps. `levels=2` is ML-SpecQD's multi-level drafting: an int4 copy drafts for the int8
+copy, which checks each int4 guess in one forward of its own and keeps the longest prefix equal to its argmax
+(methods/cascade.py's vertical cascade), so the draft is token for token the int8 draft, for fewer int8 forwards. At
+T > 0 the int8 level samples alone (a guess checked by argmax is not a sample of q).
+
+Published configuration: ML-SpecQD drafts with MXFP4 weights (the closest torch CPU kernel: int4, group 64) and a
+draft length tuned per model; `length=auto` is that tuning on this machine (experiments/autoshape.py).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..engine import DraftContext, Proposal
+from ..hardware.kernels import PackedLinear
+from ..nets.quant import BITS, kernels, quantized_copy
+from .base import Method, MethodError, MethodSpec, Param
+from .cascade import AssistedDraftModel
+from .env import Env
+from .selfdraft import profile
+from .sps import DraftModelDrafter
+
+GROUPS = (32, 64, 128, 256)
+
+
+def _is_linear(m: torch.nn.Module) -> bool:
+    return isinstance(m, (torch.nn.Linear, PackedLinear))
+
+
+def quantized(env: Env, bits: int, group: int) -> Any:
+    """The target quantized to `bits`, built once per session (levels and fallbacks share it)."""
+    key = ("qdraft", bits, group)
+    if key not in env.cache:
+        env.cache[key] = quantized_copy(env.model, bits, group, _is_linear)
+    return env.cache[key]
+
+
+class MultiLevelDrafter(AssistedDraftModel):
+    """The int8 draft, each of its forwards checking a guess from the int4 draft (its own cache, cropped to the
+    context every time it guesses)."""
+
+    def __init__(self, name: str, model: Any, gamma: int, lower: DraftModelDrafter):
+        super().__init__(name, model, gamma, self._guess)
+        self.lower, self.context = lower, []
+
+    def _guess(self, drafted: list[int], n: int) -> list[int]:
+        if n <= 0:
+            return []
+        return self.lower.chain(self.context + drafted, n)
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        super().reset(prompt_ids)
+        self.lower.reset(prompt_ids)
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        if ctx.sampler is not None:
+            return DraftModelDrafter.propose(self, ctx)
+        n = min(self.gamma, ctx.budget)
+        self.drafted = max(n, 0)
+        self.context = ctx.tokens
+        draft = self.draft(ctx, n)
+        return Proposal([draft]) if draft else Proposal()
+
+
+def build(env: Env, method: Method) -> DraftModelDrafter:
+    if env.cfg.device != "cpu" and not str(env.cfg.device).startswith("cpu"):
+        raise MethodError(f"{method.label}: the weight-only kernels qdraft uses are torch's CPU ones; "
+                          f"run with --device cpu")
+    bits, group, length, levels = (method.get("bits", 4), method.get("group", 64), method.get("length", 4),
+                                   method.get("levels", 1))
+    top_bits = 8 if levels == 2 else bits
+    draft = quantized(env, top_bits, group)
+    prof = profile(env, draft, f"int{top_bits}-g{group}")
+    resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "kernels": kernels(draft),
+                "profile": prof}
+    if levels == 2:
+        lower_model = quantized(env, 4, group)
+        lower = DraftModelDrafter(f"{method.label}/int4", lower_model, length)
+        resolved["lower"] = {"bits": 4, "kernels": kernels(lower_model),
+                             "profile": profile(env, lower_model, f"int4-g{group}")}
+        drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower)
+    else:
+        drafter = DraftModelDrafter(method.label, draft, length)
+    env.resolved[method.label] = resolved
+    env.log(f"{method.label}: int{top_bits} draft, agreement {prof['agreement']} on the tune split, "
+            f"{prof['cost_steps']} steps per draft token")
+    return drafter
+
+
+def _check(method: Method) -> None:
+    if method.get("levels", 1) == 2 and method.get("bits") not in (None, 8):
+        raise MethodError(f"{method.label}: levels=2 is int4 drafting for int8; drop bits= or pass bits=8")
+
+
+def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+    return [("torch's CPU weight-only kernels", hasattr(torch.ops.aten, "_weight_int8pack_mm"))]
+
+
+SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 weight-only weights (bfloat16 "
+                    "activations) drafts `length` tokens with its own KV cache (ML-SpecQD); levels=2: int4 drafts "
+                    "for int8", build,
+                    (Param("bits", int, "weight bits of the draft copy", choices=BITS),
+                     Param("length", int, "draft length (auto: the length fastest on this machine)", low=1,
+                           auto=True),
+                     Param("levels", int, "1: one quantized draft; 2: int4 drafts for int8, which drafts for the "
+                           "target", low=1, high=3),
+                     Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS)),
+                    _needs, family="draft-model", check=_check)]

@@ -1,0 +1,98 @@
+"""What a draft made from the target itself (qdraft, layerskip) is worth on this machine, measured once.
+
+Why measure: a self-draft pays only if it is both cheap and right, and neither can be assumed. The cost of one draft
+token depends on the kernels this CPU has (int4 is 4x fewer bytes but not 4x faster everywhere) and the agreement on
+how much the quantization or the skipped layers hurt this model. So every build records, for the result's
+config.json (`resolved.<label>.profile`):
+- `agreement`: top-1 agreement of the draft with the target, teacher-forced over prompts of the task's **tune**
+  split (tasks.splits; never the evaluated examples), the share of positions where both argmaxes are equal;
+- `draft_ms`, `target_ms`, `cost_steps`: the median time of one one-token forward with a KV cache of the draft and
+  of the target, and their ratio: what one draft token costs in target decode steps.
+A profile is cached per machine fingerprint, model, dtype, task and draft (`$BPDBENCH_CACHE/selfdraft/`), so a grid
+measures it once. Where the task has no tune split, `agreement` is null and `why` says so.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from .. import paths
+from ..hardware.fingerprint import current
+from ..store import write_atomic
+from .env import Env
+
+PROMPTS = 4              # tune prompts teacher-forced for the agreement
+PROMPT_TOKENS = 192      # the last tokens of each
+TIMED = 12               # one-token forwards timed for the cost
+
+
+def tune_prompts(env: Env) -> tuple[list[list[int]], str]:
+    import tasks
+    try:
+        task = tasks.get_task(env.cfg.task)
+        data = tasks.load_examples(task, Path(env.cfg.data_dir) if env.cfg.data_dir else
+                                   tasks.default_data_dir())
+        pool = tasks.splits(task, data)["tune"][:PROMPTS]
+    except Exception as e:            # a task without data here (fixtures, user prompts): say so, measure the rest
+        return [], f"no tune split for {env.cfg.task}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    if not pool:
+        return [], f"{env.cfg.task} has no tune split"
+    return [tasks.encode_prompt(env.tok, task, ex, env.cfg.max_prompt_tokens)[-PROMPT_TOKENS:] for ex in pool], ""
+
+
+@torch.inference_mode()
+def greedy_rows(model: Any, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """The model's argmax after every position of each prompt (teacher-forced)."""
+    return [model(input_ids=torch.tensor([ids])).logits[0].argmax(-1) for ids in prompts]
+
+
+@torch.inference_mode()
+def agreement(target: Any | list[torch.Tensor], draft: Any, prompts: list[list[int]]) -> float:
+    """Share of positions where the draft's argmax is the target's (`target`: the model or its greedy_rows)."""
+    ref = greedy_rows(target, prompts) if not isinstance(target, list) else target
+    got = greedy_rows(draft, prompts)
+    return sum(int((a == b).sum()) for a, b in zip(ref, got)) / max(sum(len(p) for p in prompts), 1)
+
+
+@torch.inference_mode()
+def step_ms(model: Any, context: int = 64) -> float:
+    """Median milliseconds of one one-token forward after a `context`-token prefill (what drafting one token costs)."""
+    cache = DynamicCache()
+    model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=cache, use_cache=True,
+          logits_to_keep=1)
+    times = []
+    for i in range(TIMED + 2):
+        t = time.perf_counter()
+        model(input_ids=torch.tensor([[i + 1]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        times.append(time.perf_counter() - t)
+    times = sorted(times[2:])
+    return 1000 * times[len(times) // 2]
+
+
+def profile(env: Env, draft: Any, key: str) -> dict:
+    """The draft's agreement and cost (cached per machine, model, dtype, task and `key`, the draft's identity)."""
+    fp = current(env.cfg.threads)
+    path = (paths.cache_root() / "selfdraft" / fp.key() /
+            f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-{key}.json")
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        pass
+    prompts, why = tune_prompts(env)
+    out = {"agreement": round(agreement(env.model, draft, prompts), 4) if prompts else None,
+           "agreement_positions": sum(len(p) for p in prompts), "split": "tune"}
+    if why:
+        out["why"] = why
+    target_ms, draft_ms = step_ms(env.model), step_ms(draft)
+    out.update(draft_ms=round(draft_ms, 2), target_ms=round(target_ms, 2), cost_steps=round(draft_ms / target_ms, 3))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps(out, indent=2) + "\n")
+    except OSError as e:
+        env.log(f"note: could not cache the self-draft profile at {path} ({e}); it is measured again next time")
+    return out
