@@ -102,7 +102,8 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     bits, length = method.get("bits", 0), method.get("length", 4)
     if bits:
         from .qdraft import quantized
-        base = quantized(env, bits, 64)
+        from .qdraft import GROUP
+        base = quantized(env, bits, GROUP)
     else:
         base = env.model
     if not hasattr(base, "model") or not hasattr(base.model, "layers"):

@@ -115,3 +115,57 @@ def kernels(model: torch.nn.Module) -> dict[str, int]:
         if isinstance(m, QuantLinear):
             out[m.kernel] = out.get(m.kernel, 0) + 1
     return out
+
+
+def bench(threads: int = 2, repeats: int = 7) -> dict[str, float]:
+    """Milliseconds for all linear layers of one Qwen2.5-0.5B decode step at one row (24 layers of q, k, v, o, gate,
+    up, down, and the output projection; random weights of the real shapes), per kernel and activation dtype:
+    the measurement the self-drafts were designed from (`python -m bpdbench.nets.quant`)."""
+    import time
+    torch.set_num_threads(threads)
+    d, ff, kv, vocab, layers = 896, 4864, 128, 151936, 24
+    shapes = [(d, d), (d, kv), (d, kv), (d, d), (d, ff), (d, ff), (ff, d)] * layers + [(d, vocab)]
+
+    def median(f) -> float:
+        f()
+        ts = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return 1000 * sorted(ts)[repeats // 2]
+
+    out = {}
+    weights = [torch.randn(o, i) * 0.02 for i, o in shapes]
+    for dtype in (torch.float32, ACT):
+        xs = {i: torch.randn(1, i, dtype=dtype) for i in (d, ff)}
+        ws = [w.to(dtype) for w in weights]
+        out[f"dense {dtype}"] = median(lambda: [torch.nn.functional.linear(xs[i], w) for (i, _), w in zip(shapes, ws)])
+        del ws
+        for bits, group in ((8, 0), (4, 64), (4, 32)):
+            qs = [QuantLinear(w, None, bits, group or 64) for w in weights]
+            if dtype == torch.float32:       # the kernels on float32 activations (what the draft avoids)
+                for q in qs:
+                    q.scale = q.scale.float() if bits == 8 else q.scale
+                    if bits == 4:
+                        q.scale_zero = q.scale_zero.float()
+                act = lambda q, x: (torch.ops.aten._weight_int8pack_mm(x, q.q, q.scale) if bits == 8 else
+                                    torch.ops.aten._weight_int4pack_mm_for_cpu(x, q.q, q.group, q.scale_zero))
+                out[f"int{bits}{f' g{group}' if group else ''} {dtype}"] = median(
+                    lambda: [act(q, xs[i]) for (i, _), q in zip(shapes, qs)])
+            else:
+                out[f"int{bits}{f' g{group}' if group else ''} {dtype}"] = median(
+                    lambda: [q(xs[i]) for (i, _), q in zip(shapes, qs)])
+            del qs
+    return out
+
+
+if __name__ == "__main__":
+    import platform
+    import re
+    info = open("/proc/cpuinfo").read() if platform.system() == "Linux" else ""
+    name = re.search(r"model name\s*:\s*(.*)", info)
+    flags = sorted(set(re.findall(r"\b(avx2|avx512f|avx512_bf16|amx_bf16)\b", info)))
+    print(f"{name.group(1) if name else platform.processor()} ({' '.join(flags)}), torch {torch.__version__}")
+    for name, ms in bench().items():
+        print(f"{name:28s} {ms:7.1f} ms")
