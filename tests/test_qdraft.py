@@ -63,8 +63,8 @@ def env(tiny_model_dir, tmp_path_factory):
         yield Env(_deep_model(), tok, RunConfig(model=str(tiny_model_dir), task="xsum"), LIMITS, log=lambda m: None)
 
 
-SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "layerskip", "layerskip:skip=2",
-             "layerskip:bits=8,length=2")
+SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qdraft:window=3",
+             "qdraft:levels=2,window=5", "layerskip", "layerskip:skip=2", "layerskip:bits=8,length=2")
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -79,6 +79,10 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
             (out.counters.steps, out.counters.accepted, out.counters.accepted_per_head)
     assert out.counters.drafted > 0
     rec = env.resolved[method.label]
+    if method.get("window"):                       # the draft read the prompt's last `window` tokens only
+        d = method.spec.build(env, method)
+        generate(env.model, d, list(PROMPTS[2]), LIMITS)
+        assert d.start == len(PROMPTS[2]) - method.get("window") and len(d.fed) <= method.get("window") + 24
     prof = rec["profile"]
     assert prof["split"] == "tune" and 0.0 < prof["agreement"] <= 1.0 and prof["cost_steps"] > 0
     if method.name == "layerskip":

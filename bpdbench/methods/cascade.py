@@ -56,8 +56,9 @@ class AssistedDraftModel(DraftModelDrafter):
     guess, keep the guess's longest prefix equal to the draft model's argmax and the draft model's next token,
     crop the rejected guess from its cache. The draft is token for token what the draft model alone drafts."""
 
-    def __init__(self, name: str, model: Any, gamma: int, guess: Callable[[list[int], int], list[int]] | None):
-        super().__init__(name, model, gamma, "fixed")
+    def __init__(self, name: str, model: Any, gamma: int, guess: Callable[[list[int], int], list[int]] | None,
+                 window: int = 0):
+        super().__init__(name, model, gamma, "fixed", window)
         self.guess = guess
         self.forwards = 0                 # draft-model forwards, for the vertical cascade's bookkeeping
 
@@ -73,8 +74,9 @@ class AssistedDraftModel(DraftModelDrafter):
     def draft(self, ctx: DraftContext, n: int) -> list[int]:
         if n <= 0:
             return []
-        self._crop_to(ctx.tokens, keep_last_unfed=True)
-        pending = ctx.tokens[len(self.fed):]
+        tokens = ctx.tokens[self.start:]
+        self._crop_to(tokens, keep_last_unfed=True)
+        pending = tokens[len(self.fed):]
         out: list[int] = []
         while len(out) < n:
             g = self.guess(out, n - len(out) - 1) if self.guess is not None else []

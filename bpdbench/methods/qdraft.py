@@ -17,6 +17,13 @@ block efficiency 5.55 at length 6 against the int8 chain's 5.86). Whether it pay
 forward over k rows costs about one row's where bfloat16 is native, and k times more where it is emulated. At T > 0
 the int8 level samples alone (a guess checked by argmax is not a sample of q).
 
+The draft reads only the prompt's last `window` tokens (64; `window=0`: all), then everything generated. Why: the
+draft must prefill what it reads, and its weight-only kernels are matrix-vector kernels. On an AVX2 CPU, where
+bfloat16 is emulated, each extra row costs about another decode step's share (int8: 69 ms at 1 row, 175 ms at 8),
+so a 500-token prompt cost the draft several seconds, as much as the whole answer's decoding. Positions are
+rotary, so attention within the window is as the full draft's. What a long prompt holds beyond the window, SAM over
+qdraft retrieves (`sam:fallback=qdraft`). ML-SpecQD drafts from the full context, and `window=0` does too.
+
 Published configuration: ML-SpecQD drafts with MXFP4 weights (4-bit, one scale per block of 32; the closest torch
 CPU kernel: int4 with group 32, the default) and a draft length tuned per model; `length=auto` is that tuning on this
 machine (experiments/autoshape.py). Measured top-1 agreement with the float32 0.5B target, teacher-forced over 840
@@ -40,6 +47,7 @@ from .sps import DraftModelDrafter
 
 GROUPS = (32, 64, 128, 256)
 GROUP = 32               # MXFP4's block: 32 weights share one scale
+WINDOW = 64              # the draft's view of the prompt: its last 64 tokens (0: all; module docstring)
 
 
 def _is_linear(m: torch.nn.Module) -> bool:
@@ -58,8 +66,8 @@ class MultiLevelDrafter(AssistedDraftModel):
     """The int8 draft, each of its forwards checking a guess from the int4 draft (its own cache, cropped to the
     context every time it guesses)."""
 
-    def __init__(self, name: str, model: Any, gamma: int, lower: DraftModelDrafter):
-        super().__init__(name, model, gamma, self._guess)
+    def __init__(self, name: str, model: Any, gamma: int, lower: DraftModelDrafter, window: int = 0):
+        super().__init__(name, model, gamma, self._guess, window)
         self.lower, self.context = lower, []
 
     def _guess(self, drafted: list[int], n: int) -> list[int]:
@@ -88,19 +96,21 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                           f"run with --device cpu")
     bits, group, length, levels = (method.get("bits", 4), method.get("group", GROUP), method.get("length", 4),
                                    method.get("levels", 1))
+    window = method.get("window", WINDOW)
     top_bits = 8 if levels == 2 else bits
     draft = quantized(env, top_bits, group)
     prof = profile(env, draft, f"int{top_bits}-g{group}")
-    resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "kernels": kernels(draft),
+    resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "window": window,
+                "kernels": kernels(draft),
                 "profile": prof}
     if levels == 2:
         lower_model = quantized(env, 4, group)
-        lower = DraftModelDrafter(f"{method.label}/int4", lower_model, length)
+        lower = DraftModelDrafter(f"{method.label}/int4", lower_model, length, window=window)
         resolved["lower"] = {"bits": 4, "kernels": kernels(lower_model),
                              "profile": profile(env, lower_model, f"int4-g{group}")}
-        drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower)
+        drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
     else:
-        drafter = DraftModelDrafter(method.label, draft, length)
+        drafter = DraftModelDrafter(method.label, draft, length, window=window)
     env.resolved[method.label] = resolved
     env.log(f"{method.label}: int{top_bits} draft, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")
@@ -124,5 +134,6 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                            auto=True),
                      Param("levels", int, "1: one quantized draft; 2: int4 drafts for int8, which drafts for the "
                            "target", low=1, high=3),
-                     Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS)),
+                     Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS),
+                     Param("window", int, "the draft sees the prompt's last N tokens (0: all of it)", low=0)),
                     _needs, family="draft-model", check=_check)]

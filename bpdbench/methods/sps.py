@@ -50,10 +50,12 @@ class DraftModelDrafter:
     `observe` has run), so a step costs the draft model one forward over the unseen decided tokens plus one per
     further drafted token, never a re-prefill."""
 
-    def __init__(self, name: str, model: Any, gamma: int = 4, schedule: str = "fixed"):
+    def __init__(self, name: str, model: Any, gamma: int = 4, schedule: str = "fixed", window: int = 0):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
+        self.window = window             # > 0: the draft sees only the prompt's last `window` tokens (qdraft)
+        self.start = 0                   # where the draft's view of the context begins
         self.gamma = gamma
         self.cache = self._new_cache()
         self.fed: list[int] = []         # tokens whose keys/values are in self.cache, in order
@@ -66,6 +68,7 @@ class DraftModelDrafter:
         self.gamma = self.gamma0
         self.cache = self._new_cache()
         self.fed, self.decided, self.drafted = [], list(prompt_ids), None
+        self.start = max(0, len(prompt_ids) - self.window) if self.window else 0
 
     def _new_cache(self):
         return self.model.new_cache() if hasattr(self.model, "new_cache") else DynamicCache()
@@ -93,8 +96,9 @@ class DraftModelDrafter:
         self.drafted = max(n, 0)
         if n <= 0:
             return Proposal()
-        self._crop_to(ctx.tokens, keep_last_unfed=True)
-        logits = self._forward(ctx.tokens[len(self.fed):])
+        tokens = ctx.tokens[self.start:]
+        self._crop_to(tokens, keep_last_unfed=True)
+        logits = self._forward(tokens[len(self.fed):])
         draft: list[int] = []
         probs: list[float] = []
         dists: list[torch.Tensor] = []
@@ -116,6 +120,7 @@ class DraftModelDrafter:
     def chain(self, tokens: list[int], n: int) -> list[int]:
         """`n` greedy tokens after `tokens`, the cache rolled back to them first (a guess for the level above in a
         multi-level draft: methods/qdraft.py)."""
+        tokens = tokens[self.start:]
         self._crop_to(tokens, keep_last_unfed=True)
         logits = self._forward(tokens[len(self.fed):])
         out: list[int] = []
@@ -128,7 +133,7 @@ class DraftModelDrafter:
     def observe(self, tokens: list[int]) -> None:
         """Drop the rejected draft suffix from the cache now and adapt γ to the acceptance the step shows."""
         self.decided.extend(tokens)
-        self._crop_to(self.decided, keep_last_unfed=False)
+        self._crop_to(self.decided[self.start:], keep_last_unfed=False)
         if self.drafted and self.schedule == "heuristic":
             accepted = len(tokens) - 1
             self.gamma = self.gamma + 2 if accepted >= self.drafted else max(1, self.gamma - 1)
