@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -96,6 +98,37 @@ def tiny_model_dir(tmp_path_factory):
     return write_tiny_hf_model(tmp_path_factory.mktemp("tiny-model"))
 
 
+@pytest.fixture(scope="session")
+def trained_drafters(tiny_model_dir, tmp_path_factory):
+    """Every tiny trained drafter (tests/drafter_fixtures.py), trained once per session: several modules decode
+    with them, and each takes its own copy (drafter_fixtures.copy_drafters)."""
+    from bpdbench import models
+    from tests.drafter_fixtures import build_tiny_drafters
+    torch.set_num_threads(1)
+    model, tok = models.load(str(tiny_model_dir), "float32")
+    cache = tmp_path_factory.mktemp("trained-drafters")
+    return cache, build_tiny_drafters(model, tok, str(tiny_model_dir), cache)
+
+
+@pytest.fixture(scope="session")
+def calibrated_cache(tiny_model_dir, tmp_path_factory):
+    """A cache holding this machine's calibration of the tiny model (float32, one thread), as `speed` measures it
+    on first use. Tests whose subject is not the first use copy it into their fresh cache (seed_calibration)."""
+    from bpdbench import models
+    from bpdbench.hardware import calibration
+    cache = tmp_path_factory.mktemp("calibrated-cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BPDBENCH_CACHE", str(cache))
+        model, _ = models.load(str(tiny_model_dir), "float32")
+        calibration.ensure(str(tiny_model_dir), "float32", "cpu", 1, model=model, log=lambda m: None)
+    return cache
+
+
+def seed_calibration(calibrated: Path, cache: Path) -> None:
+    """The session's calibration into a test's own cache (a copy: what a run adds to it stays the test's)."""
+    shutil.copytree(calibrated / "calibration", cache / "calibration", dirs_exist_ok=True)
+
+
 @pytest.fixture(scope="module")
 def loaded(tiny_model_dir):
     """(model, tokenizer) of the tiny HF checkpoint, loaded as the commands load it (float32), once per module."""
@@ -127,6 +160,25 @@ def decode(model, prompt, max_new, eos_ids=(), heads=None, n_heads=0, rescorer=N
         drafter = LatticeDrafter("test", HeadsSource(heads, model.lm_head), n_heads,
                                  k=k if rescorer is not None else 1, threshold=threshold, refiner=rescorer)
     return generate(model, drafter, list(prompt), Limits(max_new, frozenset(eos_ids)))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _probe_linear_once():
+    """The linear-kernel probe (hardware/kernels.probe) times oneDNN against torch on fixed shapes: a property of
+    this machine and thread count that the product caches per machine. Tests give each run a fresh cache (for its
+    artefacts), which would time it again every time; the first measurement per dtype and thread count serves the
+    session, and choose/decide/persist still run on every fresh cache."""
+    from bpdbench.hardware import kernels
+    real, seen = kernels.probe, {}
+
+    def probe(dtype=torch.float32, repeats=9):
+        key = (dtype, repeats, torch.get_num_threads())
+        if key not in seen:
+            seen[key] = real(dtype, repeats)
+        return seen[key]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kernels, "probe", probe)
+        yield
 
 
 @pytest.fixture(autouse=True)

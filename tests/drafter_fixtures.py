@@ -55,3 +55,12 @@ def copy_cache(src: Path, dst: Path) -> None:
     for sub in ("drafters", "distill"):
         if (src / sub).exists():
             shutil.copytree(src / sub, dst / sub, dirs_exist_ok=True)
+
+
+def copy_drafters(built: tuple[Path, dict[str, Path]], dst: Path) -> dict[str, Path]:
+    """The session's trained drafters (`built`: its cache and folders) as a cache of the caller's own, so a module
+    that writes into its cache cannot change what another module reads; their folders there, by trainer name.
+    Training is seeded per drafter, so a copy holds what training the same names here would have made."""
+    src, folders = built
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    return {name: dst / path.relative_to(src) for name, path in folders.items()}

@@ -140,18 +140,17 @@ def test_every_registered_method_is_decided():
 
 
 @pytest.fixture(scope="module")
-def world(tiny_model_dir, tmp_path_factory):
+def world(tiny_model_dir, tmp_path_factory, trained_drafters):
     """The tiny model with every artefact any method needs (test_replay's stand-ins, tiny trained drafters) and
     heads that know the greedy continuation, so heads-based fallbacks accept."""
     from bpdbench import models
-    from tests.drafter_fixtures import build_tiny_drafters
+    from tests.drafter_fixtures import copy_drafters
     torch.set_num_threads(1)
     model, tok = models.load(str(tiny_model_dir), "float32")
     root = tmp_path_factory.mktemp("compose")
     limits = Limits(40)
     with pytest.MonkeyPatch.context() as mp:
-        build_tiny_drafters(model, tok, str(tiny_model_dir), root,
-                            names=("eagle", "hydra", "hydra++", "amphista", "koala"))
+        copy_drafters(trained_drafters, root)
         mp.setenv("BPDBENCH_CACHE", str(root))
         _artefacts(root, str(tiny_model_dir))
         refs = {tuple(p): generate(model, None, list(p), limits).tokens for p in PROMPTS}

@@ -24,7 +24,7 @@ from bpdbench.engine import Limits, Proposal, generate, ratios
 from bpdbench.methods import Env, parse
 from bpdbench.methods.lattice import LatticeDrafter
 from bpdbench.methods.trained import TrainedDrafter, drafter_for
-from tests.drafter_fixtures import build_tiny_drafters
+from tests.drafter_fixtures import copy_drafters
 from tests.helpers import decode_and_replay, eos_limits
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
@@ -35,11 +35,11 @@ SPELLINGS = ("eagle", "eagle:tree=3", "eagle:depth=5,threshold=0.2", "eagle:refi
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, tmp_path_factory):
+def tiny(tiny_model_dir, tmp_path_factory, trained_drafters):
     torch.set_num_threads(1)
     model, tok = models.load(str(tiny_model_dir), "float32")
     cache = tmp_path_factory.mktemp("drafter-cache")
-    folders = build_tiny_drafters(model, tok, str(tiny_model_dir), cache)
+    folders = copy_drafters(trained_drafters, cache)
     return model, tok, str(tiny_model_dir), cache, folders
 
 
@@ -89,12 +89,15 @@ def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
     limits = eos_limits(model, PROMPTS[0], eos_at, max_new)
     env = _env(model, tok, name, limits)
+    # greedy decoding depends only on the prompt and the limits: one decode per prompt serves every drafter
+    greedies = {tuple(p): generate(model, None, list(p), limits).tokens for p in PROMPTS}
     for spelling in SPELLINGS:
         method = parse(spelling)
         drafter = method.spec.build(env, method)
         accepted = 0
         for prompt in PROMPTS:
-            real = decode_and_replay(model, drafter, prompt, limits, features=True, label=spelling, memo={})
+            real = decode_and_replay(model, drafter, prompt, limits, list(greedies[tuple(prompt)]), features=True,
+                                     label=spelling, memo={})
             accepted += real.counters.accepted
         assert accepted > 0, spelling        # trained on the tiny model's own continuations: some drafts hit
         resolved = env.resolved[method.label]

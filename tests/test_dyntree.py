@@ -17,7 +17,7 @@ from bpdbench.experiments import autoshape
 from bpdbench.methods import Env, parse
 from bpdbench.methods.base import Method, MethodError
 from bpdbench.methods.dynamic import dynamic_tree, generate as expand_all, leaves, rerank
-from tests.drafter_fixtures import build_tiny_drafters
+from tests.drafter_fixtures import copy_drafters
 from tests.helpers import decode_and_replay, eos_limits
 from tests.test_drafters import PROMPTS, scripted_drafter
 
@@ -84,11 +84,11 @@ def test_expansion_follows_the_frontier_rule(seed):
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_model_dir, tmp_path_factory):
+def tiny(tiny_model_dir, tmp_path_factory, trained_drafters):
     torch.set_num_threads(1)
     model, tok = models.load(str(tiny_model_dir), "float32")
     cache = tmp_path_factory.mktemp("dyntree-cache")
-    build_tiny_drafters(model, tok, str(tiny_model_dir), cache, names=FAMILIES)
+    assert set(FAMILIES) <= set(copy_drafters(trained_drafters, cache))
     return model, tok, str(tiny_model_dir), cache
 
 
@@ -102,13 +102,16 @@ def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
     limits = eos_limits(model, PROMPTS[0], eos_at, max_new)
     env = _env(model, tok, name, limits)
+    # greedy decoding depends only on the prompt and the limits: one decode per prompt serves every drafter
+    greedies = {tuple(p): generate(model, None, list(p), limits).tokens for p in PROMPTS}
     for family in FAMILIES:
         spelling = f"{family}:tree=dynamic,nodes=12,topk=3"
         method = parse(spelling)
         drafter = method.spec.build(env, method)
         accepted = 0
         for prompt in PROMPTS:
-            real = decode_and_replay(model, drafter, prompt, limits, features=True, label=spelling, memo={})
+            real = decode_and_replay(model, drafter, prompt, limits, list(greedies[tuple(prompt)]), features=True,
+                                     label=spelling, memo={})
             accepted += real.counters.accepted
         assert accepted > 0, spelling
         assert env.resolved[method.label]["nodes"] == 12 and env.resolved[method.label]["topk"] == 3

@@ -23,6 +23,16 @@ def fp32_model():
         pytest.fail(f"default model unavailable: {e}")
 
 
+@pytest.fixture()
+def loads_once(fp32_model, monkeypatch):
+    """Commands that load the default model in float32 get the module's copy (loaded through the same
+    models.load): loading 0.5B parameters again costs seconds per test and tests nothing new here."""
+    load = models.load
+    monkeypatch.setattr(models, "load", lambda name, dtype="bfloat16", device="cpu": fp32_model
+                        if (name, dtype, device) == (models.DEFAULT_MODEL, "float32", "cpu")
+                        else load(name, dtype, device))
+
+
 def test_ar_matches_transformers_generate(fp32_model):
     model, tok = fp32_model
     ids = tok("def fibonacci(n):", add_special_tokens=False)["input_ids"]
@@ -32,7 +42,7 @@ def test_ar_matches_transformers_generate(fp32_model):
     assert ours == hf
 
 
-def test_bpd_smoke_run_is_lossless(fp32_model, tmp_path):
+def test_bpd_smoke_run_is_lossless(loads_once, tmp_path):
     """Two XSum examples, 16 new tokens, float32, with small trained heads (the `ci` profile)."""
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=16, dtype="float32", heads_profile="ci",
                     max_prompt_tokens=192, out=str(tmp_path / "smoke"))
@@ -108,7 +118,7 @@ def test_sampling_p_is_what_generate_samples_from(fp32_model):
     assert 1 < int((ours > 0).sum()) <= 50
 
 
-def test_sampled_run_smoke(tmp_path):
+def test_sampled_run_smoke(loads_once, tmp_path):
     """T = 1 with the ci heads: the run records the statistical certificate and AR sampling's timing."""
     cfg = RunConfig(task="xsum", limit=1, max_new_tokens=8, dtype="float32", heads_profile="ci", temperature=1.0,
                     max_prompt_tokens=192, out=str(tmp_path / "sampled"))

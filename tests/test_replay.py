@@ -14,7 +14,7 @@ from bpdbench.experiments.analysis import h_max, repetition
 from bpdbench.nets.heads import Heads
 from bpdbench.methods import REGISTRY, Env, parse
 from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
-from tests.drafter_fixtures import build_tiny_drafters, copy_cache
+from tests.drafter_fixtures import copy_cache
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 VOCAB = 128
@@ -52,11 +52,9 @@ def setup(tiny_model_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def drafter_cache(setup, tiny_model_dir, tmp_path_factory):
+def drafter_cache(trained_drafters):
     """Tiny trained drafters (EAGLE, Hydra, Hydra++, Amphista, KOALA...), built once, copied into each test's cache."""
-    cache = tmp_path_factory.mktemp("drafters")
-    build_tiny_drafters(*setup, str(tiny_model_dir), cache)
-    return cache
+    return trained_drafters[0]
 
 
 def _artefacts(root, model_name):
@@ -146,6 +144,8 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cach
     env = Env(model, tok, cfg, limits, log=lambda m: None, _heads=(heads, meta))
     checked = []
     memos = {tuple(p): {} for p in PROMPTS}     # shared by every method, as `bpdbench replay` shares it
+    # the greedy reference depends only on the prompt and the limits: one decode per prompt serves every method
+    greedies = {tuple(p): generate(model, None, list(p), limits).tokens for p in PROMPTS}
     for spelling in all_methods(tiny_model_dir):
         method = parse(spelling)
         drafter = method.spec.build(env, method)
@@ -155,7 +155,7 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cach
         scorer = TreeScorer(model) if twin is not drafter else None
         accepted = 0
         for prompt in PROMPTS:
-            greedy = generate(model, None, list(prompt), limits).tokens
+            greedy = list(greedies[tuple(prompt)])
             if getattr(drafter, "needs_reference", False):
                 drafter.use_reference(greedy)
             seen = {"real": [], "replay": []}

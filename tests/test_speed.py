@@ -11,7 +11,7 @@ from bpdbench.experiments.plan import prepare
 from bpdbench.experiments import speed
 from bpdbench.methods import hf as hf_methods
 from bpdbench.cli import app
-from tests.conftest import write_prompts
+from tests.conftest import seed_calibration, write_prompts
 
 METHODS = ["ar", "bpd", "bpd:threshold=0.3", "16best-0gram", "medusa", "pld", "hf-greedy", "hf-pld"]
 
@@ -20,6 +20,13 @@ METHODS = ["ar", "bpd", "bpd:threshold=0.3", "16best-0gram", "medusa", "pld", "h
 def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path / "results"))  # alpha lookups must not see the repo's
+
+
+@pytest.fixture()
+def calibrated(calibrated_cache, tmp_path):
+    """The machine's calibration already in the test's cache, for the tests whose subject is not its first use
+    (test_speed_writes_results_and_all_methods_identical measures it on first use)."""
+    seed_calibration(calibrated_cache, tmp_path / "cache")
 
 
 @pytest.fixture()
@@ -87,7 +94,7 @@ def test_speed_writes_results_and_all_methods_identical(tiny_model_dir, prompts_
     assert csv.accept_per_position.fillna("").str.len().gt(0).tolist() == [m in drafted for m in METHODS]
 
 
-def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, prompts_file, tmp_path):
+def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, prompts_file, tmp_path, calibrated):
     out = tmp_path / "assisted"
     code, text = speed_cli(tiny_model_dir, prompts_file, out, ["hf-assisted"], "--assistant", tiny_model_dir)
     assert code == 0, text
@@ -98,7 +105,8 @@ def test_speed_hf_assisted_with_tiny_model_as_its_own_assistant(tiny_model_dir, 
     assert csv.loc[label, "block_efficiency"] > 1.0  # a self-draft is always accepted
 
 
-def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_model_dir, prompts_file, tmp_path):
+def test_speed_resume_keeps_finished_prompts_and_redoes_the_one_in_flight(tiny_model_dir, prompts_file,
+                                                                          tmp_path, calibrated):
     out = tmp_path / "resume"
     methods = ["ar", "bpd"]
     assert speed_cli(tiny_model_dir, prompts_file, out, methods)[0] == 0
@@ -145,7 +153,7 @@ def test_unavailable_fallback_assistant_is_skipped_with_reason(tiny_model_dir, m
     assert len(logs) == 1 and logs[0].startswith("skipping hf-assisted")
 
 
-def test_speed_by_category(tiny_model_dir, tmp_path):
+def test_speed_by_category(tiny_model_dir, tmp_path, calibrated):
     path = tmp_path / "q.jsonl"
     rows = [{"question_id": i, "category": cat, "turns": [f"Question {i} about {cat}"]}
             for i, cat in enumerate(["writing", "math", "writing", "math", "qa"])]
@@ -218,7 +226,7 @@ def test_threshold_method_names_are_validated_up_front():
             parse_list(bad)
 
 
-def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp_path):
+def test_tables_render_speed_from_result_files(tiny_model_dir, prompts_file, tmp_path, calibrated):
     out = tmp_path / "results" / "speed" / "prompts"
     assert speed_cli(tiny_model_dir, prompts_file, out, ["ar", "bpd"])[0] == 0
     code, text = cli("tables", "--results", tmp_path / "results")

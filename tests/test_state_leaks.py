@@ -18,6 +18,7 @@ from bpdbench.experiments import drift
 from bpdbench.methods.base import MethodSpec
 from bpdbench.methods.recycling import RecyclingDrafter
 from bpdbench.methods.spelling import REGISTRY
+from tests.conftest import seed_calibration
 
 
 class LeakyDrafter:
@@ -52,8 +53,11 @@ def leaky(monkeypatch):
 
 
 @pytest.fixture(autouse=True)
-def isolated(tmp_path, monkeypatch):
+def isolated(tmp_path, monkeypatch, calibrated_cache):
+    """A cache of the test's own, holding the machine's calibration already: what speed measures here is the
+    drafters' state, not the calibration's first use (tests/test_speed.py and tests/test_calibration.py test that)."""
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    seed_calibration(calibrated_cache, tmp_path / "cache")
 
 
 def random_prompts(tmp_path, n: int = 4):

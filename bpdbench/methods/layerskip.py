@@ -18,19 +18,15 @@ The search (every count's agreement, cost and prediction, the chosen layers) is 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any
 
 import torch
 
-from .. import paths
 from ..hardware import calibration, shapes
-from ..hardware.fingerprint import current
 from ..nets.quant import BITS
-from ..store import write_atomic
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
-from .selfdraft import agreement, greedy_rows, profile, step_ms, tune_prompts
+from .selfdraft import agreement, cached, greedy_rows, profile, step_ms, tune_prompts
 from .sps import DraftModelDrafter
 
 MAX_LENGTH = 8
@@ -59,17 +55,15 @@ def _predicted(agree: float, cost_steps: float, cal: Any) -> tuple[float, int]:
 
 def search(env: Env, base: Any, key: str, skip_count: int | None) -> dict:
     """The skipped layers, chosen on the tune split (cached per machine, model, dtype, task and `key`)."""
-    fp = current(env.cfg.threads)
-    path = (paths.cache_root() / "selfdraft" / fp.key() /
-            f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-skip-{key}-{skip_count}-v{VERSION}.json")
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
     prompts, why = tune_prompts(env)
     if not prompts:
         raise MethodError(f"layerskip: the skipped layers are searched on the tune split, and {why}; run on a task "
-                          f"with one (bpdbench tasks) ")
+                          f"with one (bpdbench tasks)")
+    return cached(env, f"skip-{key}-{skip_count}-v{VERSION}", "layer search",
+                  lambda: _search(env, base, prompts, skip_count))
+
+
+def _search(env: Env, base: Any, prompts: list[list[int]], skip_count: int | None) -> dict:
     n = len(base.model.layers)
     middle = list(range(1, n))
     ref = greedy_rows(env.model, prompts)
@@ -90,19 +84,13 @@ def search(env: Env, base: Any, key: str, skip_count: int | None) -> dict:
     out = {"skip": sorted(order[:best["skip"]]), "curve": curve, "alone": {str(i): round(alone[i], 4) for i in middle},
            "split": "tune", "positions": sum(len(p) for p in prompts),
            "verify_cost": "calibration" if not isinstance(cal, shapes.TableCost) else "assumed (no calibration)"}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(out, indent=2) + "\n")
-    except OSError as e:
-        env.log(f"note: could not cache the layer search at {path} ({e}); it runs again next time")
     return out
 
 
 def build(env: Env, method: Method) -> DraftModelDrafter:
     bits, length = method.get("bits", 0), method.get("length", 4)
     if bits:
-        from .qdraft import quantized
-        from .qdraft import GROUP
+        from .qdraft import GROUP, quantized
         base = quantized(env, bits, GROUP)
     else:
         base = env.model

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import DynamicCache
@@ -74,25 +74,33 @@ def step_ms(model: Any, context: int = 64) -> float:
     return 1000 * times[len(times) // 2]
 
 
-def profile(env: Env, draft: Any, key: str) -> dict:
-    """The draft's agreement and cost (cached per machine, model, dtype, task and `key`, the draft's identity)."""
-    fp = current(env.cfg.threads)
-    path = (paths.cache_root() / "selfdraft" / fp.key() /
+def cached(env: Env, key: str, what: str, measure: Callable[[], dict]) -> dict:
+    """`measure()`, kept per machine fingerprint, model, dtype, task and `key` (a measurement of this machine)."""
+    path = (paths.cache_root() / "selfdraft" / current(env.cfg.threads).key() /
             f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-{key}.json")
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         pass
-    prompts, why = tune_prompts(env)
-    out = {"agreement": round(agreement(env.model, draft, prompts), 4) if prompts else None,
-           "agreement_positions": sum(len(p) for p in prompts), "split": "tune"}
-    if why:
-        out["why"] = why
-    target_ms, draft_ms = step_ms(env.model), step_ms(draft)
-    out.update(draft_ms=round(draft_ms, 2), target_ms=round(target_ms, 2), cost_steps=round(draft_ms / target_ms, 3))
+    out = measure()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(out, indent=2) + "\n")
     except OSError as e:
-        env.log(f"note: could not cache the self-draft profile at {path} ({e}); it is measured again next time")
+        env.log(f"note: could not cache the {what} at {path} ({e}); it is measured again next time")
     return out
+
+
+def profile(env: Env, draft: Any, key: str) -> dict:
+    """The draft's agreement and cost (`key`: the draft's identity)."""
+    def measure() -> dict:
+        prompts, why = tune_prompts(env)
+        out = {"agreement": round(agreement(env.model, draft, prompts), 4) if prompts else None,
+               "agreement_positions": sum(len(p) for p in prompts), "split": "tune"}
+        if why:
+            out["why"] = why
+        target_ms, draft_ms = step_ms(env.model), step_ms(draft)
+        out.update(draft_ms=round(draft_ms, 2), target_ms=round(target_ms, 2),
+                   cost_steps=round(draft_ms / target_ms, 3))
+        return out
+    return cached(env, key, "self-draft profile", measure)
