@@ -37,6 +37,8 @@ measured tokens per step against the mean cost of the forwards it verified, scor
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import inspect
 import itertools
 import json
 from dataclasses import dataclass, field
@@ -332,9 +334,16 @@ def _dynamic_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, 
     return opts
 
 
+def _code(method: Method) -> str:
+    """A hash of the module that builds the method (its code and its defaults): the cache was once keyed by the
+    spelling alone, and a changed default (qdraft's window) silently reused a measurement of the old drafter."""
+    src = inspect.getsourcefile(method.spec.build)
+    return hashlib.sha256(Path(src).read_bytes()).hexdigest()[:16] if src and Path(src).exists() else ""
+
+
 def _inputs(s, method: Method, examples) -> dict:
     c = s.cfg
-    return {"version": VERSION, "label": method.label, "model": c.model, "dtype": c.dtype, "task": c.task,
+    return {"version": VERSION, "label": method.label, "code": _code(method), "model": c.model, "dtype": c.dtype, "task": c.task,
             "heads_profile": c.heads_profile, "heads_path": c.heads_path, "k": c.k, "heads": c.heads,
             "draft_threshold": c.draft_threshold, "max_new_tokens": s.limits.max_new_tokens,
             "examples": [str(ex.id) for ex, _ in examples]}
