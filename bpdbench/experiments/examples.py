@@ -10,21 +10,22 @@ from ..config import ConfigError, RunConfig
 
 def select_examples(cfg: RunConfig, split: str = "eval", per_category: int | None = None) -> list:
     """The task's `split` (eval for runs, tune for `tune` and `auto`: tasks.splits), then --offset/--limit, or the
-    first N per category."""
+    first N per category, taken in turns (the first of every category, then the second, ...): the leaderboard is
+    accumulated over sittings, and its prompts so far must span the categories."""
     task = task_registry.get_task(cfg.task)
     data_dir = Path(cfg.data_dir) if cfg.data_dir else task_registry.default_data_dir()
     examples = task_registry.load_examples(task, data_dir, Path(cfg.data_file) if cfg.data_file else None)
     if split not in task_registry.SPLITS:
         raise ConfigError(f"unknown split {split!r}; valid: {', '.join(task_registry.SPLITS)}")
     pool = task_registry.splits(task, examples)[split]
-    if per_category is not None:
+    if per_category is not None:      # round robin over categories: a run stopped early still covers them all
         seen: dict = {}
-        chosen = []
+        ranked = []
         for ex in pool:
             seen[ex.category] = seen.get(ex.category, 0) + 1
             if seen[ex.category] <= per_category:
-                chosen.append(ex)
-        return chosen
+                ranked.append((seen[ex.category], ex))
+        return [ex for _, ex in sorted(ranked, key=lambda r: r[0])]       # stable: the pool's order within a rank
     if split != "eval" and not pool:
         raise ConfigError(f"{cfg.task} has no {split} split ({len(examples)} examples, all evaluated); tune on "
                           f"a task with one, or pass --alpha / alpha= instead of tuning")
