@@ -309,6 +309,16 @@ def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) ->
     return complete
 
 
+def _summaries(records: list[dict], cal, out: Path) -> pd.DataFrame:
+    """speed.csv and speed_by_category.csv of `records`, each replaced atomically (a reader never sees half)."""
+    summary = summarize(records, cal=cal)
+    write_atomic(out / "speed.csv", summary.to_csv(index=False))
+    if any(r["category"] for r in records):
+        write_atomic(out / "speed_by_category.csv",
+                     summarize(records, ("category", "method"), cal).to_csv(index=False))
+    return summary
+
+
 def run(plan: Plan, repeats: int = 3, log: Log = print, recalibrate: bool = False) -> Path:
     """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory.
     Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`).
@@ -362,10 +372,8 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
             f"{r['method']} {r['median_s']:.2f}s" + ("" if r["identical"] else " (DIFFERS)") for r in recs))
-    summary = summarize(records, cal=cal)
-    summary.to_csv(out / "speed.csv", index=False)
-    if any(r["category"] for r in records):
-        summarize(records, ("category", "method"), cal).to_csv(out / "speed_by_category.csv", index=False)
+        _summaries(records, cal, out)       # the prompts so far: a run stopped in its 10th hour still reports
+    summary = _summaries(records, cal, out)
     lost = report_divergence(summary, records, log, frozenset(m.label for m in chosen if m.spec.external))
     drift.warn_drift(summary, log)
     _record_drafting(cal, summary)
