@@ -158,9 +158,10 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cach
             greedy = list(greedies[tuple(prompt)])
             if getattr(drafter, "needs_reference", False):
                 drafter.use_reference(greedy)
+            # the context too: real decoding's events once held the step's new tokens already (engine/loop.py)
             seen = {"real": [], "replay": []}
             log = lambda key: lambda ev: seen[key].append(       # noqa: E731 (past EOS, replay knows no bonus)
-                (ev.proposal.paths, ev.decision.path, ev.decision.accepted, ev.produced))
+                (ev.proposal.paths, ev.decision.path, ev.decision.accepted, ev.produced, list(ev.context.tokens)))
             real = generate(model, drafter, list(prompt), limits, on_step=log("real"))
             assert real.tokens == greedy, spelling
             hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)   # feature drafters' prefill

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Sequence
 
 import torch
@@ -234,6 +234,7 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         t_draft, clock = _lap(clock)
         verified = verify(model, state, proposal, acceptance, feedback_k)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)
+        seen = len(ctx.tokens)        # advance() appends to the list the drafter saw: the event gets what it saw
         new = advance(state, verified, d)
         out.extend(new)
         if feedback_k:
@@ -247,7 +248,8 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         gen.seconds["draft"] += t_draft
         gen.seconds["verify"] += t_verify
         if on_step:
-            on_step(StepEvent(ctx, proposal, verified.tree, d, new, len(out), t_draft))
+            on_step(StepEvent(replace(ctx, tokens=ctx.tokens[:seen]), proposal, verified.tree, d, new, len(out),
+                              t_draft))
     gen.tokens = limits.truncate(out)
     counters.new_tokens = len(gen.tokens)
     return gen
