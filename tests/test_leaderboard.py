@@ -23,7 +23,8 @@ TIMES = {"c0": 100.0, "c1": 200.0}                  # commit -> time: c1 is the 
 
 
 def speed_folder(results: Path, name: str, cpu: dict | None, *, task="spec_bench", model="m-0.5b",
-                 dtype="bfloat16", commit="c1", per_category=2, speedups=None, counts=False, kind="speed"):
+                 dtype="bfloat16", commit="c1", per_category=2, speedups=None, counts=False, kind="speed",
+                 planned=None):
     """A `bpdbench speed` folder: records of ar and each method (method seconds = ar's / its speedup, slightly
     varied per prompt), speed.csv from the command's own summarize(), config.json with or without the machine."""
     speedups = speedups or {"bpd": 1.2, "pld": 1.5, "medusa": 0.9}
@@ -48,7 +49,7 @@ def speed_folder(results: Path, name: str, cpu: dict | None, *, task="spec_bench
         "config": {"task": task, "model": model, "dtype": dtype, "limit": 26, "offset": 0, "max_new_tokens": 32,
                    "heads_profile": "quick", "threads": 2},
         "methods": ["ar", *speedups], "repeats": 2, "per_category": per_category,
-        "resolved": {"max_new_tokens": 32}, "environment": env}))
+        "resolved": {"max_new_tokens": 32, **({"n_selected": planned} if planned else {})}, "environment": env}))
     return d
 
 
@@ -229,3 +230,16 @@ def test_recycling_timed_before_the_state_restore_is_marked():
     assert leaderboard.keeps_state("recycling", {"persist": 1}) and not leaderboard.keeps_state("recycling:persist=0",
                                                                                                {"persist": 0})
     assert leaderboard.keeps_state("sam", {"fallback": "recycling"}) and not leaderboard.keeps_state("pld", {})
+
+
+def test_the_leaderboard_grids_folder_is_read_and_a_run_still_going_says_partial(tmp_path, monkeypatch):
+    """grids/leaderboard.toml writes results/leaderboard/<task>: it is placed (not only results/speed*), and while
+    its run is accumulated over sittings its board says how many of the planned prompts it holds."""
+    monkeypatch.setattr(leaderboard, "commit_time", lambda c: TIMES.get(c.removesuffix("-dirty")))
+    speed_folder(tmp_path, "spec_bench", EPYC, kind="leaderboard", per_category=1, planned=39)
+    speed_folder(tmp_path, "mt_bench", EPYC, kind="leaderboard", task="mt_bench", per_category=16, planned=16)
+    boards = {b.task: b for m in leaderboard.collect(tmp_path).machines for b in m.boards}
+    for b in boards.values():
+        leaderboard.describe(b)
+    assert "PARTIAL: 13 of the 39 planned prompts" in boards["spec_bench"].heading
+    assert "PARTIAL" not in boards["mt_bench"].heading

@@ -3,7 +3,9 @@
 Why: a speedup belongs to a machine (what one forward over n tokens costs there), a dtype, a model and the code that
 measured it; one table mixing them (the old speed.md: two CPU makes, several commits, two models) invites comparing
 numbers that were never comparable. Spec-Bench's leaderboard is cited because it is one table per machine under one
-protocol; this is that, for every folder under results/speed*/. So that a table is always one experiment:
+protocol; this is that, for every folder under results/speed*/, results/leaderboard*/ (grids/leaderboard.toml) and
+results/frontier*/. A folder whose run is still going (or was stopped) is placed with its prompts so far, and its
+board says PARTIAL with how many of the planned prompts it holds. So that a table is always one experiment:
 - a folder is placed only when its config.json records the machine (environment.fingerprint, cpu_flags, processor),
   the commit and torch's version; older folders are listed as left out, with what they lack;
 - page = fingerprint; board = (task, model, dtype, protocol: prompts, new tokens, repeats, threads, heads profile,
@@ -32,6 +34,7 @@ from ..store import read_examples
 from . import load
 from .provenance import LEAKED, PUBLISHED_SINCE, keeps_state, missing, older_default, overlap  # noqa: F401 (tests read them here)
 
+SPEED_KINDS = ("speed", "leaderboard", "frontier")      # result kinds holding `bpdbench speed` folders
 MAX_COLUMNS = 12
 POSITIONS = 8                       # a_1..a_8 at most
 KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
@@ -171,11 +174,12 @@ def flags(env: dict) -> str:
 
 
 def collect(results: Path) -> Leaderboard:
-    """Every speed folder under results/speed*/, placed on its machine's page or listed as left out."""
+    """Every speed folder under results/{speed,leaderboard,frontier}*/, placed on its machine's page or listed as left
+    out."""
     results = Path(results)
     groups: dict[tuple, list[Run]] = defaultdict(list)
     left: list[tuple[str, str]] = []
-    for kind in load.kinds(results, "speed"):
+    for kind in [k for prefix in SPEED_KINDS for k in load.kinds(results, prefix)]:
         for f in load.folders(results, kind, "speed.csv"):
             rel = str(f.path.relative_to(results))
             why = missing(f) or overlap(f)
@@ -301,6 +305,9 @@ def describe(b: Board) -> str:
     what = f"{cats[0]}" if len(cats) == 1 else f"{len(cats)} categories" if cats else "no categories"
     if run.folder.config.get("per_category"):
         what = f"{run.folder.config['per_category']} per category, {what}"
+    planned = (run.folder.config.get("resolved") or {}).get("n_selected")
+    if planned and len(ar) < planned:     # a long run (the leaderboard) is accumulated and rendered as it goes
+        what += f"; PARTIAL: {len(ar)} of the {planned} planned prompts measured so far"
     b.heading = f"{b.task} · {b.model} · {b.dtype} · {len(ar)} prompts ({what})"
     b.caption = (f"{env['processor']} ({flags(env)}), {env.get('cpu_count')} cores, {run.folder.threads} thread"
                  f"{'' if run.folder.threads == 1 else 's'} · "
