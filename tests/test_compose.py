@@ -125,7 +125,7 @@ FALLBACKS = {"bpd": "bpd", "ngram2": "ngram2", "ngram4": "ngram4", "16best-0gram
              "medusa-neural-m": "medusa-neural-m", "oracle": "oracle;k=4", "pld": "pld", "sps": "sps;model={dir}",
              "cascade": "cascade", "hierarchy": "hierarchy", "recycling": "recycling", "lookahead": "lookahead",
              "rest": "rest", "eagle": "eagle", "hydra": "hydra", "hydra++": "hydra++", "amphista": "amphista",
-             "koala": "koala", "qdraft": "qdraft", "layerskip": "layerskip"}
+             "koala": "koala", "qdraft": "qdraft", "layerskip": "layerskip", "hybrid": "hybrid;retrieval=pld"}
 REFUSED = {"ar": "drafts nothing", "sam": "is sam itself", "hf-greedy": "whole decoder",
            "hf-pld": "whole decoder", "hf-assisted": "whole decoder"}
 KENLM = ("ngram2", "ngram4", "16best-ngram4")          # n-gram rescoring runs on KenLM (installed by `make test`)

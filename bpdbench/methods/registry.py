@@ -14,6 +14,7 @@ from .eagle import SPECS as EAGLE
 from .heads import SPECS as HEADS
 from .hierarchy import SPECS as HIERARCHY
 from .hf import SPECS as HF
+from .hybrid import SPECS as HYBRID
 from .hydra import SPECS as HYDRA
 from .layerskip import SPECS as LAYERSKIP
 from .koala import SPECS as KOALA
@@ -29,6 +30,6 @@ from .spelling import (ALIASES, REGISTRY, canonical, get, parse, parse_list, spl
                        valid_names)
 
 REGISTRY.update({s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF, RECYCLING, LOOKAHEAD,
-                                         SAM, REST, QDRAFT, LAYERSKIP) for s in group})
+                                         SAM, REST, QDRAFT, LAYERSKIP, HYBRID) for s in group})
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
 
