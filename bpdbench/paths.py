@@ -27,8 +27,67 @@ def alpha_file() -> Path:
     return results_root() / "alpha.json"
 
 
-def cache_root() -> Path:
+class CacheError(FileNotFoundError):
+    """The cache's location cannot hold a cache (a file, a path under a file, a place where no folder can be
+    made, or a read-only folder for a command that writes): one line naming BPDBENCH_CACHE and how to fix it, said
+    before any model loads instead of an errno about a path the user never typed."""
+
+
+_CHECKED: set[tuple[Path, bool]] = set()      # (root, writable) checks that passed in this process
+
+
+def cache_setting() -> Path:
+    """Where the cache lives, unchecked (for messages about a failed write, which must not fail themselves)."""
     return Path(os.environ.get("BPDBENCH_CACHE") or Path.home() / ".cache" / "bpdbench")
+
+
+def cache_root() -> Path:
+    """The cache root, checked once per process: it must be a folder or a place where one can be made (nothing is
+    created here, so a command refused for bad input leaves nothing behind). A folder that exists but is read-only
+    passes, since reading a prepared cache needs no write; `check_cache_writable` is the check of commands that
+    write."""
+    root = cache_setting()
+    if (root, False) not in _CHECKED:
+        _check_cache(root, writable=False)
+    return root
+
+
+def check_cache_writable() -> Path:
+    """The cache root, which this command will write (greedy references, calibrations, artefacts built on first
+    use): checked by making and removing a folder in it, the one test that holds for root, read-only mounts and
+    /proc alike."""
+    root = cache_root()
+    if (root, True) not in _CHECKED:
+        _check_cache(root, writable=True)
+    return root
+
+
+def cache_name(root: Path | None = None) -> str:
+    """The cache as the user set it: `BPDBENCH_CACHE=<path>`, or the default folder when the variable is unset."""
+    root = root or cache_setting()
+    return f"BPDBENCH_CACHE={root}" if os.environ.get("BPDBENCH_CACHE") else f"the cache {root}"
+
+
+CACHE_FIX = "set BPDBENCH_CACHE to a writable folder"
+
+
+def _check_cache(root: Path, writable: bool) -> None:
+    import tempfile
+    name = cache_name(root)
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"{name} is a file, not a folder; {CACHE_FIX}")
+    existing = next((p for p in (root, *root.parents) if p.exists()), None)
+    if existing is None or not existing.is_dir():
+        raise CacheError(f"{name} lies under {existing}, a file; {CACHE_FIX}")
+    if existing != root or writable:
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".bpdbench-probe-", dir=existing))
+        except OSError as e:
+            what = "is not writable" if existing == root else f"cannot be created in {existing}"
+            raise CacheError(f"{name} {what} ({e.strerror}); {CACHE_FIX}") from None
+    _CHECKED.add((root, writable))
+    if writable:
+        _CHECKED.add((root, False))
 
 
 def _safe(name: str) -> str:

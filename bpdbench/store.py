@@ -10,10 +10,15 @@ speed, analyze) goes through `OutputLock` + `AppendOnlyJsonl`, so that:
   moment loses at most the example in flight;
 - a torn last line (a crash mid-write) is cut off before anything is appended, and a line that a crash glued to the
   next record is split back into the complete record it holds, so no finished example is lost;
-- a record whose key (id) is already in the file is never counted twice.
+- a record whose key (id) is already in the file is never counted twice;
+- a write the disk refuses (full, a file-size limit, read-only) raises `WriteError`, one line naming the file and the
+  fix, after putting the file back as it was: the earlier records and files stay intact and `--resume` continues.
+  The lock file stays behind on purpose: it is an flock, so a leftover file blocks no later run, while deleting it
+  could hand the lock to two processes at once.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import math
@@ -34,6 +39,44 @@ def by_id(record: dict) -> object:
 
 class OutputBusy(FileExistsError):
     """Another live process writes into the same result directory."""
+
+
+class WriteError(OSError):
+    """A write the system refused (disk full, file-size limit, read-only folder): one line naming the file and the
+    fix, raised after the file was put back as it was, so earlier results are intact and --resume continues."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(code, message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+_WHY = {errno.EFBIG: "a file-size limit was reached (ulimit -f)", errno.ENOSPC: "the disk is full",
+        errno.EDQUOT: "the disk quota is used up", errno.EROFS: "its folder is on a read-only file system",
+        errno.EACCES: "its folder is not writable", errno.EPERM: "its folder is not writable"}
+WRITE_ERRNOS = frozenset(_WHY)          # the errnos of a refused write (what `one_line_errors` turns into a line)
+
+
+def write_failed(e: BaseException, path: Path | str) -> WriteError:
+    """The one-line error of a failed write of `path`: what happened, then the fix (free space, raise the limit, or
+    write elsewhere: --out for results, BPDBENCH_CACHE for the cache)."""
+    from . import paths
+    if isinstance(e, WriteError):
+        return e
+    code = getattr(e, "errno", None)
+    why = _WHY.get(code) or getattr(e, "strerror", None) or str(e).split("\n")[0] or type(e).__name__
+    a, root = os.path.abspath(path), os.path.abspath(paths.cache_setting())
+    in_cache = a == root or a.startswith(root.rstrip(os.sep) + os.sep)
+    denied = code in (errno.EROFS, errno.EACCES, errno.EPERM)
+    fix = {errno.EFBIG: "raise the limit (ulimit -f unlimited) and rerun", errno.ENOSPC: "free space and rerun",
+           errno.EDQUOT: "free space and rerun"}.get(code, "check that disk and rerun")
+    if denied:
+        fix = paths.CACHE_FIX if in_cache else "pass --out a writable folder"
+    elif not in_cache:
+        fix += " (--resume continues a run)"
+    return WriteError(f"cannot write {path}: {why}; {fix}; what was written before is intact", code)
 
 
 class OutputLock:
@@ -58,10 +101,17 @@ class OutputLock:
         key = self.out.resolve()
         if key in self._held:
             raise RuntimeError(f"{self.out}: this process holds its lock already; hand the held lock to the writer")
+        from . import paths
+        paths.check_cache_writable()        # the command writes the cache too: a bad BPDBENCH_CACHE is one line now
         created = not self.out.exists()
         ensure_writable_dir(self.out)
         path = self.out / LOCK
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            if created:
+                self.out.rmdir()
+            raise write_failed(e, path) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -69,8 +119,11 @@ class OutputLock:
             os.close(fd)
             raise OutputBusy(f"{self.out} is being written by another bpdbench ({holder}); wait for it to finish "
                              f"or pass a different --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv[:3])}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}: {' '.join(sys.argv[:3])}\n".encode(), 0)
+        except OSError:
+            pass                # the holder's name is a courtesy to a second writer; the flock is what excludes
         self._held[key] = [fd, 1, created]
 
     @property
@@ -219,8 +272,11 @@ class AppendOnlyJsonl:
 
     def start_fresh(self) -> None:
         """An explicit restart (no --resume on a command that replaces its results)."""
-        with open(self.path, "w") as f:
-            os.fsync(f.fileno())
+        try:
+            with open(self.path, "w") as f:
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise write_failed(e, self.path) from None
         self.keys = set()
 
     def rewrite(self, records: list[dict]) -> None:
@@ -233,12 +289,36 @@ class AppendOnlyJsonl:
         new = [r for r in records if self.key(r) not in self.keys]
         if not new:
             return []
-        with open(self.path, "a") as f:
-            f.write("".join(json.dumps(r, default=_json_default) + "\n" for r in new))
-            f.flush()
-            os.fsync(f.fileno())
+        text = "".join(json.dumps(r, default=_json_default) + "\n" for r in new).encode()
+        append_bytes(self.path, text)
         self.keys.update(self.key(r) for r in new)
         return new
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    """Append `data` in one write, fsynced; a write the disk refuses part way (a file-size limit, a full disk)
+    cuts the file back to its old end, so no torn line is left behind, and raises WriteError."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise write_failed(e, path) from None
+    try:
+        end = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException as e:
+            try:
+                os.ftruncate(fd, end)       # shrinking is allowed at any size limit, and frees space on a full disk
+            except OSError:
+                pass
+            if isinstance(e, OSError):
+                raise write_failed(e, path) from None
+            raise
+    finally:
+        os.close(fd)
 
 
 class ResultWriter:
@@ -298,23 +378,37 @@ def precheck_run(out: Path, config: dict, resume: bool) -> None:
 RUN_RESUME_IGNORES = ("resume", "limit", "offset", "out", "threads", "greedy_dir")
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write, fsync, rename: a reader (or a crash) sees the old file or the new one, never half of either."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write, fsync, rename: a reader (or a crash) sees the old file or the new one, never half of either. A write
+    the disk refuses removes the temporary file, keeps the old file and raises WriteError (one line: the file and
+    the fix)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise write_failed(e, path) from None
+        raise
 
 
 def update_json(path: Path, change: Callable[[dict], dict]) -> dict:
     """Read-modify-write of a JSON table that several processes update (the tuned-alpha table, written by tune cells
     running side by side in a sweep): under an exclusive lock beside it, so no writer loses another's entries."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise write_failed(e, path) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)          # blocking: writers take turns
         table = change(json.loads(path.read_text()) if path.exists() else {})

@@ -11,6 +11,7 @@ from bpdbench import models
 from bpdbench.experiments import run as runner
 from tests.conftest import decode
 from bpdbench.config import RunConfig
+from bpdbench.methods.contract import feedback_k, reads_reference
 
 pytestmark = pytest.mark.slow
 
@@ -90,11 +91,11 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
         drafter = s.drafter(parse(spelling))
         # a drafter that learns from verify forwards (recycling keeps its matrix across examples) replays as its
         # own instance, with a scorer for the off-path nodes
-        learns = getattr(drafter, "feedback_k", 0)
+        learns = feedback_k(drafter)
         twin = parse(spelling).spec.build(s.env, parse(spelling)) if learns else drafter
         scorer = TreeScorer(s.model) if learns else None
         for prompt, ref, h in zip(prompts, greedy, hidden):
-            if getattr(drafter, "needs_reference", False):
+            if reads_reference(drafter):
                 drafter.use_reference(ref)
             real = generate(s.model, drafter, prompt, s.limits)
             assert real.tokens == ref, spelling

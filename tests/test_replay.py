@@ -13,6 +13,7 @@ from bpdbench.engine import Limits, TreeScorer, generate, ratios, replay, teache
 from bpdbench.experiments.analysis import h_max, repetition
 from bpdbench.nets.heads import Heads
 from bpdbench.methods import REGISTRY, Env, parse
+from bpdbench.methods.contract import feedback_k, reads_reference
 from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
 from tests.drafter_fixtures import copy_cache
 
@@ -125,53 +126,72 @@ def all_methods(model_dir) -> list[str]:
                   "rest:nodes=8,span=4"]
 
 
-@pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])
-def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cache, tmp_path, monkeypatch, eos_at,
-                                             max_new):
-    pytest.importorskip("kenlm")
-    model, tok = setup
-    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
-    name = str(tiny_model_dir)
-    _artefacts(tmp_path, name)
-    copy_cache(drafter_cache, tmp_path)
+SETTINGS = [(None, 40), (12, 40), (None, 13)]     # (EOS at this greedy position of the first prompt, max_new)
+
+
+def tiny_world(model, tok, model_dir, drafter_cache, cache, monkeypatch, eos_at, max_new):
+    """An Env on the tiny model with every artefact a registered method needs (stand-ins, tiny trained drafters,
+    heads that know the greedy continuation), its limits, and per prompt the greedy output and a replay memo."""
+    monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
+    name = str(model_dir)
+    _artefacts(cache, name)
+    copy_cache(drafter_cache, cache)
     refs = {tuple(p): generate(model, None, list(p), Limits(max_new)).tokens for p in PROMPTS}
     eos = frozenset() if eos_at is None else frozenset({refs[tuple(PROMPTS[0])][eos_at]})
     _suffix_indexes(monkeypatch, refs)
     limits = Limits(max_new, eos)
     heads = PartlyRightHeads(refs)
     meta = {"heldout": {"top1": [0.6, 0.5, 0.4, 0.3], "top16": [0.9, 0.8, 0.7, 0.6]}}
-    cfg = RunConfig(model=name, heads=4, k=4, alpha_file=str(tmp_path / "alpha.json"))
+    cfg = RunConfig(model=name, heads=4, k=4, alpha_file=str(cache / "alpha.json"))
     env = Env(model, tok, cfg, limits, log=lambda m: None, _heads=(heads, meta))
-    checked = []
     memos = {tuple(p): {} for p in PROMPTS}     # shared by every method, as `bpdbench replay` shares it
     # the greedy reference depends only on the prompt and the limits: one decode per prompt serves every method
     greedies = {tuple(p): generate(model, None, list(p), limits).tokens for p in PROMPTS}
+    return env, limits, greedies, memos
+
+
+def replay_equals_real(env, spelling: str, greedies: dict, memos: dict) -> int:
+    """Real decoding of every prompt equals greedy decoding, and replay of the same drafter emits the same steps
+    and counters; returns the draft tokens accepted."""
+    model, limits = env.model, env.limits
+    method = parse(spelling)
+    drafter = method.spec.build(env, method)
+    # a drafter that learns from verify forwards (recycling keeps its matrix across examples) walks the
+    # replays as its own instance, as a run and a replay of the same examples each would
+    twin = method.spec.build(env, method) if feedback_k(drafter) else drafter
+    scorer = TreeScorer(model) if twin is not drafter else None
+    accepted = 0
+    for prompt in PROMPTS:
+        greedy = list(greedies[tuple(prompt)])
+        if reads_reference(drafter):
+            drafter.use_reference(greedy)
+        # the context too: real decoding's events once held the step's new tokens already (engine/loop.py)
+        seen = {"real": [], "replay": []}
+        log = lambda key: lambda ev: seen[key].append(       # noqa: E731 (past EOS, replay knows no bonus)
+            (ev.proposal.paths, ev.decision.path, ev.decision.accepted, ev.produced, list(ev.context.tokens)))
+        real = generate(model, drafter, list(prompt), limits, on_step=log("real"))
+        assert real.tokens == greedy, spelling
+        hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)   # feature drafters' prefill
+        sim = replay(twin, list(prompt), greedy, hidden, limits, memo=memos[tuple(prompt)], scorer=scorer,
+                     on_step=log("replay"))
+        assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
+        assert seen["real"] == seen["replay"] and len(seen["real"]) == real.counters.steps, (spelling, prompt)
+        accepted += real.counters.accepted
+    return accepted
+
+
+@pytest.mark.parametrize("eos_at,max_new", SETTINGS)
+def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cache, tmp_path, monkeypatch, eos_at,
+                                             max_new):
+    pytest.importorskip("kenlm")
+    model, tok = setup
+    env, limits, greedies, memos = tiny_world(model, tok, tiny_model_dir, drafter_cache, tmp_path, monkeypatch,
+                                              eos_at, max_new)
+    checked = []
     for spelling in all_methods(tiny_model_dir):
-        method = parse(spelling)
-        drafter = method.spec.build(env, method)
-        # a drafter that learns from verify forwards (recycling keeps its matrix across examples) walks the
-        # replays as its own instance, as a run and a replay of the same examples each would
-        twin = method.spec.build(env, method) if getattr(drafter, "feedback_k", 0) else drafter
-        scorer = TreeScorer(model) if twin is not drafter else None
-        accepted = 0
-        for prompt in PROMPTS:
-            greedy = list(greedies[tuple(prompt)])
-            if getattr(drafter, "needs_reference", False):
-                drafter.use_reference(greedy)
-            # the context too: real decoding's events once held the step's new tokens already (engine/loop.py)
-            seen = {"real": [], "replay": []}
-            log = lambda key: lambda ev: seen[key].append(       # noqa: E731 (past EOS, replay knows no bonus)
-                (ev.proposal.paths, ev.decision.path, ev.decision.accepted, ev.produced, list(ev.context.tokens)))
-            real = generate(model, drafter, list(prompt), limits, on_step=log("real"))
-            assert real.tokens == greedy, spelling
-            hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)   # feature drafters' prefill
-            sim = replay(twin, list(prompt), greedy, hidden, limits, memo=memos[tuple(prompt)], scorer=scorer,
-                         on_step=log("replay"))
-            assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
-            assert seen["real"] == seen["replay"] and len(seen["real"]) == real.counters.steps, (spelling, prompt)
-            accepted += real.counters.accepted
-        assert accepted > 0 or method.name == "ar", spelling   # the comparison is not between two empty walks
-        checked.append(method.label)
+        accepted = replay_equals_real(env, spelling, greedies, memos)
+        assert accepted > 0 or parse(spelling).name == "ar", spelling   # not a comparison of two empty walks
+        checked.append(parse(spelling).label)
     assert {parse(m).name for m in checked} == {n for n, s in REGISTRY.items() if not s.external}
 
 
@@ -215,7 +235,7 @@ def test_oracle_bounds_and_grows_with_k(setup):
 
     def eff(spelling):
         d = parse(spelling).spec.build(env, parse(spelling))
-        if getattr(d, "needs_reference", False):
+        if reads_reference(d):
             d.use_reference(greedy)
         return ratios(replay(d, prompt, greedy, hidden, limits))["block_efficiency"]
     oracle = [eff(f"oracle:k={k}") for k in (1, 2, 8, VOCAB)]

@@ -8,10 +8,12 @@ import json
 import re
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
 from .. import paths
+from . import seal
 
 CORPUS_FILES = ("c4_en_validation_2k.jsonl", "wikitext2_valid.tokens.txt", "wikitext2_test.tokens.txt")
 _WIKI_TITLE = re.compile(r"^ = [^=].* = $")
@@ -47,16 +49,27 @@ def tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> li
     """Token ids per document; cached across sizes (keyed by the files' sizes and mtimes) when `cache` is given."""
     stamp = [[str(f), f.stat().st_size, f.stat().st_mtime] for f in files]
     key = hashlib.sha256(json.dumps(stamp).encode()).hexdigest()
-    if cache is not None and cache.exists():
-        saved = torch.load(cache, weights_only=True)
-        if saved.get("key") == key:
-            return saved["docs"]
-    t0 = time.time()
-    docs = [ids for f in files for ids in (tokenize(d) for d in corpus_documents(f)) if ids]
-    log(f"  tokenized {len(docs)} documents, {sum(map(len, docs))} tokens in {time.time() - t0:.0f}s")
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"key": key, "docs": docs}, cache)
+
+    def tokenized() -> list[list[int]]:
+        t0 = time.time()
+        docs = [ids for f in files for ids in (tokenize(d) for d in corpus_documents(f)) if ids]
+        log(f"  tokenized {len(docs)} documents, {sum(map(len, docs))} tokens in {time.time() - t0:.0f}s")
+        return docs
+    if cache is None:
+        return tokenized()
+
+    def cached(say: Callable[[str], None] | None) -> list[list[int]] | None:
+        saved = seal.readable(cache, lambda p: torch.load(p, weights_only=True), say)
+        return saved["docs"] if isinstance(saved, dict) and saved.get("key") == key else None
+    docs = cached(log)                  # a damaged or unreadable cache is said and made again: it is only a cache
+    if docs is not None:
+        return docs
+    with seal.build_lock(cache, log):   # another process tokenizing it now: wait, then read what it saved
+        docs = cached(None)
+        if docs is None:
+            docs = tokenized()
+            with seal.building(cache, log) as tmp:
+                torch.save({"key": key, "docs": docs}, tmp)
     return docs
 
 

@@ -36,7 +36,17 @@ def history_file(model_name: str, profile: str) -> Path:
 
 
 def load(path: Path) -> tuple[list[list[int]], dict]:
-    """(continuations, metadata without them)."""
-    record = json.loads(Path(path).read_text())
-    seqs = record.pop("continuations")
+    """(continuations, metadata without them). A file that is not such a record (random bytes, a torn write, other
+    JSON) is one line naming it and the fix, not a parser's words about a byte."""
+    from .seal import ArtefactDamaged
+    path = Path(path)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        seqs = record.pop("continuations")
+        if not isinstance(seqs, list) or not all(isinstance(s, list) for s in seqs):
+            raise TypeError("continuations is not a list of token lists")
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        profile = path.stem.removeprefix("history-")
+        raise ArtefactDamaged(f"{path} is not a model history ({type(e).__name__}); delete it and run `bpdbench "
+                              f"build-history --profile {profile}` (or let the next run build it)") from None
     return seqs, record

@@ -53,8 +53,12 @@ class Need:
 
     def build(self, auto_train: bool, make: Callable[[], object], log: Callable[[str], None],
               where: Path | str | None = None, error: type[Exception] = FileNotFoundError) -> None:
-        """Build it with `make` when the rule allows, said first."""
+        """Build it with `make` when the rule allows, said first; a place it cannot be written to is one line before
+        the build starts, not after its minutes."""
         self.check(auto_train, error)
+        if where is not None:
+            from .seal import check_writable
+            check_writable(Path(where))
         into = f" into {where}" if where is not None else ""
         log(f"no {self.what} cached: building it now, about {self.minutes:g} min ({self.command}; "
             f"--no-auto-train refuses){into}")

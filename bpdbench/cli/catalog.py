@@ -12,15 +12,18 @@ from .options import DEFAULT_MODEL, HeadsPath, HeadsProfile, Model
 
 @one_line_errors
 def methods(model: Model = DEFAULT_MODEL, heads_profile: HeadsProfile = "quick", heads_path: HeadsPath = None) -> None:
-    """List every method with what it needs (heads, a rescorer artefact, a second model) and whether that is ready."""
-    from ..methods import REGISTRY
+    """List every method with what it needs (heads, a rescorer artefact, a second model) and whether that is ready,
+    and what its drafter takes from the decode loop (its contract, for the default spelling)."""
+    from ..methods import REGISTRY, Method, contract
     cfg = RunConfig(model=model, heads_profile=heads_profile, heads_path=heads_path)
     for spec in REGISTRY.values():
         needs = spec.needs(model, cfg) if spec.needs else []
         state = ", ".join(f"{what} {'ready' if ok else 'MISSING'}" for what, ok in needs) or "nothing"
         params = ",".join(p.name + ("~" if p.auto else "") for p in spec.params)
+        takes = sorted(contract.inputs(Method(spec, {})) - contract.ALWAYS)
         print(f"{spec.name:16s} {('[' + params + ']') if params else '':28s} {spec.description}")
-        print(f"{'':16s} needs: {state}{'; timed with speed only' if spec.external else ''}")
+        print(f"{'':16s} needs: {state}{'; takes the ' + ' and the '.join(takes) if takes else ''}"
+              f"{'; timed with speed only' if spec.external else ''}")
     print("~: the parameter also takes `auto`, the shape fastest on this machine (docs/methods.md, draft shapes)")
 
 

@@ -6,6 +6,7 @@ and it must import nothing heavy (the error types are imported when an error hap
 """
 from __future__ import annotations
 
+import errno
 from functools import wraps
 from typing import Callable, ParamSpec, TypeVar
 
@@ -30,21 +31,30 @@ def _error(e: BaseException) -> None:
 
 def one_line_errors(fn: Callable[P, R]) -> Callable[P, R]:
     """Known user errors become one line naming what is wrong and how to fix it (exit 2; a lost example, whose
-    records and summary are written, exits 1; an interrupt says how to continue and exits 130). Anything else is a
-    bug and keeps its traceback."""
+    records and summary are written, exits 1; an interrupt says how to continue and exits 130). A write the system
+    refused (disk full, file-size limit, read-only folder: `store.WriteError`, or such an OSError from a writer that
+    does not wrap it) is one line naming the file and the fix (exit 2): what a user fixes, not a bug. Anything else
+    is a bug and keeps its traceback."""
     @wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         from tasks import DataError
         from ..config import ConfigError
         from ..experiments.certificate import LostExamples
         from ..models import ModelError
+        from ..store import WRITE_ERRNOS, WriteError, write_failed
         try:
             return fn(*args, **kwargs)
         except LostExamples as e:      # a real loss: records and summary are written, the exit status says it
             _error(e)
             raise typer.Exit(1)
-        except (ConfigError, DataError, ModelError, FileExistsError, FileNotFoundError, ValueError) as e:
+        except (ConfigError, DataError, ModelError, FileExistsError, FileNotFoundError, ValueError,
+                WriteError) as e:
             _error(e)
+            raise typer.Exit(2)
+        except OSError as e:            # only errnos a read never gives: a denied read is not called a write
+            if e.errno not in WRITE_ERRNOS - {errno.EACCES, errno.EPERM}:
+                raise
+            _error(write_failed(e, e.filename or "a result or cache file"))
             raise typer.Exit(2)
         except KeyboardInterrupt:
             console.print("interrupted: finished examples are saved; rerun with --resume to continue")

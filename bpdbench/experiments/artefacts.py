@@ -14,7 +14,7 @@ from typing import Callable
 from .. import models, paths
 from ..nets import heads as heads_lib
 from ..config import ConfigError, RunConfig
-from ..methods import Method
+from ..methods import Method, MethodError, contract, heads_store
 
 Log = Callable[[str], None]
 
@@ -77,12 +77,14 @@ def _model_vocab(name: str, dtype: str) -> int | None:
 
 
 def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) -> dict | None:
-    """Heads files against their config, --heads against their count, --k against the drafting vocabulary.
-    Missing heads are left to the auto-train rule (methods.heads.resolve_heads)."""
-    chosen = [m for m in methods if m.spec.family == "heads"] if methods is not None else None
+    """Heads files against their config, --heads against their count, --k against the drafting vocabulary, for the
+    methods that read the run's heads with a head count of their own (cascade reads them too, with its split,
+    checked when it builds). Missing heads are left to the auto-train rule (methods.heads.resolve_heads)."""
+    chosen = [m for m in methods if contract.Kind.HEADS in contract.kinds(m) and _has(m, "heads")] \
+        if methods is not None else None
     if chosen is not None and not chosen:
         return None
-    with_k = [m for m in chosen if "k" in {p.name for p in m.spec.params}] if chosen is not None else []
+    with_k = [m for m in chosen if _has(m, "k")] if chosen is not None else []
     ks = [(m.label, m.get("k", cfg.k)) for m in with_k] or ([("--k", cfg.k)] if chosen is None else [])
     n_heads = max([m.concrete("heads", cfg.heads) for m in chosen] if chosen else [cfg.heads])
     info, where = None, "the model's vocabulary"
@@ -94,6 +96,7 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
                                         f"train them with `bpdbench train-heads --out {path}`")
             return None
         info = heads_lib.check(path)
+        heads_store.check_seal(path, None if cfg.heads_path else cfg.heads_profile)   # before the model loads
         if n_heads > info["num_heads"]:
             raise ConfigError(f"--heads {n_heads} but {path} has only {info['num_heads']} heads; pass --heads "
                               f"{info['num_heads']} or less")
@@ -112,13 +115,15 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
     return info
 
 
+def _has(method: Method, param: str) -> bool:
+    return param in {p.name for p in method.spec.params}
+
+
 def check_drafters(cfg: RunConfig, methods: list[Method] | None) -> None:
-    """Trained drafters (methods/trained.py): folder, type, shape parameters, before the model loads."""
-    from ..methods.base import MethodError
-    from ..methods.trained import CHECKS
+    """Every method's own preflight (its contract: trained drafters check folder, type and shape parameters),
+    before the model loads."""
     for m in methods or []:
-        if m.spec.family == "drafter" and m.name in CHECKS:
-            try:
-                CHECKS[m.name](m, cfg)
-            except MethodError as e:
-                raise ConfigError(str(e)) from None
+        try:
+            contract.preflight(m, cfg)
+        except MethodError as e:
+            raise ConfigError(str(e)) from None

@@ -1,47 +1,33 @@
 """`auto` shape parameters: measured acceptance on held-out examples x this machine's cost of a forward.
 
 A method spelled with `auto` (`bpd:heads=auto`, `pld:tokens=auto`, `sps:gamma=auto`, `cascade:length=auto`,
-`hierarchy:candidates=auto,length=auto`, `medusa:nodes=auto`, `recycling:nodes=auto`, `lookahead:guesses=auto`)
-is resolved by `Session.drafter` before it is built:
-1. the method is built at its largest shape (all heads, pld 16 tokens, sps gamma 8, cascade length 16, hierarchy
-   length 8 at each candidate count, medusa's 63-node tree over the top-k lattice) and replayed, through the
-   engine's own replay, along the greedy output of up to 8 examples that neither this run evaluates nor a trained
-   artefact has seen: the task's evaluation examples outside this run's selection (from the end, across
-   categories); else another task's (mt_bench, then squad); else, said in the log and the record, the task's
-   held-out slice (`overlaps_training`: the trainers' prompt pool draws on it), else the first evaluated examples
-   (`overlaps_evaluated`);
+`hierarchy:candidates=auto,length=auto`, `medusa:nodes=auto`, `recycling:nodes=auto`, `lookahead:guesses=auto`,
+`eagle:tree=auto`...) is resolved by `Session.drafter` before it is built. How it is sized is the method's own
+declaration (`MethodSpec.shapes`, methods/search.py); this module runs it:
+1. the search's plans (the method at its largest shape, or one plan per size the search replays) are built and
+   replayed, through the engine's own replay, along the greedy output of up to 8 examples that neither this run
+   evaluates nor a trained artefact has seen: the task's tune split (`heldout`); else another task's (mt_bench,
+   then squad); else the task's examples outside this run's selection, else, said in the log and the record, the
+   first evaluated examples (`overlaps_evaluated`). A drafter that reads hidden states is replayed with them, one
+   that learns from the verify forward with a scorer, one that reads the greedy reference with it (its contract,
+   methods/contract.py);
 2. the replay gives the acceptance curve a[i] = P(the first i draft tokens are accepted) (counters'
    accepted_per_head / steps), per step the number of draft nodes at each depth (what a shorter shape verifies),
    the drafting time per step and per drafted token, and for lattice methods the rank of the greedy token in each
    head's top-k (medusa's per-depth, per-rank acceptance);
-3. hardware/shapes.py picks the shape with the most predicted tokens per second on this machine's cost of a
-   forward (hardware/calibration.py, measured once per machine fingerprint).
+3. the search picks the shape with the most predicted tokens per second on this machine's cost of a forward
+   (hardware/shapes.py, hardware/calibration.py: measured once per machine fingerprint).
 The measurement is cached under `$BPDBENCH_CACHE/shapes/<fingerprint>/<model>-<dtype>-<task>-<label>.json` with
-what it depends on (examples, heads, k, threshold, generation length); a cached one is re-used and only the choice
-is recomputed (cheap) from the current calibration. The result keeps its `auto` label; the chosen shape is logged
-once and recorded in config.json under `resolved.methods.<label>.auto`.
-
-Hierarchy: candidates and length are chosen jointly (one replay per candidate count in 1, 2, 3, 4, 6, 8 at the
-longest length; every length is a truncation of it). Sam: `tokens` from one replay at 16 (its fallback's drafts are
-capped at `tokens` too, so a shorter draft is a truncation; a fallback that drafts from hidden states is replayed
-with them). Rest: one replay per trie budget (`nodes` in 4, 8, 16, 32, 64), each priced at its own verify sizes.
-Sps: a fixed gamma (the heuristic schedule is refused with gamma=auto); drafting cost per drafted token (qdraft
-and layerskip alike: `length`, from one replay at 8). Cascade: the length at the given split (split..16). Medusa: the
-optimal tree of every size from per-rank acceptance (shapes.best_tree), then its size; the tree replaces
-Medusa's own. What a shorter shape would accept is read from the longer shape's replay (exact for chains, whose
-shorter drafts are prefixes; an estimate for candidates and trees, whose trajectories would differ slightly).
-Recycling and lookahead learn from their own verify forwards (the successor matrix, the n-gram pool), so each
-size is replayed on its own (recycling's template cut to 4..80 nodes, lookahead's 1..7 guesses) and compared by
-measured tokens per step against the mean cost of the forwards it verified, scored-only nodes included.
+what it depends on (examples, heads, k, threshold, generation length, the method module's code); a cached one is
+re-used and only the choice is recomputed (cheap) from the current calibration. The result keeps its `auto` label;
+the chosen shape is logged once and recorded in config.json under `resolved.methods.<label>.auto`.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import inspect
 import itertools
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,17 +37,11 @@ from ..config import ConfigError
 from ..engine import EmptyDrafter, StepEvent, TreeScorer, replay, teacher_forced
 from ..hardware import shapes
 from ..methods import Method, MethodError
-from ..methods.base import AUTO
+from ..methods.contract import Input, feedback_k, reads_reference, search, takes
+from ..methods.search import Measured, choose, plans
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
-PLD_MAX, SPS_MAX, CASCADE_MAX, HIERARCHY_LENGTH, MEDUSA_MAX = 16, 8, 16, 8, 64
-HIERARCHY_CANDIDATES = (1, 2, 3, 4, 6, 8)
-RECYCLING_NODES = (4, 8, 12, 16, 24, 32, 48, 64, 80)      # the template's breadth-first prefixes
-LOOKAHEAD_GUESSES = (1, 2, 3, 4, 5, 7)
-FEEDBACK_SIZES = {"recycling": ("nodes", RECYCLING_NODES), "lookahead": ("guesses", LOOKAHEAD_GUESSES)}
-REST_NODES = (4, 8, 16, 32, 64)           # rest:nodes=auto: one replay per trie budget
-SELF_DRAFTS = ("qdraft", "layerskip")     # the target drafting for itself: a draft model's chain, length=auto
 VERSION = 1
 
 
@@ -73,22 +53,6 @@ def cost_model(s) -> shapes.CostModel:
         raise MethodError("auto shape parameters need this machine's calibration (bpdbench/hardware/calibration.py), "
                           "which this installation lacks; pass concrete values") from None
     return ensure(s.cfg.model, s.cfg.dtype, str(s.model.device), s.threads, model=s.model, log=s.log)
-
-
-@dataclass
-class Measured:
-    """What one replay at a large shape tells about its shorter ones."""
-    accept: list[float]                   # a[i-1] = P(first i draft tokens accepted)
-    nodes: list[list[int]]                # per step: draft nodes at depth 1, 2, ...
-    steps: int
-    draft_ms_step: float                  # drafting time per step
-    draft_ms_token: float                 # drafting time per drafted token (first path)
-    tree: bool                            # some step verified more than one path
-    per_token: bool = False               # drafting time grows with the draft (a draft model, sequential drafter)
-    ranks: list[list[float]] = field(default_factory=list)   # p[d][r] for lattice methods
-
-    def to_dict(self) -> dict:
-        return self.__dict__.copy()
 
 
 class _Recorder:
@@ -193,23 +157,25 @@ def _spread_tail(pool: list, n: int) -> list:
 
 
 def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: dict) -> Measured:
-    """Replay `method` (concrete) along the greedy output of each example."""
+    """Replay `method` (concrete: a plan) along the greedy output of each example. Its contract says what the replay
+    gives it (hidden states, the verify feedback, the reference) and whether drafting time grows with the draft."""
     drafter = method.spec.build(s.env, method)
-    per_token = hasattr(drafter, "gamma0") or getattr(getattr(drafter, "model", None), "kind", "") == "sequential"
+    found = search(method)
+    per_token = found is not None and found.per_token(drafter)
+    inputs = takes(drafter, method)
     rec = _Recorder()
     total = None
     for ex, prompt in examples:
         greedy, _ = s.reference.get(prompt, s.limits)
         if len(greedy) < 2:
             continue
-        if ((method.spec.family in ("heads", "cascade", "drafter") or getattr(drafter, "needs_hidden", False))
-                and ex.id not in hidden):             # (sam's fallback may draft from hidden states)
+        if Input.HIDDEN in inputs and ex.id not in hidden:
             hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
         rec.begin(prompt, greedy)
-        if getattr(drafter, "needs_reference", False):
+        if reads_reference(drafter):
             drafter.use_reference(greedy)
         c = replay(drafter, prompt, greedy, hidden.get(ex.id), s.limits, on_step=rec,
-                   scorer=TreeScorer(s.model) if getattr(drafter, "feedback_k", 0) else None)
+                   scorer=TreeScorer(s.model) if feedback_k(drafter) else None)
         total = c if total is None else total.add(c)
     if total is None or not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
@@ -219,119 +185,9 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
                     per_token, rank_acceptance(rec.ranks))
 
 
-def _with(method: Method, **values) -> Method:
-    return Method(method.spec, {**method.params, **values})
-
-
 def _plans(s, method: Method) -> list[tuple[Method, dict]]:
-    """The concrete methods to replay, each with the parameters its options fix."""
-    auto, name = set(method.auto), method.name
-    if "heads" in auto:
-        heads, _ = s.env.heads()
-        return [(_with(method, heads=heads.num_heads), {})]
-    if name == "pld":
-        return [(_with(method, tokens=PLD_MAX), {})]
-    if name == "sps":
-        return [(_with(method, gamma=SPS_MAX), {})]
-    if name in SELF_DRAFTS:
-        return [(_with(method, length=SPS_MAX), {})]
-    if name == "cascade":
-        return [(_with(method, length=CASCADE_MAX), {})]
-    if name == "hierarchy":
-        cands = HIERARCHY_CANDIDATES if "candidates" in auto else (method.get("candidates", 3),)
-        length = HIERARCHY_LENGTH if "length" in auto else method.get("length", 5)
-        return [(_with(method, candidates=c, length=length), {"candidates": c}) for c in cands]
-    if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:   # one replay per size: the matrix or
-        param, sizes = FEEDBACK_SIZES[name]                          # pool it learns depends on the size
-        return [(_with(method, **{param: n}), {param: n}) for n in sizes]
-    if name == "sam":                                    # the fallback's drafts are capped by tokens too
-        return [(_with(method, tokens=PLD_MAX), {})]
-    if name == "rest":
-        return [(_with(method, nodes=n), {"nodes": n}) for n in REST_NODES]
-    if method.get("tree") == "dynamic":                  # EAGLE-2 trees: one replay per budget
-        from ..methods.trained import DYNAMIC_BUDGETS
-        given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
-        return [(_with(given, nodes=b), {"nodes": b}) for b in DYNAMIC_BUDGETS]
-    if "nodes" in auto:
-        m = Method(method.spec, {k: v for k, v in method.params.items() if k != "nodes"})
-        return [(m, {})]
-    if method.spec.family == "drafter":                  # trained drafters: tree width x depth
-        from ..methods.trained import AUTO_WIDTHS
-        given = Method(method.spec, {k: v for k, v in method.params.items() if v != AUTO})
-        d = given.spec.build(s.env, _with(given, tree=0))
-        depth = method.concrete("depth", d.model.depth)
-        widths = [w for w in AUTO_WIDTHS if w <= len(d.model.proj)] if "tree" in auto else [method.get("tree", 0)]
-        return [(_with(given, tree=w, depth=depth), {"tree": w} if "tree" in auto else {}) for w in widths]
-    raise MethodError(f"{method.label}: auto is not supported for {', '.join(sorted(auto))} of {name}")
-
-
-def choose(method: Method, runs: list[tuple[dict, Measured]], cost: shapes.CostModel) -> shapes.Shape:
-    """The shape from the measurements (pure given them: re-run on a cached measurement with today's costs)."""
-    step_ms = float(getattr(cost, "step_ms", 0.0) or 0.0)
-
-    def per_step(meas: Measured, per_token: bool = False):
-        if not step_ms:
-            return 0.0
-        if per_token:
-            return lambda n: n * meas.draft_ms_token / step_ms
-        return meas.draft_ms_step / step_ms
-
-    auto, name = set(method.auto), method.name
-    if name in FEEDBACK_SIZES and FEEDBACK_SIZES[name][0] in auto:
-        return shapes.pick(sized_options(runs, cost, per_step))
-    if method.get("tree") == "dynamic":
-        return shapes.pick(_dynamic_options(runs, cost, per_step))
-    if "nodes" in auto and name != "rest":
-        (_, meas), = runs
-        if not meas.ranks:
-            raise MethodError(f"{method.label}: no lattice was drafted on the held-out examples")
-        return shapes.best_tree(meas.ranks, cost, MEDUSA_MAX, per_step(meas), "nodes")
-    opts = []
-    for fixed, meas in runs:
-        n = max([len(meas.accept)] + [len(d) for d in meas.nodes])
-        param, lengths = {"pld": "tokens", "sps": "gamma", "hierarchy": "length", "cascade": "length",
-                          "sam": "tokens", "rest": "length", **dict.fromkeys(SELF_DRAFTS, "length")
-                          }.get(name, "heads"), list(range(1, n + 1))
-        if name == "rest":                               # the trie's depth stays as given: its budget is chosen
-            lengths = [method.get("length", 10)]
-        elif name == "hierarchy" and "length" not in auto:
-            lengths = [method.get("length", 5)]
-        elif method.spec.family == "drafter":
-            param = "depth"
-            if "depth" not in auto and method.get("depth") is not None:
-                lengths = [method.get("depth")]
-        elif name == "cascade":
-            from ..methods.cascade import _shape
-            lengths = list(range(max(_shape(_with(method, length=CASCADE_MAX))[1], 1), n + 1))
-        top = max(lengths + [n])
-        accept = meas.accept + [0.0] * (top - len(meas.accept))
-        opts += shapes.chain_options(accept, cost, param, per_step(meas, meas.per_token), lengths=lengths,
-                                     tree=meas.tree, fixed=fixed, steps=meas.nodes)
-    return shapes.pick(opts)
-
-
-def sized_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, per_step) -> list[shapes.Option]:
-    """One option per replayed size (recycling's nodes, lookahead's guesses): its measured tokens per step, and the
-    mean cost of the forwards it verified (draft and scored-only nodes; they vary from step to step)."""
-    opts = []
-    for fixed, meas in runs:
-        sizes = [1 + sum(step) for step in meas.nodes] or [1]
-        size = sum(sizes) / len(sizes)
-        verify_cost = sum(float(cost.cost(n, tree=meas.tree)) for n in sizes) / len(sizes)
-        opts.append(shapes.Option(dict(fixed), 1.0 + sum(meas.accept), size, verify_cost, per_step(meas)))
-    return opts
-
-
-def _dynamic_options(runs: list[tuple[dict, Measured]], cost: shapes.CostModel, per_step) -> list[shapes.Option]:
-    """One option per replayed budget: its measured tokens per step against the mean cost of the trees it verified
-    (a dynamic tree's size varies per step; a smaller budget is not a prefix of a larger one, so each is replayed)."""
-    opts = []
-    for fixed, meas in runs:
-        n = max([len(meas.accept)] + [len(d) for d in meas.nodes] + [1])
-        accept = meas.accept + [0.0] * (n - len(meas.accept))
-        opts += [dataclasses.replace(o, params=dict(fixed)) for o in shapes.chain_options(
-            accept, cost, "depth", per_step(meas), lengths=[n], tree=True, fixed=fixed, steps=meas.nodes)]
-    return opts
+    """The concrete methods the method's search replays, each with the parameters its replay fixes."""
+    return plans(None if s is None else s.env, method)
 
 
 def _code(method: Method) -> str:

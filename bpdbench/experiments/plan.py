@@ -14,7 +14,7 @@ from typing import Sequence
 
 from .. import paths
 from ..config import ConfigError, RunConfig
-from ..methods import Method, MethodError, parse, parse_list
+from ..methods import Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
 from . import artefacts
 from .examples import select_examples
@@ -96,7 +96,7 @@ def preflight(cfg: RunConfig, split: str = "eval", per_category: int | None = No
     their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
     and before any model loads, so a bad input costs a second, not a model load."""
     if not cfg.sampling.greedy:
-        greedy_only = [m.label for m in methods or [] if m.name == "oracle"]
+        greedy_only = [m.label for m in methods or [] if contract.Input.REFERENCE in contract.inputs(m)]
         if greedy_only:
             raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
                               f"decoding only; drop --temperature or the method")

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
+from ..methods.contract import feedback_k, reads_reference
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from .carry import CarriedState
 from .session import Session
@@ -41,9 +42,9 @@ def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = 
 def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None,
                on_step: OnStep | None = None) -> Counters:
     """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo)."""
-    if getattr(drafter, "needs_reference", False):
+    if reads_reference(drafter):
         drafter.use_reference(greedy)
-    scorer = TreeScorer(s.model) if getattr(drafter, "feedback_k", 0) else None
+    scorer = TreeScorer(s.model) if feedback_k(drafter) else None
     return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer, on_step=on_step)
 
 

@@ -21,6 +21,7 @@ from .. import models, paths, train  # noqa: F401  (train: registers the artefac
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError
+from ..methods.contract import reads_reference
 from .plan import Plan
 from .reference import GreedyReference
 
@@ -104,7 +105,7 @@ class Session:
 
     def with_reference(self, drafter: Drafter, prompt_ids: list[int]) -> None:
         """Methods that need the greedy reference (the oracle) get it before the example starts."""
-        if getattr(drafter, "needs_reference", False):
+        if reads_reference(drafter):
             if not self.cfg.sampling.greedy:
                 raise ConfigError(f"{drafter.name} reads the greedy reference, so it exists for greedy decoding "
                                   f"only; drop --temperature")

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
+from ..artefacts import seal
+from ..store import write_atomic
 from .fingerprint import current
 from . import contention, kernels
 from .forward_timing import costs as _costs, crop_to, shapes as _shapes, time_shapes as _time_shapes
@@ -262,6 +264,8 @@ def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Cal
     """The stored calibration for this machine, or None (missing, unreadable, or from before the output
     projection's cost was measured, which the engine's lazy projection of wide trees needs: measured again)."""
     path = cache_path(model_name, dtype, device, threads)
+    if seal.problem(path):             # changed since it was measured: a valid JSON can still hold other numbers
+        return None
     try:
         cal = Calibration.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
@@ -281,12 +285,17 @@ def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict 
 
 
 def save(cal: Calibration, path: Path | None = None) -> Path:
-    """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads."""
-    path = path or cache_path(cal.model, cal.dtype, cal.device, cal.threads, cal.linear)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(cal.to_dict(), indent=2))
-    tmp.replace(path)
+    """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads. The cached copy
+    is sealed (artefacts/seal.py), so one changed since it was measured is measured again; a copy elsewhere (the
+    results' `calibrate --show`) is a plain file."""
+    text = json.dumps(cal.to_dict(), indent=2)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text)
+        return path
+    path = cache_path(cal.model, cal.dtype, cal.device, cal.threads, cal.linear)
+    with seal.building(path) as tmp:
+        tmp.write_text(text)
     return path
 
 
@@ -341,6 +350,9 @@ def ensure(model_name: str, dtype: str, device: str, threads: int | None, model=
     cal = None if force else cached(model_name, dtype, device, threads)
     if cal is not None and (not cal.busy or (model is None and loader is None)):
         return cal             # a busy curve with nothing to measure it again with: kept (`--show` says it was busy)
+    if cal is None and not force and (path := cache_path(model_name, dtype, device, threads)).exists():
+        log(f"warning: the cached calibration {path} is unreadable, damaged or from an older version: measuring "
+            f"it again")
     if cal is not None:
         log(f"the cached calibration was measured while {contention.describe(cal.others_cores)}: measuring again")
     if model is None:

@@ -9,11 +9,11 @@ probe cannot run (a CUDA device: capability >= 8.0 means bfloat16).
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass
 
 from .. import paths
+from ..artefacts import seal
 from .fingerprint import Fingerprint, current
 
 PROBE_ROWS = 16            # a typical verify size; where bf16 emulation hurts and where drafting lives
@@ -86,10 +86,10 @@ def choose(device: str = "cpu", threads: int | None = None, fp: Fingerprint | No
     path = _cache_file(fp)
     if path in _PENDING:
         return _PENDING[path]
-    if path.exists():
+    if path.exists() and not seal.problem(path):     # a damaged decision is probed again
         try:
             return DtypeChoice(**json.loads(path.read_text()))
-        except (ValueError, TypeError):
+        except (OSError, ValueError, TypeError):
             pass
     _PENDING[path] = decide(fp, probe())
     return _PENDING[path]
@@ -100,10 +100,8 @@ def persist() -> None:
     then reads the same choice instead of re-probing a noisy ratio."""
     while _PENDING:
         path, choice = _PENDING.popitem()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(choice.to_dict(), indent=2))
-        tmp.replace(path)
+        with seal.building(path) as tmp:              # sealed, whole, under a name of this process's own
+            tmp.write_text(json.dumps(choice.to_dict(), indent=2))
 
 
 _SAID: set[tuple[str, str]] = set()

@@ -1,4 +1,4 @@
-"""Drafting methods: one file per drafter family, one registry, one spelling (`name[:key=value,...]`)."""
+"""Drafting methods: one file per kind of drafter, one registry, one spelling (`name[:key=value,...]`)."""
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .hf import MethodUnavailable, Output

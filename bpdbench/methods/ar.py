@@ -6,4 +6,4 @@ from ..engine import EmptyDrafter
 from .base import MethodSpec
 
 SPECS = [MethodSpec("ar", "greedy autoregressive decoding (the empty drafter; block efficiency 1.0)",
-                    lambda env, m: EmptyDrafter(), family="baseline")]
+                    lambda env, m: EmptyDrafter(), artefacts=())]

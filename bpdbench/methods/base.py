@@ -15,6 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .contract import BUILT_ON_FIRST_USE, Input, Reads
+
 
 AUTO = "auto"
 
@@ -68,7 +70,13 @@ ALPHA = Param("alpha", float, "weight of the language model against the heads (d
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method. `build(env, params)` returns a Drafter; an `external` method instead returns a whole
-    decoder (transformers' own generate loops), which can be timed but not replayed or counted step by step."""
+    decoder (transformers' own generate loops), which can be timed but not replayed or counted step by step.
+
+    The last four fields are the method's contract (methods/contract.py), the only place its capabilities are
+    said: `inputs`, what its drafter takes from the loop besides reset and observe (a set, or a function of the
+    spelling for a wrapper, whose inner method's inputs it adds); `artefacts`, what it reads, as typed keys (by
+    default: what `needs` lists, built by building the method once); `preflight(method, cfg)`, its checks before
+    the model loads; `shapes`, how `auto` sizes it (methods/search.py), None when no parameter takes `auto`."""
     name: str
     description: str
     build: Callable[..., Any]
@@ -76,11 +84,11 @@ class MethodSpec:
     needs: Callable[..., list[tuple[str, bool]]] | None = None   # (what, ready) given (model name, cfg)
     external: bool = False
     fixed: dict = field(default_factory=dict)                   # values implied by the name (aliases)
-    family: str = ""
     check: Callable[["Method"], None] | None = None              # parameters checked together (MethodError)
-    # what the method's drafter takes from the loop besides reset/observe (methods/compose.py), where the family
-    # and compose.DECLARED do not say it: a wrapper's own inputs plus its inner methods'
-    inputs: Callable[["Method"], frozenset[str]] | None = None
+    inputs: frozenset[Input] | Callable[["Method"], frozenset[Input]] = frozenset()
+    artefacts: tuple[Reads, ...] = (BUILT_ON_FIRST_USE,)
+    preflight: Callable[["Method", Any], None] | None = None     # (method, RunConfig): MethodError before loading
+    shapes: Any = None                                           # a methods/search.py Search (which imports this)
 
     def param(self, name: str) -> Param:
         for p in self.params:

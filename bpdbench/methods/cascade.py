@@ -39,13 +39,15 @@ import torch
 from ..engine import DraftContext, Proposal
 from .base import THRESHOLD, Method, MethodError, MethodSpec, Param
 from .compose import HIDDEN, Wrapper
+from .contract import RUN_HEADS, Input, Kind, Reads
 from .env import Env
 from .lattice import HeadsSource, LatticeDrafter
 from .lookup import MaG, ContextIndex, cut_after_eos
+from .search import Chain
 from .sps import DraftModelDrafter
 
 TOPS = ("bpd", "sps", "none")
-AUTO_LENGTH = 16          # length=auto chooses among split..16 (experiments/autoshape.py)
+AUTO_LENGTH = 16          # length=auto chooses among split..16 (the spec's shapes, below)
 BOTTOMS = ("mag", "lookup", "none")
 
 
@@ -218,7 +220,13 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     return _needs_heads(model, cfg) + needs(model, ("bigram",))
 
 
-def _inputs(method: Method) -> frozenset[str]:
+def _bigram(method: Method, cfg) -> list[str]:
+    """MaG's bigram table (built by cascade's first use)."""
+    from .lookup_store import needs
+    return [what for what, _ in needs(cfg.model, ("bigram",))]
+
+
+def _inputs(method: Method) -> frozenset[Input]:
     """Only the heads' top level reads hidden states (a draft model keeps its own cache, MaG reads tokens)."""
     return frozenset({HIDDEN}) if _shape(method)[0] == "bpd" else frozenset()
 
@@ -241,4 +249,7 @@ SPECS = [MethodSpec("cascade", "cascade drafting (CS-Drafting), exact: a top dra
                      THRESHOLD,
                      Param("ngram", int, "MaG's longest n-gram", low=1),
                      Param("bigram", str, "where MaG's bigram table comes from", choices=("corpus", "history"))),
-                    _needs, family="cascade", check=_check, inputs=_inputs)]
+                    _needs, check=_check, inputs=_inputs,
+                    artefacts=(RUN_HEADS, Reads(Kind.BUILT, _bigram)),     # the default spelling's: top=bpd
+                    # length=auto: one replay at AUTO_LENGTH, every length from the split up a truncation of it
+                    shapes=Chain("length", longest=AUTO_LENGTH, shortest=lambda m: max(_shape(m)[1], 1)))]

@@ -9,9 +9,9 @@ back state kept across examples (`snapshot`/`restore`, engine/state.py). A wrapp
 not fail: its inner drafter runs without it. SAM's Token Recycling fallback never received the verify logits, so
 its matrix stayed empty and it never drafted, and a Lookahead fallback paid for a Jacobi window that never moved.
 
-- `consumes(drafter)`: what a built drafter takes, read off the protocol's own attributes.
-- `declared(method)`: the same, known from the parsed spelling before anything is built or loaded, so a wrapper
-  refuses an inner method whose input it cannot pass on with one line (`check_inner`), at parse time.
+- `consumes(drafter)` and `declared(method)`: what a built drafter takes and what a parsed method declares
+  (methods/contract.py: `takes`, `inputs`), so a wrapper refuses an inner method whose input it cannot pass on with
+  one line (`check_inner`), at parse time.
 - `Wrapper`: forwards every input to `inner_drafters()`; the subclass decides who drafts, and hands an inner
   drafter that sat steps out the hidden states of those steps (`hold`, `context_for`).
 """
@@ -25,52 +25,16 @@ import torch
 from ..engine import DraftContext, Feedback
 from ..engine import state as drafter_state
 from .base import Method, MethodError
+from .contract import Input, feedback_k, reads_reference
+from .contract import inputs as declared
+from .contract import takes as consumes
 
-RESET, OBSERVE = "reset", "observe"
-FEEDBACK = "verify feedback"          # feedback_k > 0 and feedback(Feedback)
-HIDDEN = "hidden states"              # DraftContext.hidden / accepted_hidden of every decided position
-REFERENCE = "greedy reference"        # needs_reference and use_reference(tokens)
-STATE = "state across examples"       # snapshot() / restore(state)
-INPUTS = (RESET, OBSERVE, FEEDBACK, HIDDEN, REFERENCE, STATE)
+RESET, OBSERVE, FEEDBACK = Input.RESET, Input.OBSERVE, Input.FEEDBACK
+HIDDEN, REFERENCE, STATE = Input.HIDDEN, Input.REFERENCE, Input.STATE
+INPUTS = tuple(Input)
 
-# Families whose drafters read the base's hidden states (heads, cascade's top=bpd, trained drafters).
-HIDDEN_FAMILIES = ("heads", "cascade", "drafter")
-# What a method's drafter takes beyond reset, observe and its family's hidden states, for the methods that take
-# more. tests/test_compose.py checks it against every registered method's built drafter, so a new method that
-# learns from the verify forward or reads the reference fails there until it is declared here.
-DECLARED: dict[str, frozenset[str]] = {"recycling": frozenset({FEEDBACK}), "lookahead": frozenset({FEEDBACK}),
-                                       "oracle": frozenset({REFERENCE})}
-
-
-def feedback_k(drafter: Any) -> int:
-    """The top-k a drafter asks of each verify forward (0: it learns nothing from it)."""
-    return int(getattr(drafter, "feedback_k", 0) or 0)
-
-
-def consumes(drafter: Any, method: Method | None = None) -> frozenset[str]:
-    """What a built drafter takes from the loop. Hidden states: the drafter says so (`needs_hidden`) or its
-    method's family does (lattice and trained drafters read `ctx.hidden` without declaring it)."""
-    out = {RESET, OBSERVE}
-    if feedback_k(drafter) > 0:
-        out.add(FEEDBACK)
-    if getattr(drafter, "needs_hidden", False) or (method is not None and method.spec.family in HIDDEN_FAMILIES):
-        out.add(HIDDEN)
-    if getattr(drafter, "needs_reference", False):
-        out.add(REFERENCE)
-    if drafter_state.keeps_state(drafter):
-        out.add(STATE)
-    return frozenset(out)
-
-
-def declared(method: Method) -> frozenset[str]:
-    """What the drafter of a parsed method will take (state across examples aside: it depends on values, and every
-    wrapper forwards it). A spec with `inputs` says it itself (a wrapper: its own plus its inner methods')."""
-    if method.spec.inputs is not None:
-        return frozenset({RESET, OBSERVE} | set(method.spec.inputs(method)))
-    out = {RESET, OBSERVE} | set(DECLARED.get(method.name, ()))
-    if method.spec.family in HIDDEN_FAMILIES:
-        out.add(HIDDEN)
-    return frozenset(out)
+__all__ = ["FEEDBACK", "HIDDEN", "INPUTS", "OBSERVE", "REFERENCE", "RESET", "STATE", "Wrapper", "check_inner",
+           "consumes", "declared", "feedback_k"]
 
 
 def check_inner(outer: str, param: str, inner: Method, forwards: Collection[str] = INPUTS) -> None:
@@ -128,11 +92,11 @@ class Wrapper:
     # ---- the greedy reference ------------------------------------------------------------------------------
     @property
     def needs_reference(self) -> bool:
-        return any(getattr(d, "needs_reference", False) for d in self.inner_drafters())
+        return any(reads_reference(d) for d in self.inner_drafters())
 
     def use_reference(self, tokens: list[int]) -> None:
         for d in self.inner_drafters():
-            if getattr(d, "needs_reference", False):
+            if reads_reference(d):
                 d.use_reference(tokens)
 
     # ---- state across examples -----------------------------------------------------------------------------

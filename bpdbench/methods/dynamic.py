@@ -17,11 +17,20 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from .search import Budgets
+
 # tree=dynamic defaults: EAGLE-2's published shape (SafeAILab/EAGLE, eagle/evaluation/gen_ea_answer_vicuna.py:
 # --total-token 60 --depth 5 --top-k 10). total_token counts the root, so 59 draft nodes are verified; `depth` counts
 # the expansions after the root's top-k (cnets1.py topK_generate), so the tree has 6 draft levels. A CPU verifies 60
 # tokens at a few decode steps' cost: `nodes=auto` is the budget sized for this machine.
 DYNAMIC_NODES, DYNAMIC_TOPK, DYNAMIC_LEVELS = 59, 10, 6
+DYNAMIC_BUDGETS = (4, 8, 16, 32, 64)  # nodes=auto chooses among these verify budgets, one replay each
+BUDGETS = Budgets("nodes", DYNAMIC_BUDGETS)
+
+
+def is_dynamic(method) -> bool:
+    """tree=dynamic: `auto` sizes the node budget (BUDGETS), not a chain or a fixed tree."""
+    return method.get("tree") == "dynamic"
 
 Expand = Callable[[list[list[int]], int], tuple[Sequence[Sequence[float]], Sequence[Sequence[int]]]]
 Node = tuple[tuple[int, ...], float]

@@ -20,7 +20,7 @@ from .env import Env
 from .trained import spec
 
 _SPEC = spec("eagle", "EAGLE-style draft layer over the base's features (own KV cache), chain or tree (tree=W), "
-             "base projection on a shortlist", "eagle", "eagle")
+             "base projection on a shortlist", "eagle", "eagle", longest=16)   # autoregressive: past its trained depth
 
 
 def _build(env: Env, method: Method):

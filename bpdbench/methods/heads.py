@@ -20,8 +20,11 @@ from ..config import RunConfig
 from dataclasses import replace
 
 from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
+from .contract import RUN_HEADS, Input, Kind, Reads
+from .dynamic import BUDGETS, is_dynamic
 from .env import Env
 from .lattice import HeadsSource, LatticeDrafter
+from .search import Chain, Either, RankTree
 
 
 def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[float | None, str]:
@@ -95,11 +98,27 @@ def _needs(rescorer: str):
     return needs
 
 
-_P = (HEADS, THRESHOLD, K, ALPHA)
-# single-draft methods verify heads + 1 tokens a step, so heads=auto is the chain length fastest on this machine
+def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
+    """The refine stage's artefacts (an n-gram or neural LM), by tag."""
+    from .artefacts import ready
+    spec = refine.RESCORERS.get("medusa-auto" if method.get("tree") == "auto" else method.name)
+    return [tag for tag, _ in ready(spec, cfg.model)] if spec is not None else []
+
+
+# The contract of every heads method: the lattice is drafted from the base's hidden state; the run's heads and the
+# refine stage's artefact are read.
+TAKES = frozenset({Input.HIDDEN})
+READS = (RUN_HEADS, Reads(Kind.RESCORER, _rescorer_tags))
+# single-draft methods verify heads + 1 tokens a step, so heads=auto is the chain length fastest on this machine:
+# one replay with every head, each shorter chain a prefix of it
 HEADS_AUTO = replace(HEADS, help="use the first N heads (auto: the count fastest on this machine)", auto=True)
+HEADS_SEARCH = Chain("heads", longest=lambda env, method: env.heads()[0].num_heads)
+# medusa:nodes=auto: the tree of every size from per-rank acceptance of one replay of the full tree (at most 64
+# nodes); tree=dynamic,nodes=auto: one replay per node budget
+MEDUSA_SEARCH = Either(is_dynamic, BUDGETS, RankTree("nodes", 64))
 SPECS = [MethodSpec("bpd", "blockwise parallel decoding: the heads' top-1 draft, verified in one forward",
-                    lambda env, m: build(env, m), (HEADS_AUTO, THRESHOLD), _needs_heads, family="heads")]
+                    lambda env, m: build(env, m), (HEADS_AUTO, THRESHOLD), _needs_heads, inputs=TAKES,
+                    artefacts=READS, shapes=HEADS_SEARCH)]
 TREE = Param("tree", str, "the Medusa tree: mc_sim_7b_63, auto (built from the heads' held-out accuracy), or dynamic "
              "(the nodes= best lattice paths by summed head log-probs, per step)", choices=("mc_sim_7b_63", "auto",
                                                                                              "dynamic"))
@@ -112,9 +131,10 @@ for _r in refine.RESCORERS.values():
     _heads = HEADS_AUTO if _r.p == 1 else HEADS
     _params = (_heads, THRESHOLD, K, ALPHA) if _r.interpolates else (_heads, THRESHOLD, K)
     _params = (TREE, NODES) + _params if _r.name == "medusa" else _params
+    _search = MEDUSA_SEARCH if _r.name == "medusa" else HEADS_SEARCH if _heads.auto else None
     SPECS.append(MethodSpec(_r.name, _r.description, lambda env, m, r=_r.name: build(env, m, r), _params,
-                            _needs(_r.name), family="heads"))
+                            _needs(_r.name), inputs=TAKES, artefacts=READS, shapes=_search))
 SPECS.append(MethodSpec("hf-lm", "local rescoring with any same-tokenizer HF model (model=<registered name, folder "
                         "or Hub id>)", lambda env, m: build(env, m, "hf"),
                         (Param("model", str, "the rescoring model"), HEADS_AUTO, THRESHOLD, K, ALPHA), _needs_heads,
-                        family="heads"))
+                        inputs=TAKES, artefacts=READS, shapes=HEADS_SEARCH))

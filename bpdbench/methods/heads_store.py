@@ -1,10 +1,15 @@
-"""Heads for a config: loaded from the cache or a Medusa-1 folder, trained on first use when missing."""
+"""Heads for a config: loaded from the cache or a Medusa-1 folder, trained on first use when missing.
+
+Heads trained here are sealed (artefacts/seal.py: the sha256 of each file, written last): a folder whose files
+changed since they were trained is refused in one line naming the file and the fix, before a wrong weight can draft.
+Training them again unasked would cost minutes, so a damaged folder is not rebuilt behind the user's back; heads
+from before seals, or a Medusa checkpoint of another project, carry none and load as they are."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from .. import paths
-from ..artefacts import MINUTES, Need, builder
+from ..artefacts import MINUTES, Need, builder, seal
 from ..config import RunConfig
 from ..nets.heads import Heads, load as load_heads
 from ..artefacts.policy import warn_use
@@ -21,12 +26,16 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
         heads.pack(model.lm_head)
         return heads, {"profile": "init"}
     path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(cfg.model, cfg.heads_profile)
-    if not (path / "config.json").exists():
+    if not (path / "config.json").exists() and not seal.sealed(path):
         if cfg.heads_path:
             raise FileNotFoundError(f"no heads at {path} (expected config.json + medusa_lm_head.pt); "
                                     f"train them with `bpdbench train-heads`")
-        heads_need(cfg.model, cfg.heads_profile).build(
-            cfg.auto_train, lambda: builder("heads")(cfg.model, cfg.heads_profile, model, tok, log=log), log, path)
+        need = heads_need(cfg.model, cfg.heads_profile)
+        with seal.build_lock(path, log):           # another process may be training them: wait, then load them
+            if not (path / "config.json").exists():
+                need.build(cfg.auto_train, lambda: builder("heads")(cfg.model, cfg.heads_profile, model, tok,
+                                                                    log=log), log, path)
+    check_seal(path, None if cfg.heads_path else cfg.heads_profile)
     heads, hcfg = load_heads(path, model.config.hidden_size, model.dtype, str(model.device))
     if cfg.heads > heads.num_heads:
         raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")
@@ -39,3 +48,15 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
     if str(hcfg.get("shortlist", "")).startswith("MISSING"):
         log(f"warning: {hcfg['shortlist']}")
     return heads, meta
+
+
+def check_seal(path: Path, profile: str | None) -> None:
+    """Refuse heads whose files differ from those sealed when they were trained, in one line naming the file and
+    the fix (`profile`: heads of the cache, rebuilt on next use once deleted; None: a folder the user named)."""
+    why = seal.problem(path)
+    if why is None:
+        return
+    fix = (f"delete {path} and they are trained again on next use (or run `bpdbench train-heads --profile "
+           f"{profile}`)" if profile else f"delete {path} and train them again with `bpdbench train-heads --out "
+           f"{path}`, or pass another --heads-path")
+    raise seal.ArtefactDamaged(f"heads {path}: {why}; {fix}")

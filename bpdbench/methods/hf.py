@@ -92,10 +92,10 @@ def _assistant_ready(model: str, cfg) -> list[tuple[str, bool]]:
 
 SPECS = [
     MethodSpec("hf-greedy", "transformers `generate`, greedy (a second AR baseline)", lambda env, m: decoder(env),
-               external=True, family="peer"),
+               external=True, artefacts=()),
     MethodSpec("hf-pld", "transformers prompt lookup decoding (prompt_lookup_num_tokens)", _pld,
-               (Param("tokens", int, "draft length", low=1),), external=True, family="peer"),
+               (Param("tokens", int, "draft length", low=1),), external=True, artefacts=()),
     MethodSpec("hf-assisted", "transformers assisted generation with a smaller draft model (universal when the "
                "tokenizers differ)", assisted, (Param("assistant", str, "draft model"),), _assistant_ready,
-               external=True, family="peer"),
+               external=True, artefacts=()),
 ]

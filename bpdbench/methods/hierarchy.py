@@ -36,6 +36,12 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from ..artefacts.history import PROFILES
 from .lookup import ContextIndex, FrequencyTable, continuation, cut_after_eos
+from .search import Chain, Grid
+
+# candidates and length are chosen jointly: one replay per candidate count at the longest length (8), every
+# shorter length a truncation of it
+SHAPE_SEARCH = Chain("length", longest=8, default=5, grid=Grid("candidates", (1, 2, 3, 4, 6, 8), default=3,
+                                                                joint=True))
 
 ORDERS = tuple("".join(p) for r in (1, 2, 3) for p in permutations("csl", r))
 SCAN = 16          # occurrences of one context key looked at per step (most recent first)
@@ -139,4 +145,4 @@ SPECS = [MethodSpec("hierarchy", "Hierarchy Drafting: short candidates from the 
                            auto=True),
                      Param("ngram", int, "longest context n-gram used as a key", low=1),
                      Param("history", str, "model-history profile (train/history.py)", choices=tuple(PROFILES))),
-                    _needs, family="lookup")]
+                    _needs, shapes=SHAPE_SEARCH)]

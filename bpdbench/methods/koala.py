@@ -20,9 +20,9 @@ def trained_name(method) -> str:
     return "koala" + ("-hydra" if base == "hydra" else "") + ("-adv" if method.get("adv", 0) else "")
 
 
-def _family(method) -> str:
+def drafter_type(method) -> str:
     return "hydra" if method.get("base", "medusa") == "hydra" else "medusa"
 
 
 SPECS = [spec("koala", "KOALA: multi-layer Medusa (base=medusa) or Hydra (base=hydra) heads, adversarial term "
-              "optional (adv=1)", trained_name, _family, (BASE, ADV))]
+              "optional (adv=1)", trained_name, drafter_type, (BASE, ADV))]

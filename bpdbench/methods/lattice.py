@@ -116,7 +116,7 @@ class LatticeDrafter(Refined):
 
     `budgeted`: draft at most `ctx.budget` depths. The trained drafters always have and the heads never have; the
     loop clips the paths to the budget either way, but a refiner's paths over the longer lattice, and the lattice
-    that analyses read, differ from those over the cut one, so each family keeps its own rule and its numbers."""
+    that analyses read, differ from those over the cut one, so each keeps its own rule and its numbers."""
 
     def __init__(self, name: str, source: Source, depth: int, k: int = 1, threshold: float = 0.0,
                  refiner: Rescorer | None = None, budgeted: bool = False):

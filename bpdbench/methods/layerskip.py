@@ -26,8 +26,11 @@ from ..hardware import calibration, shapes
 from ..nets.quant import BITS
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
+from .search import Chain
 from .selfdraft import agreement, cached, greedy_rows, profile, step_ms, tune_prompts
 from .sps import DraftModelDrafter
+
+LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 
 MAX_LENGTH = 8
 VERSION = 1
@@ -120,4 +123,5 @@ SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers 
                            low=1),
                      Param("bits", int, "skip layers of the int4 or int8 copy (qdraft's) instead of the target's "
                            "own weights", choices=BITS)),
-                    lambda model, cfg: [], family="draft-model")]
+                    lambda model, cfg: [], artefacts=(),
+                    shapes=Chain("length", longest=LENGTH_AUTO, drafts_per_token=True))]

@@ -26,7 +26,11 @@ import random
 
 from ..engine import DraftContext, Feedback, Proposal
 from .base import Method, MethodSpec, Param
+from .contract import Input
 from .env import Env
+from .search import Sizes
+
+GUESSES_AUTO = (1, 2, 3, 4, 5, 7)   # guesses=auto: one replay per count (the pool it fills depends on it)
 
 
 class LookaheadDrafter:
@@ -104,4 +108,4 @@ SPECS = [MethodSpec("lookahead", "Lookahead decoding: a Jacobi window scored alo
                      Param("ngram", int, "n-gram size N (window levels + 1; candidates of N-1 tokens)", low=2),
                      Param("guesses", int, "most n-grams verified per step, and kept per key G (auto: the count "
                            "fastest on this machine)", low=1, auto=True)),
-                    family="lookup")]
+                    inputs=frozenset({Input.FEEDBACK}), artefacts=(), shapes=Sizes("guesses", GUESSES_AUTO))]

@@ -6,6 +6,9 @@
 - history: the model's own greedy continuations (train/history.py), a named profile; `ci` takes seconds and is
   built when missing, `quick` takes minutes and is refused under --no-auto-train with the command that builds it.
 Each loader returns (table, metadata); the metadata (file, source, size) goes into the run's resolved config.
+Every table is sealed when built (artefacts/seal.py): one that is missing, damaged or unreadable is built again,
+said in one line; the history, which may take minutes, is refused under --no-auto-train in one line naming the file
+and the command that rebuilds it.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from .. import paths
 from ..artefacts import Need
 from ..artefacts import builder
 from ..artefacts import history as history_lib
+from ..artefacts import seal
 from .env import Env
 from .lookup import FrequencyTable, bigram_table, stream
 
@@ -48,38 +52,60 @@ def _corpus(env: Env) -> tuple[np.ndarray, list[str]]:
 
 
 @lru_cache(maxsize=4)
-def _load_table(path: str, mtime: float) -> FrequencyTable:
+def _load_table(path: str, mtime: int) -> FrequencyTable:
     return FrequencyTable.load(Path(path))
 
 
+def _table(path: Path) -> FrequencyTable:
+    return _load_table(str(path), path.stat().st_mtime_ns)
+
+
 def static_table(env: Env) -> tuple[FrequencyTable, dict]:
-    """The corpus n-gram table, rebuilt when missing or built from other corpus files than the current ones."""
+    """The corpus n-gram table, rebuilt when missing, damaged or built from other corpus files than the current
+    ones."""
     from tasks import corpus_files
     from ..artefacts.corpus import default_corpus_files
     path = static_file(env.cfg.model)
     files = [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
-    table = _load_table(str(path), path.stat().st_mtime) if path.exists() else None
-    if table is None or table.meta.get("files") != files:
-        env.log(f"building the corpus n-gram table for {env.cfg.model} into {path} (seconds; once)")
-        tokens, files = _corpus(env)
-        FrequencyTable.build(tokens, **STATIC, meta={"source": "corpus", "files": files}).save(path)
-        table = _load_table(str(path), path.stat().st_mtime)
+
+    def build(tmp: Path) -> None:
+        tokens, used = _corpus(env)
+        FrequencyTable.build(tokens, **STATIC, meta={"source": "corpus", "files": used}).save(tmp)
+    table = seal.load_or_build(path, _table, build, env.log, fresh=lambda t: t.meta.get("files") == files,
+                               say=f"building the corpus n-gram table for {env.cfg.model} into {path} (seconds; once)")
     return table, _describe(path, table.meta)
 
 
 def history_table(env: Env, profile: str) -> tuple[FrequencyTable, dict]:
-    """The model-history table of a profile, built from the cached continuations (generated on first use)."""
+    """The model-history table of a profile, built from the cached continuations (generated on first use; a damaged
+    file is generated again, or refused in one line where --no-auto-train forbids it)."""
     path = history_lib.history_file(env.cfg.model, profile)
-    if not path.exists():
-        need = Need(f"'{profile}' model history for {env.cfg.model}", f"bpdbench build-history --profile {profile}",
-                    history_lib.MINUTES[profile])
+    need = Need(f"'{profile}' model history for {env.cfg.model}", f"bpdbench build-history --profile {profile}",
+                history_lib.MINUTES[profile])
+    loaded = seal.readable(path, _history_of, None)
+    if loaded is not None:
+        return loaded
+    with seal.build_lock(path, env.log):          # another process may be generating it: wait, then read it
+        loaded = seal.readable(path, _history_of, None)
+        if loaded is not None:
+            return loaded
+        if path.exists():
+            why = seal.problem(path) or f"{path} cannot be read"
+            if not need.allowed(env.cfg.auto_train):
+                raise seal.ArtefactDamaged(f"{why}; delete it and run `{need.command}` (about {need.minutes:g} min)")
+            env.log(f"warning: {why}: building it again")
+            seal.discard(path)
         need.build(env.cfg.auto_train, lambda: builder("history")(env.cfg.model, profile, env.model, env.tok,
                                                                  env.log), env.log, path)
-    return _history(str(path), path.stat().st_mtime)
+    return _history_of(path)
+
+
+def _history_of(path: Path) -> tuple[FrequencyTable, dict]:
+    return _history(str(path), path.stat().st_mtime_ns)
 
 
 @lru_cache(maxsize=4)
-def _history(path: str, mtime: float) -> tuple[FrequencyTable, dict]:
+def _history(path: str, mtime: int) -> tuple[FrequencyTable, dict]:
     seqs, meta = history_lib.load(Path(path))
     table = FrequencyTable.build(stream(seqs), **HISTORY, meta={"source": meta["source"]})
     info = {k: meta[k] for k in ("model", "profile", "sequences", "tokens", "source")}
@@ -93,14 +119,11 @@ def bigram(env: Env, source: str = "corpus", profile: str = "quick") -> tuple[np
     if source == "history":
         table, meta = history_table(env, profile)
         return bigram_table(table.tokens, vocab), {**meta, "kind": "bigram of the model history"}
-    if not path.exists():
-        env.log(f"building the corpus bigram table for {env.cfg.model} into {path} (seconds; once)")
-        tokens, files = _corpus(env)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp.npy")
-        np.save(tmp, bigram_table(tokens, vocab))
-        tmp.replace(path)
-    table = np.load(path)
+
+    def build(tmp: Path) -> None:
+        np.save(tmp, bigram_table(_corpus(env)[0], vocab))
+    table = seal.load_or_build(path, np.load, build, env.log, fresh=lambda t: t.shape == (vocab,),
+                               say=f"building the corpus bigram table for {env.cfg.model} into {path} (seconds; once)")
     return table, {"path": str(path), "kind": "bigram of the corpus", "known": int((table >= 0).sum())}
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..engine import DraftContext, Proposal
 from .base import HEADS, Method, MethodError, MethodSpec, Param
+from .contract import RUN_HEADS, Input
 from .env import Env
 from .heads import _needs_heads
 from .lattice import HeadsSource, LatticeDrafter
@@ -58,4 +59,5 @@ def build(env: Env, method: Method) -> OracleDrafter:
 
 
 SPECS = [MethodSpec("oracle", "oracle top-k: the best lattice path, known from the greedy reference (an upper bound)",
-                    build, (Param("k", int, "top-k per head", low=1), HEADS), _needs_heads, family="heads")]
+                    build, (Param("k", int, "top-k per head", low=1), HEADS), _needs_heads,
+                    inputs=frozenset({Input.HIDDEN, Input.REFERENCE}), artefacts=(RUN_HEADS,))]

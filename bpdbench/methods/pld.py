@@ -14,6 +14,9 @@ from ..engine import DraftContext, Proposal
 from .base import Method, MethodSpec, Param
 from .env import Env
 from .lookup import ContextIndex
+from .search import Chain
+
+TOKENS_AUTO = 16          # tokens=auto: one replay at 16 tokens, each shorter draft a prefix of it
 
 
 class PromptLookupDrafter:
@@ -53,4 +56,4 @@ SPECS = [MethodSpec("pld", "prompt lookup: copy what followed the last n-gram's 
                     "(transformers' prompt_lookup_num_tokens semantics, in our loop)", build,
                     (Param("tokens", int, "draft length (auto: the length fastest on this machine)", low=1, auto=True),
                      Param("ngram", int, "longest n-gram matched", low=1)),
-                    family="lookup")]
+                    artefacts=(), shapes=Chain("tokens", longest=TOKENS_AUTO))]

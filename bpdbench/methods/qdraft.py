@@ -42,8 +42,11 @@ from ..nets.quant import BITS, kernels, quantized_copy
 from .base import Method, MethodError, MethodSpec, Param
 from .cascade import AssistedDraftModel
 from .env import Env
+from .search import Chain
 from .selfdraft import profile
 from .sps import DraftModelDrafter
+
+LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 
 GROUPS = (32, 64, 128, 256)
 GROUP = 32               # MXFP4's block: 32 weights share one scale
@@ -136,4 +139,5 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                            "target", low=1, high=3),
                      Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS),
                      Param("window", int, "the draft sees the prompt's last N tokens (0: all of it)", low=0)),
-                    _needs, family="draft-model", check=_check)]
+                    _needs, check=_check, artefacts=(),      # its int8/int4 copy is made at build, per run
+                    shapes=Chain("length", longest=LENGTH_AUTO, drafts_per_token=True))]

@@ -26,7 +26,9 @@ from __future__ import annotations
 
 from ..engine import DraftContext, Feedback, Proposal
 from .base import Method, MethodSpec, Param
+from .contract import Input
 from .env import Env
+from .search import Sizes
 
 # The authors' default template (version 2.2.2), breadth-first: 80 draft nodes, ranks 0..7, depths 1..6.
 TEMPLATE: tuple[tuple[int, ...], ...] = tuple(tuple(e) for e in (
@@ -44,6 +46,7 @@ TEMPLATE: tuple[tuple[int, ...], ...] = tuple(tuple(e) for e in (
 MAX_NODES = len(TEMPLATE)
 MAX_K = 1 + max(r for e in TEMPLATE for r in e)
 assert all(e[:-1] in set(TEMPLATE[:i]) | {()} for i, e in enumerate(TEMPLATE)), "template is not breadth-first"
+NODES_AUTO = (4, 8, 12, 16, 24, 32, 48, 64, 80)   # nodes=auto: the template's breadth-first prefixes, one replay each
 
 
 class RecyclingDrafter:
@@ -108,4 +111,4 @@ SPECS = [MethodSpec("recycling", "Token Recycling: each token's top-k successors
                      Param("k", int, f"successors kept per token, 1..{MAX_K}", low=1, high=MAX_K + 1),
                      Param("persist", int, "1: keep the matrix across the run's examples (the authors'); 0: clear it "
                            "per example", low=0, high=2)),
-                    family="lookup")]
+                    inputs=frozenset({Input.FEEDBACK}), artefacts=(), shapes=Sizes("nodes", NODES_AUTO))]

@@ -29,8 +29,13 @@ from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .lookup import SEP
+from .search import Chain, Grid
 from .suffix_store import SuffixIndex
 from ..artefacts.history import PROFILES
+
+# nodes=auto: one replay per trie budget, each priced at its own verify sizes; the depth read after a match stays as
+# given (the trie's budget is what is chosen)
+NODES_SEARCH = Chain("length", default=10, grid=Grid("nodes", (4, 8, 16, 32, 64), joint=True))
 
 MATCHES = 5000          # matches read per step (REST's k)
 
@@ -139,4 +144,4 @@ SPECS = [MethodSpec("rest", "REST: continuations of the context's longest suffix
                      Param("span", int, "longest context suffix searched", low=2, high=33),
                      Param("length", int, "tokens read after each match", low=1, high=33),
                      Param("history", str, "model-history profile (train/history.py)", choices=tuple(PROFILES))),
-                    _needs, family="lookup")]
+                    _needs, shapes=NODES_SEARCH)]

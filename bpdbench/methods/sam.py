@@ -48,13 +48,17 @@ from __future__ import annotations
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
+from .contract import Input
 from .env import Env
 from .lookup import continuation, cut_after_eos
+from .search import Chain
 from .suffix_store import SuffixAutomaton, SuffixIndex
 
 TOKENS, THRESHOLD, BIAS = 39, 5, 5      # the published n_predicts - 1, len_threshold, len_bias
 FALLBACK = "recycling"                  # the published training-free auxiliary drafter (SAM[TR])
 NONE = "none"                           # fallback=none: below the threshold, a plain decode step
+TOKENS_AUTO = 16                        # tokens=auto: one replay at 16; `tokens` caps the fallback's drafts too,
+                                        # so every shorter draft is a truncation of it
 
 
 def fallback_spelling(raw: str) -> str:
@@ -149,7 +153,7 @@ def _fallback(method: Method) -> Method | None:
     return parse(_inner(spelling if spelling is not None else FALLBACK))
 
 
-def _inputs(method: Method) -> frozenset[str]:
+def _inputs(method: Method) -> frozenset[Input]:
     """What SAM takes from the loop beyond reset and observe: what its fallback takes (the automata need nothing
     else)."""
     inner = _fallback(method)
@@ -170,7 +174,7 @@ def build(env: Env, method: Method) -> SamDrafter:
     resolved["fallback"] = NONE if inner is None else inner.label
     env.resolved[method.label] = resolved
     d = SamDrafter(method.label, tokens, threshold, bias, static, fallback, env.limits.eos_ids)
-    d.needs_hidden = inner is not None and (HIDDEN in declared(inner) or HIDDEN in consumes(fallback, inner))
+    d.needs_hidden = inner is not None and HIDDEN in consumes(fallback, inner)
     return d
 
 
@@ -194,4 +198,4 @@ SPECS = [MethodSpec("sam", "SAM-Decoding: the continuation of the longest suffix
                      Param("fallback", fallback_spelling, f"the method that drafts below the threshold, parameters "
                            f"separated by ';' (default {FALLBACK}; none: a plain decode step; e.g. "
                            "fallback=hydra;tree=4)")),
-                    _needs, family="lookup", inputs=_inputs)]
+                    _needs, inputs=_inputs, shapes=Chain("tokens", longest=TOKENS_AUTO))]

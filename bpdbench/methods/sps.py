@@ -25,7 +25,9 @@ from transformers import DynamicCache
 
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
+from .contract import Kind, Reads
 from .env import Env
+from .search import Chain
 
 # target -> the default same-tokenizer draft model: the 0.5B for the 1.5B (the only registered pair that shares a
 # tokenizer); for the 0.5B, which has no smaller sibling, our smallest neural LM (rescorers/neural.py), trained on
@@ -33,6 +35,7 @@ from .env import Env
 DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b": "neural-s"}
 NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
+GAMMA_AUTO = 8            # gamma=auto: one replay at 8 draft tokens; a draft model pays per drafted token
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -195,6 +198,16 @@ def _check(method: Method) -> None:
                           f"schedule changes it every step: pass schedule=fixed or a start value gamma=N")
 
 
+def _draft(method: Method, cfg) -> str | None:
+    """The draft model a spelling names, or the target's default one."""
+    return method.get("model") or DEFAULT_DRAFT.get(cfg.model)
+
+
+# The draft model: one of our neural LMs (a rescorer artefact, trained on first use) or a registered model's cache.
+READS = (Reads(Kind.RESCORER, lambda m, cfg: [d for d in [_draft(m, cfg)] if d in NEURAL]),
+         Reads(Kind.MODEL, lambda m, cfg: [d for d in [_draft(m, cfg)] if d and d not in NEURAL]))
+
+
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     import importlib.util
     from .. import models
@@ -216,4 +229,5 @@ SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft mod
                            "length fastest on this machine)", low=1, auto=True),
                      Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
                            "draft, -1 otherwise)", choices=SCHEDULES)),
-                    _needs, family="draft-model", check=_check)]
+                    _needs, check=_check, artefacts=READS,
+                    shapes=Chain("gamma", longest=GAMMA_AUTO, drafts_per_token=True))]

@@ -12,7 +12,8 @@
   a context that occurs (SAM's static match length: occurrence is monotone in the suffix length, so a bisection on
   the length), and the continuations after a match (REST's retrieval).
 - `corpus_index` / `datastore_index`: the static indexes for a target model, built on first use and cached under
-  `$BPDBENCH_CACHE/lookup/<model>/` next to the lookup tables (lookup_store.py), from the same sources.
+  `$BPDBENCH_CACHE/lookup/<model>/` next to the lookup tables (lookup_store.py), from the same sources, sealed
+  (artefacts/seal.py): a damaged or unreadable index is said in one line and built again.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..artefacts import seal
 from .lookup import SEP, save_npz
 
 DEPTH = 32          # suffixes are sorted on their first DEPTH tokens: the longest pattern a query may use
@@ -222,17 +224,21 @@ def datastore_file(model: str, profile: str) -> Path:
 
 
 @lru_cache(maxsize=4)
-def _load(path: str, mtime: float) -> SuffixIndex:
+def _load(path: str, mtime: int) -> SuffixIndex:
     return SuffixIndex.load(Path(path))
 
 
+def _index(path: Path) -> SuffixIndex:
+    return _load(str(path), path.stat().st_mtime_ns)
+
+
 def _cached(path: Path, want: dict, make, env) -> tuple[SuffixIndex, dict]:
-    """The index at `path` if it was built from `want`'s sources, else built now (seconds) and saved."""
-    index = _load(str(path), path.stat().st_mtime) if path.exists() else None
-    if index is None or any(index.meta.get(k) != v for k, v in want.items()):
-        env.log(f"building the suffix index {path.name} for {env.cfg.model} into {path.parent} (seconds; once)")
-        SuffixIndex.build(make(), meta=want).save(path)
-        index = _load(str(path), path.stat().st_mtime)
+    """The index at `path` if it was built from `want`'s sources and matches its seal, else built now (seconds),
+    sealed and saved (a damaged or unreadable one is said in one line and built again)."""
+    index = seal.load_or_build(
+        path, _index, lambda tmp: SuffixIndex.build(make(), meta=want).save(tmp), env.log,
+        fresh=lambda index: all(index.meta.get(k) == v for k, v in want.items()),
+        say=f"building the suffix index {path.name} for {env.cfg.model} into {path.parent} (seconds; once)")
     return index, {"path": str(path), "tokens": index.meta["tokens"], "depth": index.depth,
                    **{k: v for k, v in index.meta.items() if k not in ("files", "tokens", "depth")}}
 

@@ -1,6 +1,6 @@
 """Trained draft models (bpdbench/drafters: EAGLE, Hydra, Hydra++, Amphista, Medusa/KOALA heads) as drafters.
 
-One entry for every family, so they differ only in the model. A chain is kept as a lattice (top-k per depth), on
+One entry for every drafter type, so they differ only in the model. A chain is kept as a lattice (top-k per depth), on
 which the paper's refiners apply (`refine=ngram4`, `16best-ngram4`, `medusa`): a parallel model gives all depths
 in one call, so its chain is the heads' drafter (methods/lattice.py: LatticeDrafter over the model); a sequential
 model conditions each depth on the tokens drafted before it, so its chain is drafted here depth by depth along the
@@ -12,11 +12,16 @@ width). `tree=dynamic` is EAGLE-2's whole policy (methods/dynamic.py): `topk` fr
 children each, for `depth` levels, then the `nodes` best of all generated nodes kept (nodes=auto: the budget
 fastest on this machine). Verification is the base's, so any draft is lossless.
 
-Each family's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here.
+Each drafter type's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here,
+whose contract (methods/contract.py) every trained drafter shares: it reads the base's hidden states, its artefact is
+the trained drafter (trained on first use), its preflight checks the folder, type and shape before the model loads,
+and `auto` sizes its depth and tree width (`tree=auto`, `depth=auto`) or a dynamic tree's node budget
+(`tree=dynamic,nodes=auto`).
 """
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -28,11 +33,14 @@ from ..nets.base import DraftModel, DrafterFileError
 from ..nets.checkpoint import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
+from ..artefacts import seal
 from ..artefacts.policy import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
-from .dynamic import DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree
+from .contract import Input, Kind, Reads, need_names
+from .dynamic import BUDGETS, DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree, is_dynamic
 from .env import Env
 from .lattice import LatticeDrafter, ParallelSource, Refined, sure_depths
+from .search import Chain, Either, Grid, given, with_values
 
 PROFILES = ("quick", "full", "ci")
 DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
@@ -43,8 +51,7 @@ TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a 
 NODES = Param("nodes", int, "tree=dynamic: draft nodes verified per step (auto: the budget fastest on this machine)",
               low=1, high=257, auto=True)
 TOPK = Param("topk", int, "tree=dynamic: frontier nodes per depth and children per node", low=1, high=65)
-DYNAMIC_BUDGETS = (4, 8, 16, 32, 64)  # nodes=auto chooses among these verify budgets (experiments/autoshape.py)
-AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (experiments/autoshape.py)
+AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (SEARCH below)
 REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
                choices=tuple(n for n in refine.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
 SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the training data (default: as trained)",
@@ -149,7 +156,7 @@ def folder(method: Method, cfg: RunConfig, trained_name: str) -> Path:
                                                                                  profile_of(method, cfg))
 
 
-def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[DraftModel, dict]:
+def resolve(env: Env, method: Method, trained_name: str, drafter_type: str) -> tuple[DraftModel, dict]:
     """The drafter a method names: loaded (once per session and shortlist), or trained on first use."""
     where = folder(method, env.cfg, trained_name)
     profile = profile_of(method, env.cfg)
@@ -164,10 +171,14 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
         drafter_need(method, env.cfg.model, trained_name, profile).build(
             env.cfg.auto_train, lambda: builder("drafter")(trained_name, profile, env.cfg.model, env.model, env.tok, env.log),
             env.log, where, MethodError)
+    why = seal.problem(where)            # sealed when trained: a changed or missing file is never loaded silently
+    if why:
+        raise MethodError(f"{method.label}: {why}; delete {where} and it is trained again on next use (or run "
+                          f"`bpdbench train-drafter {trained_name}`)")
     try:
         config = read_config(where)
-        if config["drafter"] != family:
-            raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {family}")
+        if config["drafter"] != drafter_type:
+            raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {drafter_type}")
         base = env.model
         model, config = load_drafter(where, base.model.embed_tokens.weight, base.lm_head.weight, base.dtype,
                                      method.get("shortlist"))
@@ -179,11 +190,14 @@ def resolve(env: Env, method: Method, trained_name: str, family: str) -> tuple[D
     return model, config
 
 
-def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width: int | None) -> None:
-    limit = 16 if family == "eagle" else depth              # EAGLE drafts autoregressively past its trained depth
+def _check_shape(method: Method, cfg: RunConfig, drafter_type: str, depth: int, width: int | None,
+                 longest: int | None = None) -> None:
+    """`longest`: the deepest chain the drafter drafts when it differs from its trained depth (EAGLE is
+    autoregressive over its own features and drafts past it)."""
+    limit = longest or depth
     if method.concrete("depth", depth) > limit:
-        raise MethodError(f"{method.label}: depth={method.get('depth')} but this {family} drafter drafts at most "
-                          f"{limit}")
+        raise MethodError(f"{method.label}: depth={method.get('depth')} but this {drafter_type} drafter drafts at "
+                          f"most {limit}")
     tree, stage = method.get("tree", 0), method.get("refine")
     if tree and stage:
         raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
@@ -200,23 +214,23 @@ def _check_shape(method: Method, cfg: RunConfig, family: str, depth: int, width:
                           f"pass a smaller one")
 
 
-def check(method: Method, cfg: RunConfig, trained_name: str, family: str) -> None:
-    """Everything about a drafter method that can be checked before the model loads (session preflight)."""
+def check(method: Method, cfg: RunConfig, trained_name: str, drafter_type: str, longest: int | None = None) -> None:
+    """Everything about a drafter method that can be checked before the model loads (its spec's preflight)."""
     where = folder(method, cfg, trained_name)
     if not (where / "config.json").exists():
-        _check_shape(method, cfg, family, 16, None)
+        _check_shape(method, cfg, drafter_type, 16, None)
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where} (no config.json); train one with "
                               f"`bpdbench train-drafter {trained_name} --out {where}`")
         drafter_need(method, cfg.model, trained_name, profile_of(method, cfg)).check(cfg.auto_train, MethodError)
         return
     config = read_config(where)
-    if config["drafter"] != family:
-        raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {family}")
+    if config["drafter"] != drafter_type:
+        raise MethodError(f"{method.label}: {where} holds a {config['drafter']} drafter, not {drafter_type}")
     if method.get("shortlist") and not (where / "rank.pt").exists():
         raise MethodError(f"{method.label}: {where} has no rank.pt, so shortlist= cannot resize its vocabulary")
     width = method.get("shortlist") or config.get("shortlist_size")
-    _check_shape(method, cfg, family, int(config["depth"]), width)
+    _check_shape(method, cfg, drafter_type, int(config["depth"]), width, longest)
 
 
 def drafter_for(name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1, threshold: float = 0.0,
@@ -229,9 +243,10 @@ def drafter_for(name: str, model: DraftModel, depth: int, tree: int | str = 0, k
     return TrainedDrafter(name, model, depth, tree, k, threshold, refiner, nodes, topk)
 
 
-def build(env: Env, method: Method, trained_name: str, family: str) -> LatticeDrafter | TrainedDrafter:
-    model, config = resolve(env, method, trained_name, family)
-    _check_shape(method, env.cfg, family, model.depth, len(model.proj))
+def build(env: Env, method: Method, trained_name: str, drafter_type: str, longest: int | None = None
+          ) -> LatticeDrafter | TrainedDrafter:
+    model, config = resolve(env, method, trained_name, drafter_type)
+    _check_shape(method, env.cfg, drafter_type, model.depth, len(model.proj), longest)
     depth = method.get("depth", model.depth)
     tree, stage = method.get("tree", 0), method.get("refine")
     k = method.get("k", env.cfg.k) if stage else 1
@@ -245,7 +260,7 @@ def build(env: Env, method: Method, trained_name: str, family: str) -> LatticeDr
         ensure(spec, env.cfg, env.tok, env.log)
         refiner = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, dtype=env.cfg.dtype)
     training = config.get("training") or {}
-    env.resolved[method.label] = {"drafter": family, "name": config.get("name"), "path": str(folder(
+    env.resolved[method.label] = {"drafter": drafter_type, "name": config.get("name"), "path": str(folder(
         method, env.cfg, trained_name)), "depth": depth, "tree": tree, "k": k, "threshold": threshold,
         "refine": stage, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
         "trainable_parameters": config.get("trainable_parameters"), "profile": training.get("profile"),
@@ -266,27 +281,59 @@ class _Defaults:
         return default
 
 
-def spec(name: str, description: str, trained_name, family, extra: tuple[Param, ...] = ()) -> MethodSpec:
-    """A registry entry. `trained_name` (the trainer's name, i.e. the cache folder) and `family` (the drafter type
-    it must hold) are strings or functions of the method (koala:base=hydra -> koala-hydra, a hydra drafter)."""
+def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]:
+    """`needs` of an entry drafting with a trained drafter: whether the default spelling's folder is there."""
     name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
-    family_of = family if callable(family) else (lambda m: family)
 
     def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
         m = _Defaults()
         where = folder(m, cfg.replace(model=model), name_of(m))
         return [(f"{name_of(m)} drafter ({profile_of(m, cfg)})", (where / "config.json").exists())]
+    return needs
 
+
+# Its artefact: the trained drafter `needs` names, which the sweep builds by building the method once (trained then).
+DRAFTER = Reads(Kind.DRAFTER, need_names)
+
+
+def model_of(drafter: LatticeDrafter | TrainedDrafter) -> DraftModel:
+    """The draft model a built drafter drafts with (a parallel model's chain is a LatticeDrafter over it)."""
+    return drafter.model if isinstance(drafter, TrainedDrafter) else drafter.source.model
+
+
+def _chain_model(env: Env, method: Method) -> DraftModel:
+    """The drafter of the spelling without its `auto` values, built as a chain: its trained depth and shortlist."""
+    plain = given(method)
+    return model_of(plain.spec.build(env, with_values(plain, tree=0)))
+
+
+def _sequential(drafter) -> bool:
+    """A sequential model's drafting time grows with the draft (one call per depth)."""
+    return isinstance(drafter, TrainedDrafter) and drafter.model.kind == "sequential"
+
+
+# `auto`: tree=dynamic,nodes=auto replays each node budget; otherwise a chain or fixed-width tree whose depth is the
+# length (chosen when auto or not given; replayed at the trained depth) and whose width is replayed per value the
+# shortlist holds (tree=auto).
+SEARCH = Either(is_dynamic, BUDGETS, Chain(
+    "depth", longest=lambda env, m: m.concrete("depth", _chain_model(env, m).depth),
+    grid=Grid("tree", lambda env, m: tuple(w for w in AUTO_WIDTHS if w <= len(_chain_model(env, m).proj)), default=0),
+    chosen=lambda m: "depth" in m.auto or m.get("depth") is None, drafts_per_token=_sequential))
+
+
+def spec(name: str, description: str, trained_name, drafter_type, extra: tuple[Param, ...] = (),
+         longest: int | None = None) -> MethodSpec:
+    """A registry entry. `trained_name` (the trainer's name, i.e. the cache folder) and `drafter_type` (the drafter
+    type it must hold) are strings or functions of the method (koala:base=hydra -> koala-hydra, a hydra drafter);
+    `longest`: the deepest chain when it is not the trained depth (EAGLE's 16)."""
+    name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
+    type_of = drafter_type if callable(drafter_type) else (lambda m: drafter_type)
     description += "; tree=dynamic grows an EAGLE-2 tree each step (nodes, topk, depth)"
-    s = MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), family_of(m)), extra + COMMON,
-                   needs, family="drafter")
-    CHECKS[name] = lambda m, cfg: check(m, cfg, name_of(m), family_of(m))
-    return s
+    return MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), type_of(m), longest),
+                      extra + COMMON, needs_of(trained_name), inputs=frozenset({Input.HIDDEN}), artefacts=(DRAFTER,),
+                      preflight=lambda m, cfg: check(m, cfg, name_of(m), type_of(m), longest), shapes=SEARCH)
 
 
 def drafter_need(method: Method, model: str, trained_name: str, profile: str) -> Need:
     return Need(f"'{profile}' {trained_name} drafter for {model}",
                 f"bpdbench train-drafter {trained_name} --profile {profile}", MINUTES[profile], method.label)
-
-
-CHECKS: dict = {}        # method name -> preflight check (experiments.artefacts.check_drafters)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..methods import contract
 from ..methods.base import Method
 from . import load
 
@@ -16,7 +17,7 @@ from . import load
 def is_drafter(method: Method) -> bool:
     """A trained drafter (eagle, hydra:tree=4, koala:base=hydra, ...); the tables set bpd (the Medusa-1 baseline)
     beside them by its label."""
-    return method.spec.family == "drafter"
+    return contract.Kind.DRAFTER in contract.kinds(method)
 
 
 def training_table(results: Path) -> pd.DataFrame:

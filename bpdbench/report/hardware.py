@@ -26,6 +26,7 @@ import pandas as pd
 from .. import refine
 from .. import models, paths
 from ..engine.counters import Counters
+from ..methods import contract
 from ..methods.base import Method
 from . import load
 
@@ -150,7 +151,7 @@ def task_rows(folder: load.ResultFolder, methods: tuple[Method, ...]) -> list[di
     if not records:
         return []
     keys = {k for k, v in records[0].items() if isinstance(v, dict)}
-    present = [m for m in methods if m.name == "ar" or (m.label in keys and m.name != "oracle")]
+    present = [m for m in methods if m.name == "ar" or (m.label in keys and contract.Input.REFERENCE not in contract.inputs(m))]
     rows = []
     for m in present:
         c, missing = Counters(), False

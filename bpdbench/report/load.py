@@ -6,7 +6,7 @@ method spellings with canonical(), so two tables could disagree on the same fold
 oracle-k16) was only as current as the reader that remembered to map it. Here a folder is read once into a
 `ResultFolder` (config.json once, its methods parsed once with the one grammar, methods/spelling.py), and a kind's
 CSV rows come back with `method` set to the parsed Method's label, beside the Methods themselves (`Rows`), so
-readers select and pivot on labels and ask the Method for its name, parameters or family instead of parsing text.
+readers select and pivot on labels and ask the Method for its name and parameters instead of parsing text.
 """
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """What cells need built before they start, once per (model, artefact): the model's dense cache per dtype, heads per
-profile, n-gram and neural LMs per target model, and whatever else a method lists as needs (`bpdbench methods`:
-trained drafters, lookup tables), the last built by building that method once, as its first use would.
+profile, n-gram and neural LMs per target model, and the trained drafters and tables a method reads, the last built
+by building that method once, as its first use would. What a method reads is its contract's typed artefact keys
+(methods/contract.py: `artefacts`), one kind resolved one way here.
 
 Why tasks of their own: a cell builds a missing artefact on first use (methods/artefacts.py, resolve_heads), and two
 cells doing that at once would both train it and race on its files. As Ray tasks that run before the cells needing
@@ -12,10 +13,10 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..config import RunConfig
-from ..methods import Method
+from ..methods import Method, contract
+from ..methods.contract import Kind
 
 RANK = {"model": 0, "heads": 1, "rescorer": 2, "method": 3}
-FAMILIES = ("heads", "draft-model", "baseline", "peer")     # needs resolved here, one artefact kind each
 Log = Callable[[str], None]
 
 
@@ -36,7 +37,6 @@ class Artefact:
 def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
     """The artefacts one cell needs, each with the artefacts it is itself built from."""
     from .. import models
-    from ..methods.sps import DEFAULT_DRAFT, NEURAL
     from ..train.heads import PROFILES
     from ..train.pacing import resolve_dtype
     cfg: RunConfig = cell.config
@@ -64,36 +64,21 @@ def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
         out.setdefault(a.id, a)
 
     model(cfg.model, cfg.dtype)
-    if any(m.spec.family == "heads" for m in methods):
-        heads(cfg.heads_profile)
+    keys = {m.label: contract.artefacts(m, cfg) for m in methods}
+    for k in (k for ks in keys.values() for k in ks if k.kind is Kind.HEADS):   # heads first: what the rest waits on
+        heads(k.name)
     for m in methods:
-        for tag in _rescorer_tags(m, cfg):
-            rescorer(tag)
-        if m.name == "sps":
-            draft = m.get("model") or DEFAULT_DRAFT.get(cfg.model)
-            if draft in NEURAL:
-                rescorer(draft)
-            elif draft:
-                model(draft, cfg.dtype)
-        if m.spec.family not in FAMILIES and m.spec.needs and not m.spec.external:
-            needs = m.spec.needs(cfg.model, cfg)
-            base = model(cfg.model, cfg.dtype) + [h for what, _ in needs if what.startswith("heads (")
-                                                  for h in heads(what[len("heads ("):-1])]
-            for what, _ in needs:
-                if not what.startswith("heads ("):
-                    a = Artefact("method", cfg.model, what, tuple(base), (cfg, m.label))
-                    out.setdefault(a.id, a)
+        own_heads = [h for k in keys[m.label] if k.kind is Kind.HEADS for h in heads(k.name)]
+        for k in keys[m.label]:
+            if k.kind is Kind.RESCORER:
+                rescorer(k.name)
+            elif k.kind is Kind.MODEL:
+                model(k.name, cfg.dtype)
+            elif k.kind in (Kind.DRAFTER, Kind.BUILT):       # built by building the method once
+                a = Artefact("method", cfg.model, k.name, tuple(model(cfg.model, cfg.dtype) + own_heads),
+                             (cfg, m.label))
+                out.setdefault(a.id, a)
     return sorted(out.values(), key=lambda a: RANK[a.kind])
-
-
-def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
-    from .. import refine
-    from ..methods.artefacts import ready
-    if method.spec.family != "heads":
-        return []
-    name = "medusa-auto" if method.get("tree") == "auto" else method.name
-    spec = refine.RESCORERS.get(name)
-    return [tag for tag, _ in ready(spec, cfg.model)] if spec is not None else []
 
 
 def collect(cells: list, methods_of) -> list[Artefact]:

@@ -16,7 +16,6 @@ it starts) it stops with a `WARNING:`, and meta.json records `truncated_by_time:
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from typing import Callable
 import torch
 
 from .. import paths
+from ..artefacts import seal
 from ..config import environment
 from .greedy import (seen, base_on, batches, device_for, greedy_batch, kept, left_padded, prompt_pool, stop_ids,
                      teacher_topk)
@@ -119,6 +119,10 @@ def path_for(model: str, budget: str) -> Path:
 def load(path: Path) -> DistillData:
     if not (path / FILE).exists():
         raise FileNotFoundError(f"no distillation data at {path}; build it with `bpdbench distill-data`")
+    why = seal.problem(path)
+    if why:
+        raise seal.ArtefactDamaged(f"{why}; delete {path} and rerun `bpdbench distill-data` (or let the next "
+                                   f"training build it)")
     try:
         state = torch.load(path / FILE, map_location="cpu", weights_only=True)
         meta = json.loads((path / "meta.json").read_text())
@@ -133,13 +137,29 @@ def ensure(model_name: str, budget: str | Budget, model=None, tok=None, log: Log
     """The cached dataset, built first when missing (every trainer calls this, so the data is made once). `budget`: a
     name in BUDGETS or a Budget (its name names the folder); `device`: where a missing one is generated."""
     path = path_for(model_name, name_of(budget))
-    if (path / FILE).exists() and not isinstance(budget, str) and (changed := _changed(path, budget)):
-        log(f"the cached '{name_of(budget)}' data was made with another budget ({', '.join(changed)}): "
-            f"building it again")
-    elif (path / FILE).exists():
+    if _stale(path, budget) is None:        # read without writing anything (not even a lock file)
         return load(path)
-    build(model_name, budget, model, tok, log, device=device)
+    with seal.build_lock(path, log):        # a process building it now: wait for it, then read what it built
+        why = _stale(path, budget)
+        if why is None:
+            return load(path)
+        if why:
+            log(why)
+        build(model_name, budget, model, tok, log, device=device)
     return load(path)
+
+
+def _stale(path: Path, budget: str | Budget) -> str | None:
+    """Why the cached data at `path` must be built (again): "" when there is none, a line to say when it is
+    damaged or was made with another budget; None when it can be read as it is."""
+    if not (path / FILE).exists():
+        return ""
+    if why := seal.problem(path):
+        return f"warning: {why}: building it again"
+    if not isinstance(budget, str) and (changed := _changed(path, budget)):
+        return (f"the cached '{name_of(budget)}' data was made with another budget ({', '.join(changed)}): "
+                f"building it again")
+    return None
 
 
 def _changed(path: Path, budget: Budget) -> list[str]:
@@ -174,6 +194,7 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
     b = resolve(budget, BUDGETS)
     name = b.name
     out = out or path_for(model_name, name)
+    seal.check_writable(out)                    # a read-only place is one line now, not after generating
     t0 = time.time()
     torch.manual_seed(b.seed)
     device = device_for(device, model)
@@ -204,13 +225,9 @@ def build(model_name: str, budget: str | Budget, model=None, tok=None, log: Log 
                            pacer.truncated_by_time)
     if warning:
         meta["quality_warning"] = warning
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    torch.save(state, tmp / FILE)
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+    with seal.building(out, log, folder=True) as tmp:      # sealed and renamed into place whole, or not at all
+        torch.save(state, tmp / FILE)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
     log(f"distillation data saved to {out}: {len(seqs)} sequences, {meta['rows']} rows ({n_greedy} greedy) in "
         f"{meta['seconds']}s")
     if warning:

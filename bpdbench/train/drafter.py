@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .. import models, paths
+from ..artefacts import seal
 from ..config import environment
 from ..nets.base import DraftModel
 from ..nets.checkpoint import save
@@ -131,6 +132,7 @@ def train(name: str, profile: str | Profile, model_name: str, model=None, tok=No
         name, adversarial = name[:-4], adversarial or 0.1
     saved = check(name, profile, adversarial)
     p, fam = resolve(profile, PROFILES), FAMILIES[name]
+    seal.check_writable(out or drafter_dir(model_name, saved, p.name))   # read-only: one line now, not after
     fam = replace(fam, adversarial=adversarial, lr=fam.lr if lr is None else lr)
     data = name_of(p.data)
     load0 = os.getloadavg()[0]
@@ -185,7 +187,8 @@ def train(name: str, profile: str | Profile, model_name: str, model=None, tok=No
     drafter.emb = None
     default = out is None
     out = out or drafter_dir(model_name, saved, p.name)
-    save(drafter, out, model_name, report, saved, ds.rank)
+    with seal.building(out, log, folder=True) as tmp:    # sealed and renamed into place whole, or not at all
+        save(drafter, tmp, model_name, report, saved, ds.rank)
     if default:                 # the cached drafter's report is a result too (`bpdbench tables`: drafters_training)
         copy = paths.results_root() / "drafters" / "training" / f"{model_name.replace('/', '_')}-{saved}-{p.name}.json"
         copy.parent.mkdir(parents=True, exist_ok=True)

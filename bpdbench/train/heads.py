@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from .. import paths
+from ..artefacts import seal
 from ..nets.heads import Heads, HeadsInfo, save
 from . import distill, objectives
 from .fit import FitConfig
@@ -158,6 +159,7 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
     p = resolve(profile, PROFILES)
     name = p.name
     out = out or heads_dir(model_name, name)
+    seal.check_writable(out)                    # a read-only place is one line now, not after the training
     t0 = time.time()
     torch.manual_seed(p.seed)
     device = device_for(device, model)
@@ -197,8 +199,10 @@ def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Ca
         blk[0].linear.weight.data.copy_(w[i])
         blk[0].linear.bias.data.copy_(b[i])
     heads.shortlist = shortlist
-    save(heads, HeadsInfo(model_name, p.num_heads, shortlist_size=len(shortlist), extra={"training": report}), out)
-    (out / "report.json").write_text(json.dumps(report, indent=2))
+    with seal.building(out, log, folder=True) as tmp:    # sealed and renamed into place whole, or not at all
+        save(heads, HeadsInfo(model_name, p.num_heads, shortlist_size=len(shortlist), extra={"training": report}),
+             tmp)
+        (tmp / "report.json").write_text(json.dumps(report, indent=2))
     log(f"heads saved to {out} in {report['seconds']}s; held-out top-1 per head {report['heldout']['top1']}")
     if warning:
         log(f"WARNING: {warning}; recorded in {out / 'report.json'} and every run that uses these heads")

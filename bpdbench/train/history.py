@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 
 from .. import paths
+from ..artefacts import seal
 from ..artefacts.history import MINUTES, PROFILES, HistoryProfile, history_file, load  # noqa: F401
 from .pacing import FILL, Pacer, predict_seconds, resolve_dtype
 
@@ -65,6 +66,8 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     if profile not in PROFILES:
         raise ValueError(f"unknown history profile '{profile}'; valid: {', '.join(PROFILES)}")
     p = PROFILES[profile]
+    path = Path(out) if out else history_file(model_name, profile)
+    seal.check_writable(path)                         # a read-only place is one line now, not after generating
     from .greedy import base_on, device_for, prompt_pool, seen
     device = device_for(device, model)
     dtype, why = resolve_dtype(p.dtype, log, device)
@@ -78,14 +81,11 @@ def build(model_name: str, profile: str, model=None, tok=None, log: Log = print,
     log(pacer.header(p.batch, dtype, why, size=f"{len(prompts)} prompts x up to {p.gen_tokens} greedy tokens"))
     seqs, source = greedy_continuations(model, tok, p, log, pacer, prompts)
     source.update(dtype_reason=why, device=device)
-    path = Path(out) if out else history_file(model_name, profile)
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {"model": model_name, "profile": profile, "settings": asdict(p), "source": source,
               "sequences": len(seqs), "tokens": sum(map(len, seqs)), "continuations": seqs,
               "seen": seen(p.n_prompts, p.seed, bool(getattr(tok, "chat_template", None)))}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record))
-    tmp.replace(path)
+    with seal.building(path, log) as tmp:             # whole and sealed, or the earlier file untouched
+        tmp.write_text(json.dumps(record))
     log(f"model history saved to {path}: {record['sequences']} continuations, {record['tokens']} tokens, "
         f"{source['seconds']}s")
     return path

@@ -18,6 +18,7 @@ from typing import Callable
 import torch
 
 from .. import models, paths
+from ..artefacts import seal
 from ..artefacts.corpus import (CORPUS_FILES, corpus_cache, corpus_documents, default_corpus_files,  # noqa: F401
                                tokenized_corpus)
 
@@ -186,8 +187,9 @@ def train_neural(size: str, model_name: str = models.DEFAULT_MODEL, shortlist: t
         "batch": batch, "seq_len": cfg.max_len, "lr": lr, "bf16_autocast": bf16, "seed": seed,
         "corpus_files": [str(f) for f in corpus_files],
     }
-    save_lm(lm, out)
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    with seal.building(out, log, folder=True) as tmp:    # sealed and renamed into place whole, or not at all
+        save_lm(lm, tmp)
+        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     log(f"neural-{size}: {stats['steps']} steps, {stats['tokens_seen']} tokens in {stats['seconds']:.0f}s; "
         f"held-out loss {loss:.3f} (ppl {math.exp(loss):.1f}) -> {out}")
     return out

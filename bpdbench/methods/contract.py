@@ -1,0 +1,135 @@
+"""A method's contract: what its drafter takes from the decode loop, which artefacts it reads, what is checked before
+the model loads and how `auto` sizes it, declared once on its registry entry (`MethodSpec`) and read through the
+functions here by the session, replay, `auto`, the sweep, `bpdbench methods` and the tables.
+
+Why: these facts used to be spread out as `family` strings that ten places switched on, a table of preflight checks
+filled as a side effect of building the trained drafters' entries, attributes read with `getattr` wherever a drafter
+was driven, need strings parsed back by the sweep and chains of method names in the auto-shape code. Adding a
+trained, auto-sized drafter meant touching eight to ten files, and forgetting one failed silently (a feature
+drafter replayed without hidden states, a drafter never checked before the model loaded). Now a method says what it
+needs in one place and nothing else names it.
+
+- `Input`: what a drafter takes from the loop besides `propose`'s tokens. `inputs(method)` is what the parsed method
+  declares (before anything is built or loaded); `takes(drafter, method)` is what a built drafter takes, the one
+  place a drafter's optional attributes (`feedback_k`, `needs_reference`, `needs_hidden`, `snapshot`) are read.
+- `Kind`, `ArtefactKey`, `Reads`: the artefacts a method reads, as typed keys (`artefacts(method, cfg)`); the sweep
+  builds them before the cells that use them, the preflight checks heads files, the tables pick trained drafters.
+- `preflight(method, cfg)`: the method's own checks before the model loads (trained drafters: folder, type, shape).
+- `search(method)`: how `auto` sizes the method (methods/search.py), or None when it has no `auto` parameter.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, StrEnum
+from typing import Any, Callable, Iterable
+
+from ..config import RunConfig
+from ..engine import state as drafter_state
+
+# A parsed method (methods/base.py: Method, which imports this module): its `spec`, `params` and `label` are read.
+Method = Any
+
+
+class Input(StrEnum):
+    """What a drafter takes from the loop. The values are the words error messages use."""
+    RESET = "reset"
+    OBSERVE = "observe"
+    FEEDBACK = "verify feedback"          # feedback_k > 0 and feedback(Feedback): the verify forward's top-k
+    HIDDEN = "hidden states"              # DraftContext.hidden / accepted_hidden of every decided position
+    REFERENCE = "greedy reference"        # needs_reference and use_reference(tokens) before each example
+    STATE = "state across examples"       # snapshot() / restore(state)
+
+
+ALWAYS = frozenset({Input.RESET, Input.OBSERVE})    # every drafter gets these
+
+
+class Kind(Enum):
+    """Kinds of artefact, each resolved one way by the sweep (sweep/artefacts.py)."""
+    MODEL = "model"           # a registered model's dense cache at the run's dtype (sps's draft model)
+    HEADS = "heads"           # the blockwise heads of a profile (bpdbench train-heads)
+    RESCORER = "rescorer"     # a refine stage's artefact, by tag (ngram4, neural-m)
+    DRAFTER = "drafter"       # a trained draft network, built by the method's first use (bpdbench train-drafter)
+    BUILT = "built"           # anything else the method's first use builds (lookup tables, suffix indexes)
+
+
+@dataclass(frozen=True)
+class ArtefactKey:
+    """One artefact: its kind and its name (a heads profile, a rescorer tag, a model, or for DRAFTER and BUILT the
+    need as `bpdbench methods` prints it, which is what the sweep checks readiness by)."""
+    kind: Kind
+    name: str
+
+
+@dataclass(frozen=True)
+class Reads:
+    """A method reads artefacts of `kind`; `names(method, cfg)` names them for one spelling and run."""
+    kind: Kind
+    names: Callable[[Method, RunConfig], Iterable[str]]
+
+
+def need_names(method: Method, cfg: RunConfig) -> list[str]:
+    """What the method's `needs` lists for the run's model, by name (the default spelling's needs)."""
+    return [what for what, _ in method.spec.needs(cfg.model, cfg)] if method.spec.needs else []
+
+
+# The default: whatever the method lists as needs is built by building the method once, as its first use would.
+BUILT_ON_FIRST_USE = Reads(Kind.BUILT, need_names)
+# The blockwise heads of the run's profile (--heads-profile).
+RUN_HEADS = Reads(Kind.HEADS, lambda method, cfg: (cfg.heads_profile,))
+
+
+# ---- reading the contract -------------------------------------------------------------------------------------
+
+def inputs(method: Method) -> frozenset[Input]:
+    """What the drafter of a parsed method will take from the loop, known before it is built (state across examples
+    aside: it depends on values, and every wrapper forwards it)."""
+    declared = method.spec.inputs
+    return ALWAYS | frozenset(declared(method) if callable(declared) else declared)
+
+
+def feedback_k(drafter: Any) -> int:
+    """The top-k a built drafter asks of each verify forward (0: it learns nothing from it)."""
+    return int(getattr(drafter, "feedback_k", 0) or 0)
+
+
+def takes(drafter: Any, method: Method | None = None) -> frozenset[Input]:
+    """What a built drafter takes from the loop: its own attributes, and the hidden states its method declares
+    (lattice and trained drafters read `ctx.hidden` without saying so on the instance)."""
+    out = set(ALWAYS)
+    if feedback_k(drafter) > 0:
+        out.add(Input.FEEDBACK)
+    if getattr(drafter, "needs_hidden", False) or (method is not None and Input.HIDDEN in inputs(method)):
+        out.add(Input.HIDDEN)
+    if getattr(drafter, "needs_reference", False):
+        out.add(Input.REFERENCE)
+    if drafter_state.keeps_state(drafter):
+        out.add(Input.STATE)
+    return frozenset(out)
+
+
+def reads_reference(drafter: Any) -> bool:
+    """Whether a built drafter must be given the greedy reference before each example (the oracle, a wrapper of
+    it)."""
+    return bool(getattr(drafter, "needs_reference", False))
+
+
+def artefacts(method: Method, cfg: RunConfig) -> tuple[ArtefactKey, ...]:
+    """The artefacts a method reads in this run, in declaration order."""
+    return tuple(ArtefactKey(r.kind, str(name)) for r in method.spec.artefacts for name in r.names(method, cfg))
+
+
+def kinds(method: Method) -> frozenset[Kind]:
+    """The kinds of artefact a method reads, whatever its values (the tables pick trained drafters by it)."""
+    return frozenset(r.kind for r in method.spec.artefacts)
+
+
+def preflight(method: Method, cfg: RunConfig) -> None:
+    """The method's own checks before the model loads (MethodError, one line)."""
+    if method.spec.preflight is not None:
+        method.spec.preflight(method, cfg)
+
+
+def search(method: Method) -> Any:
+    """How `auto` sizes this spelling (a methods/search.py `Search`), None when the method declares none."""
+    declared = method.spec.shapes
+    return None if declared is None else declared.of(method)
