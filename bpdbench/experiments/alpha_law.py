@@ -111,9 +111,9 @@ def run(plan: Plan, gamma_max: int = 8, temperatures=TEMPERATURES, log: Log = pr
             log(f"T={t:g}: {len(logged.steps)} steps, alpha_trial {frames[-1].alpha_trial.iloc[0]:.3f}")
         df = pd.concat(frames, ignore_index=True)
         out.mkdir(parents=True, exist_ok=True)
-        df.to_csv(out / "alpha_law.csv", index=False)
-        (out / "alpha_law.md").write_text(to_markdown(df))
-        pd.DataFrame(per_example).to_csv(out / "examples.csv", index=False)
+        write_atomic(out / "alpha_law.csv", df.to_csv(index=False))
+        write_atomic(out / "alpha_law.md", to_markdown(df))
+        write_atomic(out / "examples.csv", pd.DataFrame(per_example).to_csv(index=False))
         write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in steps_log))
         meta = s.meta([method], gamma_max=gamma_max, temperatures=list(temperatures))
         meta["config"]["temperature"] = None      # one run per temperature, listed above

@@ -66,12 +66,12 @@ def analyze(s: Session, out: Path) -> dict:
     ent = torch.cat(entropies)                                        # [positions, h]
     rep = pd.DataFrame([{"task": s.cfg.task, "drafts": "plain", **repetition(plain)},
                         {"task": s.cfg.task, "drafts": "ngram2", **repetition(rescored)}])
-    rep.to_csv(out / "repetition.csv", index=False)
+    write_atomic(out / "repetition.csv", rep.to_csv(index=False))
     mean = ent.mean(0).tolist()
     ent_df = pd.DataFrame({"task": s.cfg.task, "head": range(1, len(mean) + 1), "mean_entropy": mean,
                            "median_entropy": ent.median(0).values.tolist()})
     ent_df["h_max"] = h_max(mean)
-    ent_df.to_csv(out / "entropy.csv", index=False)
+    write_atomic(out / "entropy.csv", ent_df.to_csv(index=False))
     torch.save(ent, out / "entropy.pt")
     plot_entropy(ent, out / "entropy.png", s.cfg.task, h_max(mean), s.cfg, n)
     write_atomic(out / "config.json", json.dumps(s.meta([parse("ngram2")]), indent=2, default=str))

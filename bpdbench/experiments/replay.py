@@ -128,7 +128,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
                      "relative_change_pct": 100 * (r["block_efficiency"] / base - 1),
                      "draft_repeat_share": _share(done, m), "text_repeat_share": text_share})
     df = pd.DataFrame(rows)
-    df.to_csv(out / "replay.csv", index=False)
+    write_atomic(out / "replay.csv", df.to_csv(index=False))
     return df
 
 
@@ -139,6 +139,6 @@ def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False, lock: Outpu
     df = replay_methods(s, methods, out, resume=resume, lock=lock)
     df = df[df.method != "bpd"].assign(k=list(ks))
     df["relative_gain_pct"] = 100 * (df.block_efficiency / df.block_efficiency.iloc[0] - 1)
-    df.to_csv(out / "oracle.csv", index=False)
+    write_atomic(out / "oracle.csv", df.to_csv(index=False))
     plot_oracle(df, out / "oracle.png", s.cfg.task, s.cfg)
     return df

@@ -121,7 +121,7 @@ def _tests(draws: dict, alphas: dict, families: list, positions: int, level: flo
 def _write(out: Path, meta: dict, result: dict, draws: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     write_atomic(out / "certify.json", json.dumps({**meta, **result}, indent=2, default=str))
-    pd.DataFrame(result["tests"]).to_csv(out / "certify.csv", index=False)
-    pd.DataFrame(result["families"]).to_csv(out / "certify_summary.csv", index=False)
+    write_atomic(out / "certify.csv", pd.DataFrame(result["tests"]).to_csv(index=False))
+    write_atomic(out / "certify_summary.csv", pd.DataFrame(result["families"]).to_csv(index=False))
     lines = [json.dumps({"side": k, **d}) for k, v in draws.items() for d in v]
     write_atomic(out / "samples.jsonl", "\n".join(lines) + "\n")

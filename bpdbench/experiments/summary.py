@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..engine.counters import Counters, ratios
+from ..store import write_atomic
 
 SUMMARY_CSV, SUMMARY_MD = "summary.csv", "summary.md"
 
@@ -90,8 +91,8 @@ def _mean(values: list) -> float:
 
 def write_summary(out: Path, row: dict) -> pd.DataFrame:
     df = pd.DataFrame([row])
-    df.to_csv(out / SUMMARY_CSV, index=False)
-    (out / SUMMARY_MD).write_text(to_markdown(df))
+    write_atomic(out / SUMMARY_CSV, df.to_csv(index=False))
+    write_atomic(out / SUMMARY_MD, to_markdown(df))
     return df
 
 
