@@ -58,6 +58,8 @@ def isolated(tmp_path, monkeypatch, calibrated_cache):
     drafters' state, not the calibration's first use (tests/test_speed.py and tests/test_calibration.py test that)."""
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     seed_calibration(calibrated_cache, tmp_path / "cache")
+    from bpdbench.experiments import speed as speed_module        # a prompt timed beside other work is timed again;
+    monkeypatch.setattr(speed_module, "RETIME_BUSY", 0)          # a retry would replay the leak: its own test below
 
 
 def random_prompts(tmp_path, n: int = 4):
@@ -210,6 +212,7 @@ def test_a_prompt_timed_on_a_busy_machine_is_timed_again_from_the_same_state(tin
     from bpdbench.experiments import speed as speed_module
     from bpdbench.hardware import contention
     monkeypatch.setattr(speed_module, "RETIME_PAUSE_S", 0.0)
+    monkeypatch.setattr(speed_module, "RETIME_BUSY", 2)
     code, text, calm = speed(tiny_model_dir, tmp_path, tmp_path / "calm", "ar,recycling", repeats=2)
     assert code == 0, text
     readings = iter([0.0, 1.5] + [0.0] * 10)          # prompt 1: idle; prompt 2: busy, then idle
@@ -225,3 +228,21 @@ def test_a_prompt_timed_on_a_busy_machine_is_timed_again_from_the_same_state(tin
     work = lambda rs: [(r["id"], r["method"], r["repeat_serial_calls"], r.get("repeat_accepted")) for r in rs]  # noqa
     assert work(busy) == work(calm)
     assert all(r["others_cores"] == 0.0 for r in busy)
+
+
+def test_a_speed_run_is_never_resumed_on_another_machine_or_commit(tiny_model_dir, tmp_path):
+    """Timings belong to a machine and to the code that made them: a folder begun elsewhere (another fingerprint)
+    or by another commit is refused in one line, not silently extended."""
+    out = tmp_path / "speed"
+    code, text, _ = speed(tiny_model_dir, tmp_path, out, "ar,pld", limit=1, repeats=1)
+    assert code == 0, text
+    config = json.loads((out / "config.json").read_text())
+    for field, value in (("fingerprint", "0123456789ab"), ("git_commit", "0" * 40)):
+        changed = json.loads(json.dumps(config))
+        changed["environment"][field] = value
+        (out / "config.json").write_text(json.dumps(changed))
+        code, text, _ = speed(tiny_model_dir, tmp_path, out, "ar,pld", "--resume", limit=1, repeats=1)
+        assert code != 0 and f"differs in environment.{field}" in text, text
+    (out / "config.json").write_text(json.dumps(config))
+    code, text, records = speed(tiny_model_dir, tmp_path, out, "ar,pld", "--resume", limit=1, repeats=1)
+    assert code == 0 and "resuming: 1 prompts already measured" in text and len(records) == 2, text

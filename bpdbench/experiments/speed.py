@@ -44,6 +44,7 @@ from .plan import Plan
 from .session import Log, open_session
 from .timing import interleaved, median
 
+MACHINE_AND_CODE = ("fingerprint", "git_commit")      # a resumed speed run must share both
 RETIME_BUSY, RETIME_PAUSE_S = 2, 20.0     # a prompt timed on a busy machine: at most 2 more tries, 20 s apart
 UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfig fields `--methods` replaces
 
@@ -298,9 +299,12 @@ def by_prompt_method(record: dict) -> tuple:
 
 
 def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) -> list[dict]:
-    """Records of prompts an interrupted run with the same settings and heads measured with every method."""
+    """Records of prompts an interrupted run with the same settings and heads measured with every method, on this
+    machine with this code: a timing is the machine's and the code's, so a leaderboard accumulated over sittings
+    never mixes two of either in one folder."""
     key = lambda m: {**settings_and_heads(m),  # noqa: E731
-                     **{k: m.get(k) for k in ("methods", "repeats", "per_category")}}
+                     **{k: m.get(k) for k in ("methods", "repeats", "per_category")},
+                     **{f"environment.{k}": (m.get("environment") or {}).get(k) for k in MACHINE_AND_CODE}}
     records = resumable(out, "speed.jsonl", config, key, resume, ignore=("threads",), file=jsonl)
     per_id = Counter(r["id"] for r in records)
     complete = [r for r in records if per_id[r["id"]] == len(config["methods"])]
