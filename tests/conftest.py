@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # The cost tier of each test module that is not plain unit (pyproject.toml lists the markers).
-INTEGRATION = {"test_faults", "test_bad_input", "test_calibration", "test_cli", "test_leaderboard_html", "test_crash_safety", "test_distill",
+INTEGRATION = {"test_faults", "test_faults_artefacts", "test_bad_input", "test_calibration", "test_cli", "test_leaderboard_html", "test_crash_safety", "test_distill",
                "test_refinement_cli", "test_regress", "test_replay_resume", "test_sampling_cli", "test_speed",
                "test_sweep", "test_sweep_grids"}
 # (test_sweep marks only its tests that start Ray: its grid checks need none, and `-m "not ray"` keeps them)
