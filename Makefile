@@ -7,7 +7,7 @@ PIP     := $(BIN)/python -m pip
 TORCH   ?= torch==2.13.0
 export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
-.PHONY: install kenlm chromium demo test test-heavy test-fast regress regress-update reproduce heads-quick heads-full bench model-1.5b clean
+.PHONY: install kenlm chromium demo test test-heavy test-fast gpu-check regress regress-update reproduce heads-quick heads-full bench model-1.5b clean
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -41,12 +41,22 @@ test: install kenlm chromium
 test-heavy: install kenlm
 	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m heavy
 
-# Tiers (tests/conftest.py): unit, integration, slow (real model), heavy (also slow); `-m unit` is the quickest.
+# Tiers are folders (tests/unit, integration, slow: the real model, heavy: also slow); `-m unit` is the quickest.
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
+# For a machine with a CUDA GPU (and a CUDA build of torch: `make install TORCH=torch==2.13.0` from PyPI), a few
+# minutes: the engine's tests on the GPU beside the CPU (tests/unit/test_device.py; the tokens must be the CPU's), then a
+# short speed run on the GPU into results/gpu-check/ (git-ignored: a check, not a committed number; its config.json
+# names the GPU). Refuses in one line without CUDA.
+gpu-check: install
+	@$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' + torch.__version__ + ' sees no CUDA device; run it where a GPU and a CUDA build of torch are')"
+	BPDBENCH_TEST_DEVICES=cpu,cuda $(BIN)/python -m pytest -q tests/unit/test_device.py
+	$(BIN)/bpdbench speed --task mt_bench --limit 2 --repeats 2 --max-new-tokens 64 --device cuda --dtype bfloat16 \
+		--methods ar,pld,bpd,recycling --out results/gpu-check
+
 # CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
-# `make regress BASELINE=other.json` checks against another file (scripts/regress_demo.sh shows a failing one).
+# `make regress BASELINE=other.json` checks against another file (tests/integration/test_regress.py shows a failing one).
 BASELINE ?= results/baseline.json
 regress: install kenlm
 	$(BIN)/bpdbench regress --baseline $(BASELINE)

@@ -115,9 +115,16 @@ def gguf_file(name: str) -> Path:
     return cache_root() / "gguf" / f"{name}.gguf"
 
 
+def folder_name(label: str, sep: str = "-", equals: str = "") -> str:
+    """The one rule naming a folder (or a sweep's log file) after a method label, a list of them or a cell id:
+    `:` and `,` become `sep`, `=` becomes `equals` (dropped by default: `bpd:heads=3` -> `bpd-heads3`), `/` becomes
+    `_` so a label naming a model path stays one folder name. Why one rule: run folders, certify folders, a grid's
+    `out` templates and the sweep's logs each had their own, and a folder is how a finished result is found."""
+    return label.replace(":", sep).replace(",", sep).replace("=", equals).replace("/", "_")
+
+
 def run_dir(task: str, model: str, label: str, dtype: str) -> Path:
-    tag = label.replace(":", "-").replace(",", "-").replace("=", "")
-    return results_root() / "runs" / f"{task}-{_safe(model)}-{tag}-{dtype}"
+    return results_root() / "runs" / f"{task}-{_safe(model)}-{folder_name(label)}-{dtype}"
 
 
 def experiment_dir(kind: str, task: str) -> Path:
@@ -136,8 +143,8 @@ def distill_dir(model: str, budget: str) -> Path:
     return cache_root() / "distill" / f"{_safe(model)}-{budget}"
 
 
-def drafter_dir(model: str, name: str, profile: str) -> Path:
-    """A trained drafter (`bpdbench train-drafter NAME`): config.json naming its type, weights, report.json."""
+def network_dir(model: str, name: str, profile: str) -> Path:
+    """A draft network (`bpdbench train-network NAME`): config.json naming its type, weights, report.json."""
     return cache_root() / "drafters" / f"{_safe(model)}-{name}-{profile}"
 
 

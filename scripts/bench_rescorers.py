@@ -42,7 +42,7 @@ def build(name: str, s):
         heads, _ = s.env.heads()
         lm = SmallLM(make_config(name[-1], len(heads.shortlist)), heads.shortlist).eval()
         return LatticeDrafter(name, HeadsSource(heads, s.model.lm_head), s.cfg.heads, s.cfg.k,
-                              refiner=NeuralRescorer(name, lm, alpha=0.5, k=s.cfg.k)), "random weights"
+                              rescorer=NeuralRescorer(name, lm, alpha=0.5, k=s.cfg.k)), "random weights"
 
 
 def main() -> None:
@@ -81,7 +81,7 @@ def main() -> None:
                 ctx = DraftContext(prompt + greedy[: m + 1], hidden[m], s.cfg.heads)
                 lat = drafter.lattice(ctx)
                 t0 = time.perf_counter()
-                drafter.refiner.refine(lat, ctx.tokens)
+                drafter.rescorer.refine(lat, ctx.tokens)
                 times.append(time.perf_counter() - t0)
         ms = 1000 * statistics.median(times)
         rows.append({"rescorer": name, "weights": weights, "median_ms": round(ms, 3),

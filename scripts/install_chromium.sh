@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install Chromium (Debian's package `chromium`) for tests/test_leaderboard_html.py, which opens the leaderboard's
+# Install Chromium (Debian's package `chromium`) for tests/integration/test_leaderboard_html.py, which opens the leaderboard's
 # self-contained HTML page (results/tables/leaderboard.html) headless, checks its tables and takes a screenshot.
 # Idempotent: nothing is installed when `chromium` is already on PATH. Exits 1 when it cannot install (not root and
 # no passwordless sudo, no apt-get, no network); the test then skips, or fails when CI is set.

@@ -11,26 +11,30 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# The cost tier of each test module that is not plain unit (pyproject.toml lists the markers).
-INTEGRATION = {"test_faults", "test_faults_artefacts", "test_bad_input", "test_calibration", "test_cli", "test_leaderboard_html", "test_crash_safety", "test_distill",
-               "test_refinement_cli", "test_regress", "test_replay_resume", "test_sampling_cli", "test_speed",
-               "test_sweep", "test_sweep_grids"}
-# (test_sweep marks only its tests that start Ray: its grid checks need none, and `-m "not ray"` keeps them)
-NEEDS = {"test_heads": ("train",), "test_drafters": ("train",), "test_distill": ("train",), "test_neural": ("train",)}
+# The cost tier of a test is the folder it sits in (pyproject.toml lists the markers): unit (tiny random models, in
+# memory), integration (whole commands on files), slow (the real default model), heavy (minutes of CPU; also slow).
+TIERS = ("unit", "integration", "slow", "heavy")
+# (integration/test_sweep marks only its tests that start Ray: its grid checks need none, and `-m "not ray"` keeps
+# them)
+NEEDS = {"test_heads": ("train",), "test_drafters": ("train",), "test_distill": ("train",), "test_neural": ("train",),
+         "test_trained_trees": ("train",)}
 
 
 def pytest_collection_modifyitems(config, items):
-    """One tier per test, so `-m unit`, `-m "not slow"` select by cost: heavy implies slow; slow wins over the
-    module's tier."""
+    """One tier per test, from its folder, so `-m unit` and `-m "not slow"` select by cost; a test module outside
+    the tier folders, or a tier marker that contradicts the folder, stops the collection with one line."""
     for item in items:
-        module = item.module.__name__.rsplit(".", 1)[-1]
-        marks = {m.name for m in item.iter_markers()}
-        if "heavy" in marks and "slow" not in marks:
+        tier = Path(str(item.path)).parent.name
+        if tier not in TIERS:
+            raise pytest.UsageError(f"{item.path}: put test modules in one of tests/{{{','.join(TIERS)}}}/ (its tier)")
+        marked = {m.name for m in item.iter_markers()} & set(TIERS)
+        if marked - {tier}:
+            raise pytest.UsageError(f"{item.nodeid}: marked {sorted(marked - {tier})} but sits in tests/{tier}/; "
+                                    f"move it to the folder of its tier")
+        item.add_marker(getattr(pytest.mark, tier))
+        if tier == "heavy":
             item.add_marker(pytest.mark.slow)
-            marks.add("slow")
-        if "slow" not in marks:
-            item.add_marker(pytest.mark.integration if module in INTEGRATION else pytest.mark.unit)
-        for name in NEEDS.get(module, ()):
+        for name in NEEDS.get(item.module.__name__.rsplit(".", 1)[-1], ()):
             item.add_marker(getattr(pytest.mark, name))
 
 
@@ -100,13 +104,13 @@ def tiny_model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def trained_drafters(tiny_model_dir, tmp_path_factory):
-    """Every tiny trained drafter (tests/drafter_fixtures.py), trained once per session: several modules decode
+    """Every tiny draft network (tests/drafter_fixtures.py), trained once per session: several modules decode
     with them, and each takes its own copy (drafter_fixtures.copy_drafters)."""
     from bpdbench import models
     from tests.drafter_fixtures import build_tiny_drafters
     torch.set_num_threads(1)
     model, tok = models.load(str(tiny_model_dir), "float32")
-    cache = tmp_path_factory.mktemp("trained-drafters")
+    cache = tmp_path_factory.mktemp("draft-networks")
     return cache, build_tiny_drafters(model, tok, str(tiny_model_dir), cache)
 
 
@@ -158,7 +162,7 @@ def decode(model, prompt, max_new, eos_ids=(), heads=None, n_heads=0, rescorer=N
     drafter = None
     if heads is not None and n_heads:
         drafter = LatticeDrafter("test", HeadsSource(heads, model.lm_head), n_heads,
-                                 k=k if rescorer is not None else 1, threshold=threshold, refiner=rescorer)
+                                 k=k if rescorer is not None else 1, threshold=threshold, rescorer=rescorer)
     return generate(model, drafter, list(prompt), Limits(max_new, frozenset(eos_ids)))
 
 

@@ -1,4 +1,4 @@
-"""Tiny trained drafters for tests: distillation data from the tiny model (synthetic prompts, fp32), then every
+"""Tiny draft networks for tests: distillation data from the tiny model (synthetic prompts, fp32), then every
 trainer name fitted for a few dozen steps, so the drafters accept some tokens (a random drafter would accept none
 and the replay/lossless checks would compare two empty walks)."""
 from __future__ import annotations
@@ -26,10 +26,10 @@ def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES) -
     trainer name, in the `ci` profile (a variant of it: more data and steps, a higher learning rate, saved where
     `ci` is). Quick-profile copies are made where the methods look by default."""
     from bpdbench import paths
-    from bpdbench.train import distill, drafter
+    from bpdbench.train import distill, network
 
     data = replace(distill.BUDGETS["ci"], n_prompts=24, gen_tokens=24)
-    profile = replace(drafter.PROFILES["ci"], steps=STEPS, data=data)
+    profile = replace(network.PROFILES["ci"], steps=STEPS, data=data)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BPDBENCH_CACHE", str(cache))
         mp.setenv("BPDBENCH_RESULTS", str(cache / "results"))     # module fixtures run before _private_results
@@ -40,11 +40,11 @@ def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES) -
         out = {}
         for name in names:
             adversarial = 0.1 if name == "koala-hydra" else 0.0     # the adversarial term's path runs too
-            path = drafter.train(name, profile, model_name, model, tok, log=lambda m: None, adversarial=adversarial,
+            path = network.train(name, profile, model_name, model, tok, log=lambda m: None, adversarial=adversarial,
                                  lr=LR)
             out[name + ("-adv" if adversarial else "")] = path
         for name, path in out.items():
-            quick = paths.drafter_dir(model_name, name, "quick")
+            quick = paths.network_dir(model_name, name, "quick")
             shutil.rmtree(quick, ignore_errors=True)
             shutil.copytree(path, quick)
     return out
@@ -58,7 +58,7 @@ def copy_cache(src: Path, dst: Path) -> None:
 
 
 def copy_drafters(built: tuple[Path, dict[str, Path]], dst: Path) -> dict[str, Path]:
-    """The session's trained drafters (`built`: its cache and folders) as a cache of the caller's own, so a module
+    """The session's draft networks (`built`: its cache and folders) as a cache of the caller's own, so a module
     that writes into its cache cannot change what another module reads; their folders there, by trainer name.
     Training is seeded per drafter, so a copy holds what training the same names here would have made."""
     src, folders = built

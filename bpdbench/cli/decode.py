@@ -178,12 +178,12 @@ def certify(method: Annotated[str, typer.Option(help="method spelling(s), comma-
     """Two-sample chi-square test per prompt and position between AR sampling and a method's sampling (distinct
     seeds): certify.json / certify.csv / certify_summary.csv / samples.jsonl. Exit 1 when an exact rule fails."""
     from ..experiments.plan import prepare
-    from ..experiments.sampling_certificate import certify as run_certify
+    from ..experiments.sampling_certificate import certify_sampling
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=out, alpha_file=alpha_file, no_auto_train=no_auto_train,
                      device=device, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    res = run_certify(prepare(cfg, "certify", method, log=log), rules, samples, positions, level, log)
+    res = certify_sampling(prepare(cfg, "certify", method, log=log), rules, samples, positions, level, log)
     failed = False
     for f in res["families"]:
         verdict = "PASS" if f["passed"] else "FAIL"

@@ -48,7 +48,7 @@ def build_history(model: Model = DEFAULT_MODEL,
 def distill_data(model: Model = DEFAULT_MODEL,
                  profile: Annotated[str, typer.Option(help="data budget: quick | full | ci")] = "quick",
                  device: Device = "cpu", threads: Threads = None) -> None:
-    """Build (once) the cached distillation dataset every drafter trainer reads: greedy continuations of held-out
+    """Build (once) the cached distillation dataset every draft-network trainer reads: greedy continuations of held-out
     prompts with the base's hidden states and top-8 log-probs."""
     from ..train import distill
     if profile not in distill.BUDGETS:
@@ -63,21 +63,21 @@ def distill_data(model: Model = DEFAULT_MODEL,
 
 
 @one_line_errors
-def train_drafter(name: Annotated[str, typer.Argument(help="medusa | koala | koala-hydra | hydra | hydra++ | "
+def train_network(name: Annotated[str, typer.Argument(help="medusa | koala | koala-hydra | hydra | hydra++ | "
                                                            "amphista | eagle")],
                   model: Model = DEFAULT_MODEL,
                   profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | ci")] = "quick",
                   adversarial: Annotated[float, typer.Option(help="KOALA's adversarial weight (koala, koala-hydra; "
                                                                   "saved as NAME-adv)")] = 0.0,
-                  out: Annotated[Optional[str], typer.Option(help="default: the drafter cache")] = None,
+                  out: Annotated[Optional[str], typer.Option(help="default: the draft-network cache")] = None,
                   device: Device = "cpu", threads: Threads = None) -> None:
-    """Train a draft model on the cached distillation data (built first when missing) and write its held-out
+    """Train a draft network on the cached distillation data (built first when missing) and write its held-out
     per-depth agreement next to the weights."""
-    from ..train import drafter
-    drafter.check(name, profile, adversarial)
+    from ..train import network
+    network.check(name, profile, adversarial)
     check_device(device)
     set_threads(threads)
-    drafter.train(name, profile, model, log=log, out=Path(out) if out else None, adversarial=adversarial,
+    network.train(name, profile, model, log=log, out=Path(out) if out else None, adversarial=adversarial,
                   device=device)
 
 

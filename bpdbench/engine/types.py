@@ -16,7 +16,7 @@ import torch
 
 @dataclass(frozen=True)
 class Lattice:
-    """Top-k candidates per draft position, best first: what independent heads give and lattice refiners search."""
+    """Top-k candidates per draft position, best first: what independent heads give and lattice rescorers search."""
     ids: torch.Tensor       # [h, k] int64 token ids per draft position
     logprobs: torch.Tensor  # [h, k] float32 natural-log probabilities of those ids
 

@@ -120,7 +120,7 @@ def _has(method: Method, param: str) -> bool:
 
 
 def check_drafters(cfg: RunConfig, methods: list[Method] | None) -> None:
-    """Every method's own preflight (its contract: trained drafters check folder, type and shape parameters),
+    """Every method's own preflight (its contract: draft networks check folder, type and shape parameters),
     before the model loads."""
     for m in methods or []:
         try:

@@ -19,11 +19,18 @@ PER_EXAMPLE = ("examples.jsonl", "speed.jsonl", "replay.jsonl", "samples.jsonl")
 RULE = "tasks.splits/1"          # train: index % 10 == 9 (SQuAD by article); tune: the tail, 8% per tune group
 
 
-@lru_cache(maxsize=None)
 def _split_of(task: str, data_dir: str | None, data_file: str | None) -> dict[str, str]:
-    task_obj = task_registry.get_task(task)
+    """Cached per data folder as resolved now: the default folder follows BPDBENCH_DATA, which may change within a
+    process (a cache keyed by `None` had kept another folder's splits)."""
     root = Path(data_dir) if data_dir else task_registry.default_data_dir()
-    examples = task_registry.load_examples(task_obj, root, Path(data_file) if data_file else None)
+    return _split_at(task, str(root) if root else None, data_file)
+
+
+@lru_cache(maxsize=None)
+def _split_at(task: str, root: str | None, data_file: str | None) -> dict[str, str]:
+    task_obj = task_registry.get_task(task)
+    examples = task_registry.load_examples(task_obj, Path(root) if root else None,
+                                           Path(data_file) if data_file else None)
     return task_registry.split_of(task_obj, examples)
 
 

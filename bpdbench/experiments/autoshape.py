@@ -38,7 +38,7 @@ from ..engine import EmptyDrafter, StepEvent, TreeScorer, replay, teacher_forced
 from ..hardware import shapes
 from ..methods import Method, MethodError
 from ..methods.contract import Input, feedback_k, reads_reference, search, takes
-from ..methods.search import Measured, choose, plans
+from ..methods.search import Replayed, choose, plans
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
@@ -180,7 +180,7 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     if total is None or not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
     accept = [a / total.steps for a in total.accepted_per_head]
-    return Measured(accept, rec.nodes, total.steps, 1000 * rec.seconds / total.steps,
+    return Replayed(accept, rec.nodes, total.steps, 1000 * rec.seconds / total.steps,
                     1000 * rec.seconds / max(rec.drafted, 1), any(max(d, default=0) > 1 for d in rec.nodes),
                     per_token, rank_acceptance(rec.ranks))
 
@@ -223,7 +223,7 @@ def shape_for(s, method: Method) -> tuple[shapes.Shape, dict]:
         try:
             cached = json.loads(path.read_text())
             if cached.get("inputs") == inputs:
-                runs = [(fixed, Measured(**m)) for fixed, m in cached["runs"]]
+                runs = [(fixed, Replayed(**m)) for fixed, m in cached["runs"]]
         except (ValueError, KeyError, TypeError):
             runs = None
     cost = cost_model(s)
@@ -252,7 +252,7 @@ def resolve(s, method: Method):
     else:
         drafter = method.spec.build(s.env, method.resolved(shape.params))
         if shape.tree:                                      # medusa:nodes=auto: the measured tree, this size
-            tree = getattr(drafter.refiner, "tree", drafter.refiner)
+            tree = getattr(drafter.rescorer, "tree", drafter.rescorer)
             tree.use(shape.tree)
             s.env.resolved[label].update(nodes=tree.p)
     s.env.resolved.setdefault(label, {})["auto"] = {**shape.to_dict(), "heldout": record}

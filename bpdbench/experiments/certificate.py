@@ -94,7 +94,7 @@ def _teacher_forced(model, ids: list[int]) -> torch.Tensor:
     return _logits(model, teacher_forced(model, ids[:1], ids[1:] + [0])[-1:])[0]
 
 
-def certify(model, prompt: list[int], output: list[int], ref: list[int], dtype: str, width: int = 8
+def certify_output(model, prompt: list[int], output: list[int], ref: list[int], dtype: str, width: int = 8
             ) -> Certificate:
     """Certificate of one example: `output` (the method's) against `ref` (greedy), both for `prompt`.
     `width` is the number of draft tokens the method verifies per block (the block measurement uses as many)."""

@@ -4,17 +4,19 @@ output folder.
 Why: the CLI and the sweep hand every command one `Plan`; the session, the decoders and the result writers read
 it and never validate the config, parse a spelling or select examples again. Everything a user can get wrong fails
 in `prepare`, before any model loads; the `Method` objects made here are the ones the drafters are built from and
-whose labels config.json records for the tables.
+whose labels config.json records for the tables. The sweep prepares each cell's Plan on its driver and ships it to
+a Ray worker, so a Plan pickles (its methods as references into the registry, see `_method_ref`).
 """
 from __future__ import annotations
 
+import copyreg
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import paths
 from ..config import ConfigError, RunConfig
-from ..methods import Method, MethodError, contract, parse, parse_list
+from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
 from . import artefacts
 from .examples import select_examples
@@ -38,6 +40,24 @@ class Plan:
     def method(self) -> Method:
         """The one method of `run` (and `tune`)."""
         return self.methods[0]
+
+
+def _method(name: str, params: dict, spelled: str) -> Method:
+    return Method(REGISTRY[name], params, spelled)
+
+
+def _method_ref(method: Method) -> tuple:
+    """How a Method pickles: its registry name and typed parameters (nested methods the same way). Unpickling looks
+    the spec up again, parsing nothing, and gives the registry's own spec object. Why: a spec holds its build and
+    check functions, lambdas among them, which plain pickle refuses and cloudpickle would copy by value; a Plan must
+    reach a sweep worker in another process as the same methods. A spec that is not the registry's (made on the fly)
+    pickles as before."""
+    if REGISTRY.get(method.spec.name) is not method.spec:
+        return method.__reduce_ex__(2)
+    return _method, (method.spec.name, method.params, method.spelled)
+
+
+copyreg.pickle(Method, _method_ref)
 
 
 def method_of(cfg: RunConfig) -> Method:
@@ -85,7 +105,7 @@ def out_of(cfg: RunConfig, kind: str, methods: Sequence[Method]) -> Path | None:
     if kind == "run":
         return run_folder(cfg, methods[0])
     if kind == "certify":                   # one folder per question asked: methods, sampling, dtype
-        tag = "+".join(m.label for m in methods).replace(":", "-").replace(",", "-").replace("=", "").replace("/", "_")
+        tag = paths.folder_name("+".join(m.label for m in methods))
         return paths.experiment_dir("certify", f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
     return paths.experiment_dir(FOLDERS[kind], cfg.task)
 
@@ -95,16 +115,29 @@ def preflight(cfg: RunConfig, split: str = "eval", per_category: int | None = No
     """Everything that can be checked without loading the model: options, data, model folder, heads files against
     their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
     and before any model loads, so a bad input costs a second, not a model load."""
+    examples = check_inputs(cfg, split, per_category, methods)
+    check_files(cfg, methods, log)
+    return examples
+
+
+def check_inputs(cfg: RunConfig, split: str = "eval", per_category: int | None = None,
+                 methods: list[Method] | None = None, select: Callable[..., list] | None = None) -> list:
+    """What the user chose: methods that exist for these sampling settings, and the examples (`select`: a selector
+    with select_examples' signature, e.g. one that remembers selections shared by many sweep cells)."""
     if not cfg.sampling.greedy:
         greedy_only = [m.label for m in methods or [] if contract.Input.REFERENCE in contract.inputs(m)]
         if greedy_only:
             raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
                               f"decoding only; drop --temperature or the method")
-    examples = select_examples(cfg, split, per_category)
+    return (select or select_examples)(cfg, split, per_category)
+
+
+def check_files(cfg: RunConfig, methods: list[Method] | None = None, log=print) -> None:
+    """The artefact files the command reads: model folder or cache, heads against their config, draft networks.
+    A sweep checks them on the worker, just before the cell runs: its own tasks build them after the driver plans."""
     artefacts.check_model_files(cfg.model, cfg.dtype)
     artefacts.check_heads(cfg, methods, log)
     artefacts.check_drafters(cfg, methods)
-    return examples
 
 
 def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
@@ -121,8 +154,10 @@ def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
 
 def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[Method] | None = None, *,
             resume: bool | None = None, per_category: int | None = None, split: str = "eval",
-            log=print) -> Plan:
-    """Validate, parse and select once; raise ConfigError (one line) on anything a user can fix."""
+            log=print, files: bool = True, select: Callable[..., list] | None = None) -> Plan:
+    """Validate, parse and select once; raise ConfigError (one line) on anything a user can fix. `files=False`
+    leaves the artefact files to `check_files` (a sweep's driver: its tasks build them later, on the workers);
+    `select`: see check_inputs."""
     if kind not in FOLDERS:
         raise ValueError(f"unknown command kind {kind!r}")
     cfg = cfg.validate()
@@ -134,6 +169,8 @@ def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[M
         parsed = list(methods)
     if kind == "replay":
         check_replay(cfg, parsed)
-    examples = preflight(cfg, split, per_category, parsed, log)
+    examples = check_inputs(cfg, split, per_category, parsed, select)
+    if files:
+        check_files(cfg, parsed, log)
     return Plan(cfg, kind, tuple(parsed), tuple(examples), out_of(cfg, kind, parsed),
                 cfg.resume if resume is None else resume, per_category)

@@ -15,7 +15,7 @@ import torch
 from ..methods import Method
 from ..store import OutputLock, ResultWriter, precheck_run
 from .summary import summarize, write_summary
-from .certificate import EXACT, LostExamples, certify
+from .certificate import EXACT, LostExamples, certify_output
 from .reference import first_divergence
 from .plan import Plan
 from .session import Log, Session, certify_command, open_session
@@ -113,12 +113,12 @@ def _certified(s: Session, ex_id: str, prompt_ids: list[int], tokens: list[int],
     """Compare with greedy and certify the divergence; a reference that greedy decoding no longer reproduces is
     recomputed (with a warning naming its file) and the example certified again."""
     ref_tokens, ref_seconds = s.reference.get(prompt_ids, s.limits)
-    cert = certify(s.model, prompt_ids, tokens, ref_tokens, s.cfg.dtype, width)
+    cert = certify_output(s.model, prompt_ids, tokens, ref_tokens, s.cfg.dtype, width)
     if not cert.reference_ok and ref_seconds is None:
         log_path = s.reference.path(prompt_ids, s.limits)
         s.log(f"warning: greedy reference {log_path} disagrees with greedy decoding ({cert.reason}); recomputed")
         ref_tokens, ref_seconds = s.reference.recompute(prompt_ids, s.limits)
-        cert = certify(s.model, prompt_ids, tokens, ref_tokens, s.cfg.dtype, width)
+        cert = certify_output(s.model, prompt_ids, tokens, ref_tokens, s.cfg.dtype, width)
     div = first_divergence(tokens, ref_tokens)
     if cert.certificate == "near_tie":
         s.log(f"example {ex_id}: diverges from greedy at token {div}: near-tie ({cert.reason})")

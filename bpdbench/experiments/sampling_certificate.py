@@ -58,7 +58,7 @@ def check_methods(methods: list[Method]) -> None:
         raise ConfigError(f"{', '.join(external)} run transformers' own loop; certify tests methods in ours")
 
 
-def certify(plan: Plan, rules: str = "exact", samples: int = 300, positions: int = 4, level: float = 0.01,
+def certify_sampling(plan: Plan, rules: str = "exact", samples: int = 300, positions: int = 4, level: float = 0.01,
             log: Log = print) -> dict:
     """Checks the test's own settings first, before the model loads."""
     cfg, chosen, out = plan.cfg, list(plan.methods), plan.out

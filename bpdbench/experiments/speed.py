@@ -1,7 +1,7 @@
 """`bpdbench speed`: wall-clock speed of every method, ours and transformers', on identical outputs.
 
-Protocol: load once, warm every method up on the first prompt, then for each prompt run the methods interleaved in
-a fixed order `repeats` times (timing.interleaved) and keep the median. Every repeat sees the same drafter state: a
+Protocol: load once, warm every method up on the first prompt, then for each prompt run the methods interleaved,
+`repeats` times in an order rotated each round (timing.interleaved), and keep the median. Every repeat sees the same drafter state: a
 drafter that keeps state across examples (engine/state.py: Token Recycling's matrix) is snapshotted before each
 prompt and restored, untimed, before each repeat, and the warm-up is undone the same way, so it never changes what a
 measured prompt sees; the state a prompt hands on is its last repeat's, which for greedy decoding is an uninterrupted
@@ -50,7 +50,7 @@ UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfi
 
 
 @dataclass
-class Measured(Output):
+class Timed(Output):
     """Our loop's output with the counters of that very decode (acceptance per draft position)."""
     counters: Counters | None = None
 
@@ -61,12 +61,12 @@ class Decoder:
     session: Any
     drafter: Any
 
-    def __call__(self, prompt: list[int], index: int) -> Measured:
+    def __call__(self, prompt: list[int], index: int) -> Timed:
         s = self.session
         s.with_reference(self.drafter, prompt)
         g = s.decode(self.drafter, prompt, s.acceptance(index))
         sizes = Counter(prediction.size_key(n, tree, rows) for n, tree, rows in g.verify_log)
-        return Measured(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes),
+        return Timed(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes),
                         g.counters)
 
 
@@ -365,7 +365,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         restore(d, before[m])
 
     def certify(prompt: list[int], output: list[int], ref: list[int], width: int):
-        from .certificate import certify as cert
+        from .certificate import certify_output as cert
         return cert(s.model, prompt, output, ref, cfg.dtype, width)
 
     for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):

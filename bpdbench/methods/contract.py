@@ -3,7 +3,7 @@ the model loads and how `auto` sizes it, declared once on its registry entry (`M
 functions here by the session, replay, `auto`, the sweep, `bpdbench methods` and the tables.
 
 Why: these facts used to be spread out as `family` strings that ten places switched on, a table of preflight checks
-filled as a side effect of building the trained drafters' entries, attributes read with `getattr` wherever a drafter
+filled as a side effect of building the draft networks' entries, attributes read with `getattr` wherever a drafter
 was driven, need strings parsed back by the sweep and chains of method names in the auto-shape code. Adding a
 trained, auto-sized drafter meant touching eight to ten files, and forgetting one failed silently (a feature
 drafter replayed without hidden states, a drafter never checked before the model loaded). Now a method says what it
@@ -13,8 +13,8 @@ needs in one place and nothing else names it.
   declares (before anything is built or loaded); `takes(drafter, method)` is what a built drafter takes, the one
   place a drafter's optional attributes (`feedback_k`, `needs_reference`, `needs_hidden`, `snapshot`) are read.
 - `Kind`, `ArtefactKey`, `Reads`: the artefacts a method reads, as typed keys (`artefacts(method, cfg)`); the sweep
-  builds them before the cells that use them, the preflight checks heads files, the tables pick trained drafters.
-- `preflight(method, cfg)`: the method's own checks before the model loads (trained drafters: folder, type, shape).
+  builds them before the cells that use them, the preflight checks heads files, the tables pick draft networks.
+- `preflight(method, cfg)`: the method's own checks before the model loads (draft networks: folder, type, shape).
 - `search(method)`: how `auto` sizes the method (methods/search.py), or None when it has no `auto` parameter.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Kind(Enum):
     MODEL = "model"           # a registered model's dense cache at the run's dtype (sps's draft model)
     HEADS = "heads"           # the blockwise heads of a profile (bpdbench train-heads)
     RESCORER = "rescorer"     # a refine stage's artefact, by tag (ngram4, neural-m)
-    DRAFTER = "drafter"       # a trained draft network, built by the method's first use (bpdbench train-drafter)
+    DRAFTER = "drafter"       # a trained draft network, built by the method's first use (bpdbench train-network)
     BUILT = "built"           # anything else the method's first use builds (lookup tables, suffix indexes)
 
 
@@ -94,7 +94,7 @@ def feedback_k(drafter: Any) -> int:
 
 def takes(drafter: Any, method: Method | None = None) -> frozenset[Input]:
     """What a built drafter takes from the loop: its own attributes, and the hidden states its method declares
-    (lattice and trained drafters read `ctx.hidden` without saying so on the instance)."""
+    (lattice and draft networks read `ctx.hidden` without saying so on the instance)."""
     out = set(ALWAYS)
     if feedback_k(drafter) > 0:
         out.add(Input.FEEDBACK)
@@ -119,7 +119,7 @@ def artefacts(method: Method, cfg: RunConfig) -> tuple[ArtefactKey, ...]:
 
 
 def kinds(method: Method) -> frozenset[Kind]:
-    """The kinds of artefact a method reads, whatever its values (the tables pick trained drafters by it)."""
+    """The kinds of artefact a method reads, whatever its values (the tables pick draft networks by it)."""
     return frozenset(r.kind for r in method.spec.artefacts)
 
 

@@ -81,7 +81,7 @@ class LatticeTree:
     per depth, which makes the top-`nodes` exact (a kept node's ancestors are kept and outscore it); EAGLE-2's
     frontier of top_k nodes approximates that set for a model whose children depend on the path, which independent
     heads' do not. Its depth is the heads used and its ranks the lattice's k (`heads=6,k=10`: EAGLE-2's levels and
-    width). A lattice refiner (reset/refine) so it replaces Medusa's fixed tree in the heads drafter."""
+    width). A lattice rescorer (reset/refine) so it replaces Medusa's fixed tree in the heads drafter."""
 
     def __init__(self, nodes: int):
         self.nodes = self.p = nodes

@@ -4,11 +4,11 @@ in step with the decided tokens, ending in the base's frozen projection cut to t
 (bpdbench/drafters/eagle.py). The reference point for the heads that see each other.
 
 `eagle` drafts a chain of `depth` tokens (default: the trained depth; up to 16, it is autoregressive), or a tree
-(`tree=W`); `refine=` applies the paper's refiners to the chain's top-k lattice. `tree=dynamic` is EAGLE-2's tree at
+(`tree=W`); `refine=` applies the paper's rescorers to the chain's top-k lattice. `tree=dynamic` is EAGLE-2's tree at
 its published shape: 59 draft nodes, top-10, 6 draft levels (the trained depth is 5, and EAGLE drafts past it).
 The plain spelling stays a chain, not EAGLE-1's fixed 25-node tree nor EAGLE-2's: every committed `eagle` result
 is a chain under that label (docs/methods.md, Published configurations). Train it with
-`bpdbench train-drafter eagle --profile quick|full`.
+`bpdbench train-network eagle --profile quick|full`.
 """
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
-"""Blockwise parallel decoding and the paper's draft refinements: heads draft a top-k lattice, a refiner picks paths.
+"""Blockwise parallel decoding and the paper's draft refinements: heads draft a top-k lattice, a rescorer picks paths.
 
 `bpd` verifies the heads' top-1 path (Stern et al.). Every refinement of the paper is the same drafter
-(methods/lattice.py: LatticeDrafter over the heads) with a refiner from `refine/` (n-gram and neural rescoring,
+(methods/lattice.py: LatticeDrafter over the heads) with a rescorer from `refine/` (n-gram and neural rescoring,
 p-best paths, Medusa trees), so they share the drafting code, the draft threshold and the heads, and differ only in
 the refine stage. The heads draft all their depths whatever the generation budget left (the loop clips the paths).
 
 Speculative sampling (T > 0): q is a point mass. The lattice is a deterministic function of the context (the base's
-hidden state and, for rescorers, the decided tokens), and every refiner picks paths deterministically from it, so a
+hidden state and, for rescorers, the decided tokens), and every rescorer picks paths deterministically from it, so a
 proposed token x has q = delta_x; the sampling rule accepts it with probability r(x) and otherwise removes it from
 the residual r (several paths or a Medusa tree: tried in proposal order, engine/sampling.py).
 """
@@ -64,25 +64,25 @@ def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
     alpha, source = alpha_for(env, method, spec)
     from .artefacts import ensure
     ensure(spec, env.cfg, env.tok, env.log)
-    refiner = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
-                              dtype=env.cfg.dtype)
-    k = k if refiner is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
+    stage = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
+                             dtype=env.cfg.dtype)
+    k = k if stage is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
     env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
                                   "alpha": alpha, "alpha_source": source}
     if method.get("tree") == "dynamic":             # EAGLE-2's rerank over the lattice replaces the fixed tree
         from .dynamic import LatticeTree
         from .dynamic import DYNAMIC_NODES
-        refiner = LatticeTree(method.concrete("nodes", DYNAMIC_NODES))
-        env.resolved[method.label].update(tree="dynamic", nodes=refiner.nodes)
-    elif isinstance(method.get("nodes"), int) and refiner is not None:    # medusa:nodes=N: the tree's first N nodes
-        tree, nodes = getattr(refiner, "tree", refiner), method.params["nodes"]
+        stage = LatticeTree(method.concrete("nodes", DYNAMIC_NODES))
+        env.resolved[method.label].update(tree="dynamic", nodes=stage.nodes)
+    elif isinstance(method.get("nodes"), int) and stage is not None:    # medusa:nodes=N: the tree's first N nodes
+        tree, nodes = getattr(stage, "tree", stage), method.params["nodes"]
         if spec.tree == "auto":           # Medusa's greedy search stopped at N nodes (its list is sorted by depth)
             from ..refine.medusa import tree_from_report
             tree.use(tree_from_report(meta, spec.name, nodes))
         else:                             # mc_sim_7b_63 is listed best first
             tree.use(tree.choices[:nodes])
         env.resolved[method.label].update(nodes=tree.p)
-    return LatticeDrafter(method.label, HeadsSource(heads, env.model.lm_head), n, k, threshold, refiner)
+    return LatticeDrafter(method.label, HeadsSource(heads, env.model.lm_head), n, k, threshold, stage)
 
 
 def _needs_heads(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:

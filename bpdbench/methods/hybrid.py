@@ -68,7 +68,7 @@ def bin_of(position: int, prob: float | None) -> str:
     return f"{min(position, POSITIONS - 1)}:{sum(p >= e for e in EDGES)}"
 
 
-class Calibration:
+class SourceCalibration:
     """Per source and cell: [reached, accepted]; `rate` is the Laplace-smoothed acceptance, the confidence."""
 
     def __init__(self, counts: dict[str, dict[str, list[int]]] | None = None):
@@ -97,7 +97,7 @@ class Calibration:
                     for c, (n, a) in sorted(cells.items())} for s, cells in self.counts.items()}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Calibration":
+    def from_dict(cls, d: dict) -> "SourceCalibration":
         return cls({s: {c: [v["reached"], v["accepted"]] for c, v in d.get(s, {}).items()} for s in SOURCES})
 
 
@@ -126,7 +126,7 @@ def expected_length(conf: list[float]) -> float:
 class HybridDrafter(Wrapper):
     """`source` (last step: retrieval, model, both or none) and `steps` per source, for analyses and tests."""
 
-    def __init__(self, name: str, retrieval: Any, model: Any, calibration: Calibration, skip: float, nodes: int):
+    def __init__(self, name: str, retrieval: Any, model: Any, calibration: SourceCalibration, skip: float, nodes: int):
         super().__init__()
         self.name, self.retrieval, self.model = name, retrieval, model
         self.cal, self.skip, self.nodes = calibration, skip, nodes
@@ -167,7 +167,7 @@ def calibrate(env: Env, retrieval: Any, model: Any, rm: Method, mm: Method) -> d
     afterwards): the acceptance of its tokens per cell, and `skip`, the model's mean expected draft length."""
     def measure() -> dict:
         prompts, why = tune_prompts(env)
-        cal = Calibration()
+        cal = SourceCalibration()
         model_lengths: list[float] = []
         limits = Limits(CAL_TOKENS, env.limits.eos_ids)
         for source, drafter, method in (("retrieval", retrieval, rm), ("model", model, mm)):
@@ -199,7 +199,7 @@ def calibrate(env: Env, retrieval: Any, model: Any, rm: Method, mm: Method) -> d
         return out
     code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()      # a changed rule measures again
     key = hashlib.sha256(json.dumps([rm.label, mm.label, code]).encode()).hexdigest()[:16]
-    return cached(env, f"hybrid-{key}", "hybrid calibration", measure)
+    return cached(env, f"hybrid-{key}", "hybrid calibration", measure, timed=False)   # acceptance only
 
 
 def build(env: Env, method: Method) -> HybridDrafter:
@@ -210,7 +210,7 @@ def build(env: Env, method: Method) -> HybridDrafter:
     skip = method.get("skip", record["skip"])
     env.resolved[method.label] = {"retrieval": rm.label, "model": mm.label, "nodes": nodes, "skip": skip,
                                   "calibration": record}
-    d = HybridDrafter(method.label, retrieval, model, Calibration.from_dict(record["table"]), skip, nodes)
+    d = HybridDrafter(method.label, retrieval, model, SourceCalibration.from_dict(record["table"]), skip, nodes)
     d.needs_hidden = any(HIDDEN in declared(m) or HIDDEN in consumes(x, m) for m, x in ((rm, retrieval), (mm, model)))
     return d
 

@@ -11,7 +11,7 @@ from the head conditioned on its path. Here `hydra` is a chain of the trained de
 heads); the published fixed tree is not offered, and every committed `hydra` result is a chain under that label
 (docs/methods.md, Published configurations).
 
-Train with `bpdbench train-drafter hydra|hydra++ --profile quick|full`.
+Train with `bpdbench train-network hydra|hydra++ --profile quick|full`.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 discriminator that tells the base's final states from the heads' predicted ones). KOALA deepens Medusa- and
 EAGLE-style heads; here the variants are two-layer Medusa heads (`base=medusa`, the default, saved in the Medusa-1
 layout) and two-layer Hydra heads (`base=hydra`), with (`adv=1`) or without (`adv=0`) the adversarial term, each
-its own cached drafter: koala, koala-adv, koala-hydra, koala-hydra-adv (`bpdbench train-drafter koala
+its own cached drafter: koala, koala-adv, koala-hydra, koala-hydra-adv (`bpdbench train-network koala
 [--base hydra] [--adversarial 0.1]`).
 """
 from __future__ import annotations

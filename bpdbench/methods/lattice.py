@@ -1,6 +1,6 @@
-"""One drafter for every head-type network: per-depth logits -> top-k lattice -> threshold -> refiner's paths.
+"""One drafter for every head-type network: per-depth logits -> top-k lattice -> threshold -> rescorer's paths.
 
-Why one: the heads of `bpd` and the paper's refinements, and the parallel trained drafters (Medusa/KOALA heads,
+Why one: the heads of `bpd` and the paper's refinements, and the parallel draft networks (Medusa/KOALA heads,
 Amphista), all give every depth's next-token logits in one call. Drafting from them differs only in where those
 logits come from, so the lattice, the draft threshold, the refine stage and the replay memo live here once and a
 network plugs in through `Source`. Sequential drafters (EAGLE, Hydra) cannot give later depths before earlier ones
@@ -47,7 +47,7 @@ class Source(Protocol):
 
 
 class HeadsSource:
-    """Medusa-style heads with the base's vocabulary projection: `Heads.draft_logits`, whose packed path is two
+    """Blockwise heads with the base's vocabulary projection: `Heads.draft_logits`, whose packed path is two
     batched matmuls. `context` is passed because test oracles and context drafters subclass `Heads`."""
 
     def __init__(self, heads: Heads, lm_head: nn.Linear):
@@ -65,7 +65,7 @@ class HeadsSource:
 
 
 class ParallelSource:
-    """A parallel trained drafter (`DraftModel.kind == "parallel"`): its depths may read the base's next token
+    """A parallel draft network (`DraftModel.kind == "parallel"`): its depths may read the base's next token
     (Amphista) as well as its hidden state."""
 
     def __init__(self, model: DraftModel):
@@ -83,51 +83,51 @@ class ParallelSource:
 
 
 class Refined:
-    """What every lattice drafter does with its lattice: the refiner's paths (none: the top-1 path), the refiner
-    kept in step with the example (`reset`) and the decided tokens (`observe`, for refiners that cache them)."""
+    """What every lattice drafter does with its lattice: the rescorer's paths (none: the top-1 path), the rescorer
+    kept in step with the example (`reset`) and the decided tokens (`observe`, for rescorers that cache them)."""
 
-    refiner: Rescorer | None
+    rescorer: Rescorer | None
 
     def reset(self, prompt_ids: list[int]) -> None:
-        if self.refiner is not None:
-            self.refiner.reset(list(prompt_ids))
+        if self.rescorer is not None:
+            self.rescorer.reset(list(prompt_ids))
 
     def observe(self, tokens: list[int]) -> None:
-        if hasattr(self.refiner, "observe"):
-            self.refiner.observe(tokens)
+        if hasattr(self.rescorer, "observe"):
+            self.rescorer.observe(tokens)
 
     def proposal(self, lat: Lattice | None, ctx: DraftContext) -> Proposal:
         if lat is None:
             return Proposal()
-        if self.refiner is None:
+        if self.rescorer is None:
             return Proposal([lat.ids[:, 0].tolist()], lattice=lat)
-        return Proposal(self.refiner.refine(lat, ctx.tokens), lattice=lat)
+        return Proposal(self.rescorer.refine(lat, ctx.tokens), lattice=lat)
 
 
 class LatticeDrafter(Refined):
     """Top-k candidates of the source's first `depth` depths at the current position, cut by the threshold, then
-    the refiner's paths.
+    the rescorer's paths.
 
     All depths are scored in one call even when the threshold cuts the draft short: drafting is bound by reading
-    the shortlisted projection, which one head costs as much as eight. Depths the refiner never reads (a fixed
+    the shortlisted projection, which one head costs as much as eight. Depths the rescorer never reads (a fixed
     Medusa tree's `max_depth`) are not computed: `bpdbench speed --task mt_bench --limit 6 --max-new-tokens 32
     --methods medusa:nodes=auto --dtype bfloat16` drafted in 3.0 ms per step instead of 3.7 (AVX512-BF16 EPYC). Every
     row's top-k is unchanged: k is not cut, since a top-k of fewer ranks can order bfloat16 ties differently.
 
-    `budgeted`: draft at most `ctx.budget` depths. The trained drafters always have and the heads never have; the
-    loop clips the paths to the budget either way, but a refiner's paths over the longer lattice, and the lattice
+    `budgeted`: draft at most `ctx.budget` depths. The draft networks always have and the heads never have; the
+    loop clips the paths to the budget either way, but a rescorer's paths over the longer lattice, and the lattice
     that analyses read, differ from those over the cut one, so each keeps its own rule and its numbers."""
 
     def __init__(self, name: str, source: Source, depth: int, k: int = 1, threshold: float = 0.0,
-                 refiner: Rescorer | None = None, budgeted: bool = False):
+                 rescorer: Rescorer | None = None, budgeted: bool = False):
         self.name, self.source, self.depth = name, source, depth
-        self.k, self.threshold, self.refiner, self.budgeted = k, threshold, refiner, budgeted
+        self.k, self.threshold, self.rescorer, self.budgeted = k, threshold, rescorer, budgeted
 
     def lattice(self, ctx: DraftContext) -> Lattice | None:
         """The lattice at this position; in replay it is kept in the example's memo under everything it depends
         on (source, depths, k, threshold, position), so drafters sharing those share one computation."""
         n = min(self.depth, ctx.budget) if self.budgeted else self.depth
-        n = min(n, getattr(self.refiner, "max_depth", n))   # a fixed tree reads no head past its deepest node
+        n = min(n, getattr(self.rescorer, "max_depth", n))   # a fixed tree reads no head past its deepest node
         if n <= 0:
             return None
         if ctx.memo is None:

@@ -31,5 +31,5 @@ from .spelling import (ALIASES, REGISTRY, canonical, get, parse, parse_list, spl
 
 REGISTRY.update({s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF, RECYCLING, LOOKAHEAD,
                                          SAM, REST, QDRAFT, LAYERSKIP, HYBRID) for s in group})
-REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # trained drafters
+REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # draft networks
 

@@ -1,13 +1,13 @@
 """How `auto` sizes a method: which shapes to replay, and how to choose among them from what the replays measured.
 
 A method declares its search on its registry entry (`MethodSpec.shapes`); experiments/autoshape.py replays the
-plans a search gives along held-out greedy outputs (`Measured`), then asks the search to choose with this machine's
+plans a search gives along held-out greedy outputs (`Replayed`), then asks the search to choose with this machine's
 cost of a forward (hardware/shapes.py). Nothing else knows which method is sized how.
 
 Why declared: the auto-shape code used to hold a chain of `if name == "pld" / "sps" / ...` in two functions, so
-adding an auto-sized drafter meant editing it, and a trained drafter's search lived apart from the drafter. The kinds:
+adding an auto-sized drafter meant editing it, and a draft network's search lived apart from the drafter. The kinds:
 - `Chain`: a draft length sized by truncation: one replay at the longest length (per value of an optional `Grid`
-  parameter replayed alongside: hierarchy's candidates, REST's trie budget, a trained drafter's tree width), every
+  parameter replayed alongside: hierarchy's candidates, REST's trie budget, a draft network's tree width), every
   shorter length read from it (exact for chains, whose shorter drafts are prefixes; an estimate for candidates and
   trees, whose trajectories would differ slightly).
 - `Sizes`: one replay per size, compared by measured tokens per step against the mean cost of the forwards it
@@ -26,13 +26,13 @@ from ..hardware import shapes
 from .base import AUTO, Method, MethodError
 from .contract import search
 
-Runs = list[tuple[dict, "Measured"]]
-PerStep = Callable[..., Any]          # (Measured, per_token=False) -> drafting cost per step, in decode steps
+Runs = list[tuple[dict, "Replayed"]]
+PerStep = Callable[..., Any]          # (Replayed, per_token=False) -> drafting cost per step, in decode steps
 Value = Callable[[Any, Method], Any]   # (env, method) -> a value that needs the loaded model or artefacts
 
 
 @dataclass
-class Measured:
+class Replayed:
     """What one replay at a large shape tells about its shorter ones."""
     accept: list[float]                   # a[i-1] = P(first i draft tokens accepted)
     nodes: list[list[int]]                # per step: draft nodes at depth 1, 2, ...
@@ -234,7 +234,7 @@ def choose(method: Method, runs: Runs, cost: shapes.CostModel) -> shapes.Shape:
     """The shape from the measurements, with drafting priced in decode steps of this machine."""
     step_ms = float(getattr(cost, "step_ms", 0.0) or 0.0)
 
-    def per_step(meas: Measured, per_token: bool = False):
+    def per_step(meas: Replayed, per_token: bool = False):
         if not step_ms:
             return 0.0
         if per_token:

@@ -1,7 +1,7 @@
 """Trained draft models (bpdbench/drafters: EAGLE, Hydra, Hydra++, Amphista, Medusa/KOALA heads) as drafters.
 
 One entry for every drafter type, so they differ only in the model. A chain is kept as a lattice (top-k per depth), on
-which the paper's refiners apply (`refine=ngram4`, `16best-ngram4`, `medusa`): a parallel model gives all depths
+which the paper's rescorers apply (`refine=ngram4`, `16best-ngram4`, `medusa`): a parallel model gives all depths
 in one call, so its chain is the heads' drafter (methods/lattice.py: LatticeDrafter over the model); a sequential
 model conditions each depth on the tokens drafted before it, so its chain is drafted here depth by depth along the
 top-1 path, under the same threshold rule and refine code, and stops at the first unsure depth without computing
@@ -13,8 +13,8 @@ children each, for `depth` levels, then the `nodes` best of all generated nodes 
 fastest on this machine). Verification is the base's, so any draft is lossless.
 
 Each drafter type's file (eagle.py, hydra.py, amphista.py, koala.py) is a registry entry built by `spec` here,
-whose contract (methods/contract.py) every trained drafter shares: it reads the base's hidden states, its artefact is
-the trained drafter (trained on first use), its preflight checks the folder, type and shape before the model loads,
+whose contract (methods/contract.py) every draft network shares: it reads the base's hidden states, its artefact is
+the draft network (trained on first use), its preflight checks the folder, type and shape before the model loads,
 and `auto` sizes its depth and tree width (`tree=auto`, `depth=auto`) or a dynamic tree's node budget
 (`tree=dynamic,nodes=auto`).
 """
@@ -29,7 +29,7 @@ from .. import refine
 from .. import paths
 from ..artefacts import MINUTES, Need, builder
 from ..config import RunConfig
-from ..nets.base import DraftModel, DrafterFileError
+from ..nets.base import DraftModel, NetworkFileError
 from ..nets.checkpoint import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
@@ -52,13 +52,13 @@ NODES = Param("nodes", int, "tree=dynamic: draft nodes verified per step (auto: 
               low=1, high=257, auto=True)
 TOPK = Param("topk", int, "tree=dynamic: frontier nodes per depth and children per node", low=1, high=65)
 AUTO_WIDTHS = (0, 2, 3, 4, 6, 8)      # tree=auto chooses among these widths (SEARCH below)
-REFINE = Param("refine", str, "a refiner on the chain's top-k lattice (the paper's rescorers)",
+REFINE = Param("refine", str, "a rescorer on the chain's top-k lattice (the paper's rescorers)",
                choices=tuple(n for n in refine.RESCORERS if n not in ("none", "medusa-auto", "medusa-neural-m")))
 SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the training data (default: as trained)",
                   low=1)
 PROFILE = Param("profile", str, "training profile of the cached drafter (default: --heads-profile)",
                 choices=PROFILES)
-PATH = Param("path", str, "a drafter folder (bpdbench train-drafter --out), instead of the cached profile")
+PATH = Param("path", str, "a drafter folder (bpdbench train-network --out), instead of the cached profile")
 COMMON = (DEPTH, TREE, NODES, TOPK, K, REFINE, ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
 
 
@@ -68,13 +68,13 @@ class TrainedDrafter(Refined):
     DraftContext.accepted_hidden for feature models)."""
 
     def __init__(self, name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1,
-                 threshold: float = 0.0, refiner: Rescorer | None = None, nodes: int = DYNAMIC_NODES,
+                 threshold: float = 0.0, rescorer: Rescorer | None = None, nodes: int = DYNAMIC_NODES,
                  topk: int = DYNAMIC_TOPK):
         if model.kind == "parallel" and not tree:
             raise ValueError(f"{name}: a parallel model's chain is drafted by LatticeDrafter; use drafter_for")
         self.name, self.model, self.depth, self.tree = name, model, depth, tree
         self.nodes, self.topk = nodes, topk
-        self.k, self.threshold, self.refiner = k, threshold, refiner
+        self.k, self.threshold, self.rescorer = k, threshold, rescorer
         self.session = None
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -152,7 +152,7 @@ def profile_of(method: Method, cfg: RunConfig) -> str:
 
 
 def folder(method: Method, cfg: RunConfig, trained_name: str) -> Path:
-    return Path(method.get("path")) if method.get("path") else paths.drafter_dir(cfg.model, trained_name,
+    return Path(method.get("path")) if method.get("path") else paths.network_dir(cfg.model, trained_name,
                                                                                  profile_of(method, cfg))
 
 
@@ -166,7 +166,7 @@ def resolve(env: Env, method: Method, trained_name: str, drafter_type: str) -> t
         return cache[key]
     if not (where / "config.json").exists():
         if method.get("path"):
-            raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-drafter "
+            raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-network "
                               f"{trained_name} --out {where}`")
         drafter_need(method, env.cfg.model, trained_name, profile).build(
             env.cfg.auto_train, lambda: builder("drafter")(trained_name, profile, env.cfg.model, env.model, env.tok, env.log),
@@ -174,7 +174,7 @@ def resolve(env: Env, method: Method, trained_name: str, drafter_type: str) -> t
     why = seal.problem(where)            # sealed when trained: a changed or missing file is never loaded silently
     if why:
         raise MethodError(f"{method.label}: {why}; delete {where} and it is trained again on next use (or run "
-                          f"`bpdbench train-drafter {trained_name}`)")
+                          f"`bpdbench train-network {trained_name}`)")
     try:
         config = read_config(where)
         if config["drafter"] != drafter_type:
@@ -182,7 +182,7 @@ def resolve(env: Env, method: Method, trained_name: str, drafter_type: str) -> t
         base = env.model
         model, config = load_drafter(where, base.model.embed_tokens.weight, base.lm_head.weight, base.dtype,
                                      method.get("shortlist"))
-    except DrafterFileError as e:
+    except NetworkFileError as e:
         raise MethodError(f"{method.label}: {e}") from None
     model = model.to(base.device)
     warn_use((config.get("training") or {}).get("quality_warning"), f"drafter {where}", env.log)  # never silently
@@ -221,7 +221,7 @@ def check(method: Method, cfg: RunConfig, trained_name: str, drafter_type: str, 
         _check_shape(method, cfg, drafter_type, 16, None)
         if method.get("path"):
             raise MethodError(f"{method.label}: no drafter at {where} (no config.json); train one with "
-                              f"`bpdbench train-drafter {trained_name} --out {where}`")
+                              f"`bpdbench train-network {trained_name} --out {where}`")
         drafter_need(method, cfg.model, trained_name, profile_of(method, cfg)).check(cfg.auto_train, MethodError)
         return
     config = read_config(where)
@@ -234,13 +234,13 @@ def check(method: Method, cfg: RunConfig, trained_name: str, drafter_type: str, 
 
 
 def drafter_for(name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1, threshold: float = 0.0,
-                refiner: Rescorer | None = None, nodes: int = DYNAMIC_NODES, topk: int = DYNAMIC_TOPK
+                rescorer: Rescorer | None = None, nodes: int = DYNAMIC_NODES, topk: int = DYNAMIC_TOPK
                 ) -> LatticeDrafter | TrainedDrafter:
     """The drafter of a draft model in a given shape: a parallel model's chain is a lattice like the heads' (cut to
-    the budget, as every trained drafter's draft is), anything else a TrainedDrafter."""
+    the budget, as every draft network's draft is), anything else a TrainedDrafter."""
     if model.kind == "parallel" and not tree:
-        return LatticeDrafter(name, ParallelSource(model), depth, k, threshold, refiner, budgeted=True)
-    return TrainedDrafter(name, model, depth, tree, k, threshold, refiner, nodes, topk)
+        return LatticeDrafter(name, ParallelSource(model), depth, k, threshold, rescorer, budgeted=True)
+    return TrainedDrafter(name, model, depth, tree, k, threshold, rescorer, nodes, topk)
 
 
 def build(env: Env, method: Method, trained_name: str, drafter_type: str, longest: int | None = None
@@ -251,14 +251,14 @@ def build(env: Env, method: Method, trained_name: str, drafter_type: str, longes
     tree, stage = method.get("tree", 0), method.get("refine")
     k = method.get("k", env.cfg.k) if stage else 1
     threshold = method.get("threshold", env.cfg.draft_threshold)   # one rule for every head-type drafter
-    refiner, alpha, source = None, None, "n/a"
+    rescorer, alpha, source = None, None, "n/a"
     if stage:
         from .artefacts import ensure
         from .heads import alpha_for
         spec = refine.get_rescorer(stage)
         alpha, source = alpha_for(env, method, spec)
         ensure(spec, env.cfg, env.tok, env.log)
-        refiner = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, dtype=env.cfg.dtype)
+        rescorer = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, dtype=env.cfg.dtype)
     training = config.get("training") or {}
     env.resolved[method.label] = {"drafter": drafter_type, "name": config.get("name"), "path": str(folder(
         method, env.cfg, trained_name)), "depth": depth, "tree": tree, "k": k, "threshold": threshold,
@@ -270,7 +270,7 @@ def build(env: Env, method: Method, trained_name: str, drafter_type: str, longes
     if tree == "dynamic":
         env.resolved[method.label].update(nodes=method.concrete("nodes", DYNAMIC_NODES),
                                           topk=method.get("topk", DYNAMIC_TOPK))
-    return drafter_for(method.label, model, depth, tree, k, threshold, refiner,
+    return drafter_for(method.label, model, depth, tree, k, threshold, rescorer,
                        method.concrete("nodes", DYNAMIC_NODES), method.get("topk", DYNAMIC_TOPK))
 
 
@@ -282,7 +282,7 @@ class _Defaults:
 
 
 def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]:
-    """`needs` of an entry drafting with a trained drafter: whether the default spelling's folder is there."""
+    """`needs` of an entry drafting with a draft network: whether the default spelling's folder is there."""
     name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
 
     def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
@@ -292,7 +292,7 @@ def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]
     return needs
 
 
-# Its artefact: the trained drafter `needs` names, which the sweep builds by building the method once (trained then).
+# Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then).
 DRAFTER = Reads(Kind.DRAFTER, need_names)
 
 
@@ -336,4 +336,4 @@ def spec(name: str, description: str, trained_name, drafter_type, extra: tuple[P
 
 def drafter_need(method: Method, model: str, trained_name: str, profile: str) -> Need:
     return Need(f"'{profile}' {trained_name} drafter for {model}",
-                f"bpdbench train-drafter {trained_name} --profile {profile}", MINUTES[profile], method.label)
+                f"bpdbench train-network {trained_name} --profile {profile}", MINUTES[profile], method.label)

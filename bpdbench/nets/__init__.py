@@ -1,2 +1,2 @@
-"""Draft networks: the Medusa-style heads, the trained drafters (Medusa, Hydra, EAGLE, Amphista, KOALA layers) and
+"""Draft networks: the blockwise heads, the Medusa, Hydra, EAGLE, Amphista and KOALA networks, and
 the small LM, with their save formats. Decoding reads them through `methods/`; training writes them (`train/`)."""

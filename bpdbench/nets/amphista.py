@@ -1,7 +1,7 @@
 """Amphista-style non-autoregressive heads (Li et al., NAACL 2025; no public code): every depth in one pass.
 
 Staged adaptation: stage 1 adapts the base's hidden state h_t (a residual block), stage 2 merges it with the
-embedding of the sampled token x_{t+1} ((2d -> d) block with a residual projection). K Medusa-style heads (one
+embedding of the sampled token x_{t+1} ((2d -> d) block with a residual projection). K Medusa heads (one
 residual block each) turn the adapted state into K head states, and the auto-embedding block, one transformer layer
 with *bidirectional* attention across the K head positions (rotary positions 0..K-1), lets each head see the others
 before the base's frozen projection (shortlist). The paper's staged adaptation layers are causal transformer layers

@@ -26,7 +26,7 @@ from torch import nn
 WEIGHTS = "drafter.pt"
 
 
-class DrafterFileError(FileNotFoundError):
+class NetworkFileError(FileNotFoundError):
     """A drafter folder that cannot be used: one line naming the file and how to rebuild it."""
 
 

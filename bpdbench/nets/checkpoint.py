@@ -1,4 +1,4 @@
-"""The draft models' save format (see base.py's module doc): one folder per trained drafter, its type named in
+"""The draft models' save format (see base.py's module doc): one folder per draft network, its type named in
 `config.json` and rebuilt from it. Apart from base.py because reading a folder needs every drafter type, and each
 type needs base.py: here the types are imported once, below all of them.
 """
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .base import WEIGHTS, DraftModel, DrafterFileError
+from .base import WEIGHTS, DraftModel, NetworkFileError
 
 
 def types() -> dict[str, type]:
@@ -51,7 +51,7 @@ def save(model: DraftModel, out: Path, base_model: str, report: dict, name: str 
 
 
 def _rebuild(path: Path, name: str) -> str:
-    return f"delete {path} and rebuild it with `bpdbench train-drafter {name}`"
+    return f"delete {path} and rebuild it with `bpdbench train-network {name}`"
 
 
 def read_config(path: Path) -> dict:
@@ -60,18 +60,18 @@ def read_config(path: Path) -> dict:
     try:
         config = json.loads(cfg_file.read_text())
     except FileNotFoundError:
-        raise DrafterFileError(f"no drafter at {path} (no config.json); train one with `bpdbench train-drafter "
+        raise NetworkFileError(f"no drafter at {path} (no config.json); train one with `bpdbench train-network "
                                f"NAME`") from None
     except (OSError, ValueError) as e:
-        raise DrafterFileError(f"{cfg_file} is unreadable ({type(e).__name__}); {_rebuild(path, 'NAME')}") from None
+        raise NetworkFileError(f"{cfg_file} is unreadable ({type(e).__name__}); {_rebuild(path, 'NAME')}") from None
     if not isinstance(config, dict):
-        raise DrafterFileError(f"{cfg_file} is not a JSON object; {_rebuild(path, 'NAME')}")
+        raise NetworkFileError(f"{cfg_file} is not a JSON object; {_rebuild(path, 'NAME')}")
     if "medusa_num_heads" in config:
         ours = config.get("bpdbench") or {}
         return {**ours, "drafter": "medusa", "name": ours.get("name", "medusa"), "layout": "medusa-1",
                 "depth": config["medusa_num_heads"], "base_model": config.get("base_model_name_or_path")}
     if config.get("drafter") not in types():
-        raise DrafterFileError(f"{cfg_file}: drafter type {config.get('drafter')!r} is not one of "
+        raise NetworkFileError(f"{cfg_file}: drafter type {config.get('drafter')!r} is not one of "
                                f"{', '.join(types())} (or a Medusa-1 folder); {_rebuild(path, 'NAME')}")
     return config
 
@@ -89,7 +89,7 @@ def load(path: Path, embed: torch.Tensor, lm_head: torch.Tensor, dtype: torch.dt
         try:
             heads, hcfg = load_heads(path, embed.shape[1], dtype)
         except HeadsFileError as e:
-            raise DrafterFileError(str(e)) from None
+            raise NetworkFileError(str(e)) from None
         model, shortlist = MedusaHeads.from_heads(heads), heads.shortlist
         config["shortlist"] = hcfg.get("shortlist")
     else:
@@ -107,27 +107,27 @@ def _load_own(path: Path, config: dict, name: str, d: int) -> tuple[DraftModel, 
     try:
         model = cls(int(config["d"]), int(config["depth"]), **config.get("dims", {}))
     except (KeyError, TypeError, ValueError) as e:
-        raise DrafterFileError(f"{path / 'config.json'} does not describe a {config['drafter']} drafter "
+        raise NetworkFileError(f"{path / 'config.json'} does not describe a {config['drafter']} drafter "
                                f"({type(e).__name__}: {e}); {_rebuild(path, name)}") from None
     if model.d != d:
-        raise DrafterFileError(f"{path / 'config.json'}: d={model.d} but the base model's hidden size is {d}; "
+        raise NetworkFileError(f"{path / 'config.json'}: d={model.d} but the base model's hidden size is {d}; "
                                f"{_rebuild(path, name)}")
     try:
         state = torch.load(path / WEIGHTS, map_location="cpu", weights_only=True)
         model.load_state_dict(state)
     except FileNotFoundError:
-        raise DrafterFileError(f"{path} has config.json but no {WEIGHTS}; {_rebuild(path, name)}") from None
+        raise NetworkFileError(f"{path} has config.json but no {WEIGHTS}; {_rebuild(path, name)}") from None
     except Exception as e:  # truncated zip, pickle, or weights of another shape
-        raise DrafterFileError(f"{path / WEIGHTS} is truncated, corrupt or of other dimensions "
+        raise NetworkFileError(f"{path / WEIGHTS} is truncated, corrupt or of other dimensions "
                                f"({type(e).__name__}); {_rebuild(path, name)}") from None
     shortlist = None
     if (path / "shortlist.pt").exists():
         shortlist = _tensor(path / "shortlist.pt", path, name)
         if config.get("shortlist_size") and len(shortlist) != config["shortlist_size"]:
-            raise DrafterFileError(f"{path / 'shortlist.pt'} holds {len(shortlist)} tokens but config.json "
+            raise NetworkFileError(f"{path / 'shortlist.pt'} holds {len(shortlist)} tokens but config.json "
                                    f"says {config['shortlist_size']}; {_rebuild(path, name)}")
     elif config.get("shortlist_size"):
-        raise DrafterFileError(f"{path / 'shortlist.pt'} is missing (config.json names a "
+        raise NetworkFileError(f"{path / 'shortlist.pt'} is missing (config.json names a "
                                f"{config['shortlist_size']}-token shortlist); {_rebuild(path, name)}")
     return model, shortlist
 
@@ -136,7 +136,7 @@ def _tensor(file: Path, path: Path, name: str) -> torch.Tensor:
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise DrafterFileError(f"{file} is truncated or corrupt ({type(e).__name__}); {_rebuild(path, name)}") \
+        raise NetworkFileError(f"{file} is truncated or corrupt ({type(e).__name__}); {_rebuild(path, name)}") \
             from None
 
 
@@ -144,11 +144,11 @@ def _prefix(path: Path, name: str, size: int, saved: torch.Tensor | None) -> tor
     """The `size` most frequent ids of the drafter's data (EOS ranks first), plus any saved-shortlist id the
     ranking does not hold."""
     if not (path / "rank.pt").exists():
-        raise DrafterFileError(f"{path} has no rank.pt, so its drafting shortlist cannot be resized; drop the "
+        raise NetworkFileError(f"{path} has no rank.pt, so its drafting shortlist cannot be resized; drop the "
                                f"shortlist= parameter or {_rebuild(path, name)}")
     rank = _tensor(path / "rank.pt", path, name)
     if size > len(rank):
-        raise DrafterFileError(f"shortlist={size} but {path / 'rank.pt'} ranks only {len(rank)} token ids; pass "
+        raise NetworkFileError(f"shortlist={size} but {path / 'rank.pt'} ranks only {len(rank)} token ids; pass "
                                f"shortlist={len(rank)} or less")
     ids = set(rank[:size].tolist())
     if saved is not None:

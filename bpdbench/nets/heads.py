@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import ResBlock  # Medusa's block, shared with the trained drafters (same weights layout)
+from .layers import ResBlock  # Medusa's block, shared with the draft networks (same weights layout)
 
 WEIGHTS = "medusa_lm_head.pt"
 

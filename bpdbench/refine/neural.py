@@ -83,7 +83,7 @@ class NeuralRescorer:
 
     def __init__(self, name: str, lm, alpha: float, k: int = 16, device: str = "cpu",
                  dtype: torch.dtype | str = torch.float32, max_len: int = 256):
-        """Thread counts are the session's (--threads), never changed here: a refiner that switched torch's
+        """Thread counts are the session's (--threads), never changed here: a rescorer that switched torch's
         global setting inside `refine` would silently change the base model's speed too."""
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)

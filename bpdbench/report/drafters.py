@@ -1,5 +1,5 @@
-"""Tables of the trained drafters, from result files only, all under `results/drafters/`: training reports
-(`training/*.json`, written by `bpdbench train-drafter`), replays (`replay/<task>/replay.csv`: block efficiency and
+"""Tables of the draft networks, from result files only, all under `results/drafters/`: training reports
+(`training/*.json`, written by `bpdbench train-network`), replays (`replay/<task>/replay.csv`: block efficiency and
 draft repetition, `bpdbench replay --out results/drafters/replay/<task>`) and float32 certificates (`runs/*/
 summary.csv`, `bpdbench run --dtype float32 --out results/drafters/runs/...`). Drafting cost per step is in the
 speed tables (`results/speed/<task>/speed.csv`: draft_ms_per_step, draft_vs_ar_step)."""
@@ -15,7 +15,7 @@ from . import load
 
 
 def is_drafter(method: Method) -> bool:
-    """A trained drafter (eagle, hydra:tree=4, koala:base=hydra, ...); the tables set bpd (the Medusa-1 baseline)
+    """A draft network (eagle, hydra:tree=4, koala:base=hydra, ...); the tables set bpd (the Medusa-1 baseline)
     beside them by its label."""
     return contract.Kind.DRAFTER in contract.kinds(method)
 

@@ -43,7 +43,7 @@ MISSING_VERIFIED = "verified estimated as drafted+steps (file predates the count
 
 
 @dataclass(frozen=True)
-class Shape:
+class ModelShape:
     """The few numbers of a decoder-only transformer that byte and FLOP counts need."""
     d: int
     layers: int
@@ -64,13 +64,13 @@ class Shape:
         return 2 * self.layers * self.kv_heads * self.head_dim * context
 
 
-def shape_from_config(cfg: dict) -> Shape:
+def shape_from_config(cfg: dict) -> ModelShape:
     n_heads = cfg["num_attention_heads"]
-    return Shape(cfg["hidden_size"], cfg["num_hidden_layers"], n_heads, cfg.get("num_key_value_heads", n_heads),
+    return ModelShape(cfg["hidden_size"], cfg["num_hidden_layers"], n_heads, cfg.get("num_key_value_heads", n_heads),
                  cfg.get("head_dim") or cfg["hidden_size"] // n_heads, cfg["intermediate_size"], cfg["vocab_size"])
 
 
-def model_shape(name: str) -> Shape:
+def model_shape(name: str) -> ModelShape:
     """From the cached HF config (any dtype: shapes do not depend on it), a local HF folder, or the built-in dict."""
     candidates = [paths.dense_model_dir(name, dt) / "config.json" for dt in models.DTYPES] if name in models.MODELS \
         else [Path(name) / "config.json"]
@@ -113,7 +113,7 @@ def _rescorer(name: str, shortlist: int) -> tuple[int, int, str]:
     return 0, 0, ""
 
 
-def totals(c: Counters, name: str, shape: Shape, bpp: int, h: int, shortlist: int, rescorer_bpp: int = 4
+def totals(c: Counters, name: str, shape: ModelShape, bpp: int, h: int, shortlist: int, rescorer_bpp: int = 4
            ) -> dict[str, float]:
     """Absolute bytes and FLOPs over the counted examples (divide by new_tokens for per-token figures); `name`: the
     method's registry name (bpd, neural-m, ...), which says what rescorer it runs."""

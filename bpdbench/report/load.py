@@ -213,7 +213,7 @@ class StandIns:
 
 
 def reports(results: Path, kind: str) -> list[dict]:
-    """The JSON reports filed directly under `results/<kind>` (training reports of `bpdbench train-drafter`), in
+    """The JSON reports filed directly under `results/<kind>` (training reports of `bpdbench train-network`), in
     name order."""
     return [json.loads(p.read_text()) for p in sorted((Path(results) / kind).glob("*.json"))]
 

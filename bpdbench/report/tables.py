@@ -173,15 +173,15 @@ def build(results: Path | None = None) -> list[Path]:
         emit("certificates", certs[[c for c in CERTIFICATE_COLUMNS if c in certs]], "Float32 certificates, one real "
              "run per method and task (`bpdbench sweep grids/certificates.toml`): lossless_rate must be 1.0")
     from . import drafters
-    emit("drafters_training", drafters.training_table(results), "Trained drafters (`bpdbench train-drafter`): "
+    emit("drafters_training", drafters.training_table(results), "Draft networks (`bpdbench train-network`): "
          "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
     rep = drafters.collect_replays(results)
     runs = load.rows(results, "drafters/runs", "summary.csv")
-    emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Trained drafters vs bpd (Medusa-1 heads), "
+    emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Draft networks vs bpd (Medusa-1 heads), "
          "block efficiency on the same greedy trajectories (replayed)")
     emit("drafters_repetition", drafters.repetition_table(rep), "Adjacent repeated tokens in each method's drafts "
          "(first path per step) vs in the greedy text itself (replayed)")
-    emit("drafters_certificates", drafters.certificate_table(runs), "Trained drafters, float32 certificates "
+    emit("drafters_certificates", drafters.certificate_table(runs), "Draft networks, float32 certificates "
          "(`bpdbench run --dtype float32`): lossless_rate must be 1.0")
     return written
 

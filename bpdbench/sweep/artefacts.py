@@ -1,5 +1,5 @@
 """What cells need built before they start, once per (model, artefact): the model's dense cache per dtype, heads per
-profile, n-gram and neural LMs per target model, and the trained drafters and tables a method reads, the last built
+profile, n-gram and neural LMs per target model, and the draft networks and tables a method reads, the last built
 by building that method once, as its first use would. What a method reads is its contract's typed artefact keys
 (methods/contract.py: `artefacts`), one kind resolved one way here.
 
@@ -10,23 +10,27 @@ them, each is built once, by one worker, with the same functions a first use cal
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable
 
 from ..config import RunConfig
 from ..methods import Method, contract
 from ..methods.contract import Kind
 
-RANK = {"model": 0, "heads": 1, "rescorer": 2, "method": 3}
+RANK = {"model": 0, "heads": 1, "rescorer": 2, "network": 3, "method": 4}   # build order (the driver submits in it)
+TRAIN_KEYS = ("networks", "profile", "model", "reports")
 Log = Callable[[str], None]
 
 
 @dataclass(frozen=True)
 class Artefact:
-    kind: str                   # model | heads | rescorer | method
+    kind: str                   # model | heads | rescorer | method | network
     model: str
-    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need
+    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need;
+                                # network: its cache name and profile (koala-adv-quick)
     needs: tuple[str, ...] = ()
-    build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, method label) to build
+    build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, method label) to build;
+                                                                    # network: (name, profile, reports folder)
 
     @property
     def id(self) -> str:
@@ -81,12 +85,62 @@ def artefacts_for(cell, methods: list[Method]) -> list[Artefact]:
     return sorted(out.values(), key=lambda a: RANK[a.kind])
 
 
-def collect(cells: list, methods_of) -> list[Artefact]:
+def trainings(blocks: list, model: str, where: str, results: str) -> list[Artefact]:
+    """A grid's [[train]] blocks: the draft networks its results read, trained before any cell, one after another
+    (each takes both cores), and each report copied into the results (`reports`, default drafters/training), which
+    `bpdbench tables` renders as drafters_training. Why in the grid: the trainings were a shell loop, the one recipe
+    of a committed number that was not a grid; and the trainer no longer writes into results/ itself."""
+    from ..config import ConfigError
+    from ..train.network import PROFILES, check
+    out: list[Artefact] = []
+    for i, block in enumerate(blocks, 1):
+        at = f"{where}: [[train]] {i}"
+        if not isinstance(block, dict):
+            raise ConfigError(f"{where}: write [[train]] blocks (an array of tables), not [train]")
+        unknown = sorted(set(block) - set(TRAIN_KEYS))
+        if unknown:
+            raise ConfigError(f"{at}: unknown key '{unknown[0]}'; valid: {', '.join(TRAIN_KEYS)}")
+        names, profile = block.get("networks"), block.get("profile", "quick")
+        if not isinstance(names, list) or not names or not all(isinstance(n, str) and n for n in names):
+            raise ConfigError(f"{at}: networks must be a list of draft networks, e.g. [\"hydra\", \"koala-adv\"]")
+        if profile not in PROFILES:
+            raise ConfigError(f"{at}: profile must be one of {', '.join(PROFILES)}, got {profile!r}")
+        reports = block.get("reports", "drafters/training")
+        if not isinstance(reports, str) or Path(reports).is_absolute() or ".." in Path(reports).parts:
+            raise ConfigError(f"{at}: reports must be a folder inside the results, e.g. \"drafters/training\"")
+        for name in names:
+            base, adv = (name[:-4], 0.1) if name.endswith("-adv") else (name, 0.0)
+            try:
+                saved = check(base, profile, adv)
+            except ValueError as e:
+                raise ConfigError(f"{at}: {e}") from None
+            who = str(block.get("model", model))
+            needs = (out[-1].id,) if out and out[-1].model == who else ()
+            out.append(Artefact("network", who, f"{saved}-{profile}", needs,
+                                (saved, profile, str(Path(results) / reports))))
+    return out
+
+
+def with_trainings(cells: list, artefacts: list[Artefact], networks: list[Artefact]) -> tuple[list, list[Artefact]]:
+    """The grid's trainings before everything else: every cell waits for them (its results read them), and a method's
+    first-use build of the same model waits too (it would otherwise train the same folder at the same time)."""
+    if not networks:
+        return cells, artefacts
+    last = {a.model: a.id for a in networks}
+    ids = tuple(a.id for a in networks)
+    converted = {m: tuple(a.id for a in artefacts if a.kind == "model" and a.model == m) for m in last}
+    networks = [replace(a, needs=a.needs + converted[a.model]) if not a.needs else a for a in networks]
+    later = [replace(a, needs=a.needs + (last[a.model],)) if a.kind == "method" and a.model in last else a
+             for a in artefacts]
+    return [replace(c, needs=c.needs + ids) for c in cells], sorted(later + networks, key=lambda a: RANK[a.kind])
+
+
+def collect(cells: list) -> list[Artefact]:
     """Every artefact of the plan once, models first, then heads, rescorers, and the methods' own needs, these one
     after another per model (one method's first use may build several of them, e.g. hierarchy's two tables)."""
     seen: dict[str, Artefact] = {}
     for c in cells:
-        for a in artefacts_for(c, methods_of(c.kind, c.config, c.options)):
+        for a in artefacts_for(c, list(c.methods)):       # parsed once, when the grid was read
             seen.setdefault(a.id, a)
     last: dict[str, str] = {}
     for key, a in list(seen.items()):
@@ -116,6 +170,8 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
         return "built"
     if a.kind == "method":
         return _build_method(a, log)
+    if a.kind == "network":
+        return _build_network(a, log)
     from .. import refine
     from ..methods.artefacts import ensure, ready
     spec = refine.RESCORERS[a.detail]
@@ -123,6 +179,24 @@ def build(a: Artefact, auto_train: bool, log: Log) -> str:
         return "present"
     ensure(spec, RunConfig(model=a.model, auto_train=auto_train), models.load_tokenizer(a.model), log)
     return "built"
+
+
+def _build_network(a: Artefact, log: Log) -> str:
+    """Train the network unless a sound one is cached, then copy its report into the results (the report of the
+    network the grid's results read, whoever built it)."""
+    from .. import paths
+    from ..artefacts import builder, seal
+    from ..store import write_atomic
+    saved, profile, reports = a.build_with
+    folder = paths.network_dir(a.model, saved, profile)
+    done = "present"
+    if not (folder / "report.json").is_file() or seal.problem(folder):
+        builder("drafter")(saved, profile, a.model, log=log)
+        done = "built"
+    report = Path(reports) / f"{a.model.replace('/', '_')}-{saved}-{profile}.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(report, (folder / "report.json").read_text())
+    return done
 
 
 def _build_method(a: Artefact, log: Log) -> str:

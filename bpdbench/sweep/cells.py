@@ -25,7 +25,9 @@ OK = ("ok", "finished", "present", "built")
 
 
 def slug(ident: str) -> str:
-    return re.sub(r"[^\w.+-]", "_", ident.replace("/", "__").replace(",", "-").replace("=", ""))
+    """A task id as one file name: the folder rule (paths.folder_name), its `/` doubled first so that the ids
+    `a/b` and `a_b` keep apart, and any character a file name had better not hold as `_`."""
+    return re.sub(r"[^\w.+-]", "_", paths.folder_name(ident.replace("/", "__")))
 
 
 def _user_errors() -> tuple:
@@ -104,8 +106,10 @@ def _other_code(ident: str, commit: str | None) -> dict | None:
 
 
 def run_cell(cell, retries: int, state_dir: str, commit: str | None, *deps: dict) -> dict:
-    """One cell on this worker. `commit`: the driver's git commit (None: unchecked). `deps`: the results of the
-    artefacts and tune cells it needs (Ray passes them in once they are done, which is how the cell waits)."""
+    """One cell on this worker, running the Plan the driver prepared for it (`cell.plan`: validated, parsed and
+    selected there, so nothing is again here). `commit`: the driver's git commit (None: unchecked). `deps`: the
+    results of the artefacts and tune cells it needs (Ray passes them in once they are done, which is how the cell
+    waits)."""
     import torch
     from . import kinds
     blocked = _other_code(cell.id, commit) or _blocked(cell.id, deps)

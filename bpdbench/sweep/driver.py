@@ -1,8 +1,8 @@
 """The driver: which cells are left, Ray tasks for them and their artefacts, progress, the sweep report.
 
 Ray schedules: every task is submitted at once with its declared resources (num_cpus = the cell's torch threads,
-num_gpus = its GPUs) and the results of the tasks it needs as arguments, so Ray starts it when they are done and a
-CPU is free. The driver only waits, prints progress with an ETA, and writes <results>/sweep/<name>/report.json. A
+num_gpus = its GPUs), its cell (carrying the Plan grid.load prepared, so the worker plans nothing again) and the
+results of the tasks it needs as arguments, so Ray starts it when they are done and a CPU is free. The driver only waits, prints progress with an ETA, and writes <results>/sweep/<name>/report.json. A
 cell that still fails after its retries is listed there and makes the sweep exit non-zero once the others finish.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ..config import ConfigError
 from ..store import write_atomic
 from . import kinds
 from .cells import OK, run_artefact, run_cell
-from .grid import Plan
+from .grid import SweepPlan
 
 Log = Callable[[str], None]
 ADDRESS = re.compile(r"^(local|auto|ray://\S+|[\w.-]+:\d+)$")
@@ -30,7 +30,7 @@ def check_address(address: str) -> None:
                           f"machine joined with `ray start`) or ray://<head>:10001")
 
 
-def status(plan: Plan) -> tuple[list, list]:
+def status(plan: SweepPlan) -> tuple[list, list]:
     """(cells left to run, cells finished earlier), from the results tree as the driver sees it."""
     todo, done = [], []
     for c in plan.cells:
@@ -38,7 +38,7 @@ def status(plan: Plan) -> tuple[list, list]:
     return todo, done
 
 
-def show(plan: Plan, out: Callable[[str], None] = print) -> None:
+def show(plan: SweepPlan, out: Callable[[str], None] = print) -> None:
     """`--dry-run`: the plan, what is finished, what each cell waits for; nothing runs."""
     todo, done = status(plan)
     needed = _needed(plan, todo)
@@ -56,9 +56,11 @@ def show(plan: Plan, out: Callable[[str], None] = print) -> None:
             + (f"  after {', '.join(waits)}" if waits and c in todo else ""))
 
 
-def _needed(plan: Plan, todo: list) -> list:
+def _needed(plan: SweepPlan, todo: list) -> list:
     """Artefacts the cells left to run need, with the artefacts those are built from."""
     want = {n for c in todo for n in c.needs}
+    if not plan.cells:          # a grid of trainings alone ([[train]]): they are what it asks for
+        want = {a.id for a in plan.artefacts if a.kind == "network"}
     by_id = {a.id: a for a in plan.artefacts}
     for a in reversed(plan.artefacts):
         if a.id in want:
@@ -87,7 +89,7 @@ def connect(address: str, cpus: int | None, log: Log):
     return ray
 
 
-def _check_fits(ray, plan: Plan, todo: list, log: Log) -> None:
+def _check_fits(ray, plan: SweepPlan, todo: list, log: Log) -> None:
     """A cell no node can hold would wait forever: say so now."""
     nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
     cpus = max((n.get("CPU", 0) for n in nodes), default=0)
@@ -101,7 +103,7 @@ def _check_fits(ray, plan: Plan, todo: list, log: Log) -> None:
             f"builds it on first use; set cache to a shared path (docs/sweeps.md)")
 
 
-def run(plan: Plan, address: str = "local", cpus: int | None = None, log: Log = print) -> dict:
+def run(plan: SweepPlan, address: str = "local", cpus: int | None = None, log: Log = print) -> dict:
     """Run what is left of the plan; returns the report (also written to <results>/sweep/<name>/report.json)."""
     check_address(address)
     todo, done = status(plan)
@@ -110,7 +112,7 @@ def run(plan: Plan, address: str = "local", cpus: int | None = None, log: Log = 
               "cells": [_earlier(c, plan) for c in done],
               "artefacts": []}
     t0 = time.time()
-    if not todo:
+    if not todo and plan.cells:
         log(f"nothing to do: all {len(done)} cells of {plan.grid} are finished in {plan.results}")
         return _finish(plan, report, t0, log, ran=False)
     log(f"{len(todo)} of {len(plan.cells)} cells to run ({len(done)} finished earlier); results {plan.results}")
@@ -129,18 +131,18 @@ def run(plan: Plan, address: str = "local", cpus: int | None = None, log: Log = 
     return _finish(plan, report, t0, log, ran=True)
 
 
-def _earlier(c, plan: Plan) -> dict:
+def _earlier(c, plan: SweepPlan) -> dict:
     lost = kinds.lost(c, plan.results)
     return {"id": c.id, "kind": c.kind, "status": "finished", "earlier": True, **({"lost": lost} if lost else {})}
 
 
-def _submit(ray, plan: Plan, todo: list) -> dict:
+def _submit(ray, plan: SweepPlan, todo: list) -> dict:
     """Every task at once: artefacts in build order, tune cells, then the rest; a task's needs are its arguments."""
     env = {"env_vars": plan.env()}
     state = f"sweep/{plan.name}"
     from ..config import git_commit
     commit = git_commit()
-    threads = max(c.threads for c in todo)
+    threads = max((c.threads for c in todo), default=os.cpu_count() or 1)    # trainings alone: every core
     auto_train = all(c.config.auto_train for c in plan.cells)
     art = ray.remote(run_artefact)
     cell = ray.remote(run_cell)
@@ -205,7 +207,7 @@ def _tail(res: dict) -> str:
     return (" (" + "; ".join(parts) + ")") if parts else ""
 
 
-def _finish(plan: Plan, report: dict, t0: float, log: Log, ran: bool) -> dict:
+def _finish(plan: SweepPlan, report: dict, t0: float, log: Log, ran: bool) -> dict:
     cells = report["cells"]
     counts: dict = {}
     for c in cells + report["artefacts"]:

@@ -10,13 +10,14 @@ that `--out`, so its config.json is the equivalent command line's.
 """
 from __future__ import annotations
 
-import re
 import string
 from pathlib import Path
+from typing import Sequence
 
 from .. import paths
 from ..config import ConfigError, RunConfig
 from ..experiments.plan import FOLDERS
+from ..methods import Method
 
 # where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
 # the file a finished cell of each kind leaves (written last, after config.json)
@@ -24,14 +25,13 @@ SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv",
            "speed": "speed.csv", "alpha_law": "alpha_law.csv", "certify": "certify_summary.csv"}
 CONFIG_FILE = {"certify": "certify.json"}          # where a kind records its settings, when not config.json
 FOLDER = {k: v for k, v in FOLDERS.items() if k not in ("run", "certify", "tune")}
-# the separators of a method spelling that a folder name replaces (scripts/certify.sh: tr ':,=' '---')
-SEPARATORS = re.compile(r"[:,=]")
 PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed")
 
 
-def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, RunConfig]:
+def place(kind: str, cfg: RunConfig, merged: dict, results: str, methods: Sequence[Method]) -> tuple[str, RunConfig]:
     """(the cell's folder relative to the results root, its config with `out` set where that folder is not where
-    the command writes by default). Raises ConfigError naming the key."""
+    the command writes by default), from the cell's parsed methods (kinds.parse_cell). Raises ConfigError naming
+    the key."""
     folder, template = merged.get("folder"), merged.get("out")
     if folder is not None and template is not None:
         raise ConfigError("give folder or out, not both (out is a path template, e.g. out = \"certificates/"
@@ -44,7 +44,7 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, R
                                or folder.startswith(".")):
         raise ConfigError(f"folder must be one folder name under the results root, got {folder!r}; for a path "
                           f"use out = \"a/b/{{task}}\"")
-    default = _cli_default(kind, cfg, merged)
+    default = _cli_default(kind, cfg, methods)
     if template is not None:
         rel = expand(template, kind, cfg)
     elif kind in ("run", "certify"):     # named by their methods and settings, as the command names them
@@ -58,23 +58,18 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str) -> tuple[str, R
     return rel, cfg
 
 
-def _cli_default(kind: str, cfg: RunConfig, merged: dict) -> str:
-    """The folder the command writes to without --out, relative to the results root (experiments/plan.py names it)."""
-    from ..experiments.plan import method_of, methods_of, out_of
-    if kind == "run":
-        methods = [method_of(cfg)]
-    elif kind == "certify":
-        spellings = merged.get("methods")
-        methods = methods_of(",".join(spellings) if isinstance(spellings, list) else str(spellings))
-    else:
-        methods = []
-    return out_of(cfg.replace(out=None), kind, methods).relative_to(paths.results_root()).as_posix()
+def _cli_default(kind: str, cfg: RunConfig, methods: Sequence[Method]) -> str:
+    """The folder the command writes to without --out, relative to the results root (experiments/plan.py names it;
+    only run and certify folders are named after their methods)."""
+    from ..experiments.plan import out_of
+    return out_of(cfg.replace(out=None), kind, list(methods)).relative_to(paths.results_root()).as_posix()
 
 
 def expand(template: object, kind: str, cfg: RunConfig) -> str:
     """The template with the cell's values: {task}, {model}, {dtype}, {heads_profile}, {temperature} (0 when
-    greedy, `:g`), {seed} (0 when unset), and for run cells {method}, the spelling with `:`, `,` and `=` each
-    replaced by `-` (`{method:_}`: by `_`, as scripts/drafters.sh named its folders)."""
+    greedy, `:g`), {seed} (0 when unset), and for run cells {method}, the spelling named by the folder rule
+    (paths.folder_name) with `:`, `,` and `=` each replaced by `-` (`{method:_}`: by `_`, as the draft networks'
+    certificate folders were first named)."""
     if not isinstance(template, str) or not template.strip():
         raise ConfigError(f"out must be a path template under the results root, e.g. \"certificates/{{task}}-"
                           f"{{method}}\", got {template!r}")
@@ -102,12 +97,12 @@ def expand(template: object, kind: str, cfg: RunConfig) -> str:
                                   f"has {'several' if kind in ('replay', 'speed') else 'none'}")
             if spec not in ("", "-", "_"):
                 raise ConfigError(f"out = {template!r}: {{method:{spec}}}: the separator must be - or _")
-            value = SEPARATORS.sub(spec or "-", cfg.method)
+            value = paths.folder_name(cfg.method, spec or "-", spec or "-")
         elif spec:
             raise ConfigError(f"out = {template!r}: {{{name}:{spec}}}: only {{method}} takes a format (- or _)")
         else:
             value = values[name]
-        parts.append(value.replace("/", "_"))       # a model or method naming a path stays one folder name
+        parts.append(value.replace("/", "_"))       # a model naming a path stays one folder name
     rel = "".join(parts)
     bad = [p for p in rel.split("/") if p in ("", ".", "..")]
     if bad:

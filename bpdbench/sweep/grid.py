@@ -20,7 +20,9 @@ from typing import Any
 
 from .. import paths
 from ..config import ConfigError, RunConfig
+from ..experiments.plan import Plan
 from ..methods import Method
+from . import artefacts as artefact_lib
 from .artefacts import Artefact, artefacts_for
 from .folders import place
 
@@ -52,10 +54,14 @@ _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 @dataclass(frozen=True)
 class Cell:
+    """One command of the grid, planned once on the driver: `plan` is what its worker runs (kinds.plan_cell), and
+    `config`, `options` and `rel` are what identify it and its finished folder."""
     kind: str
-    config: RunConfig
+    config: RunConfig                   # as the equivalent command line records it (resume unset)
     options: dict                       # methods (a spelling list), k, repeats, per_category, rescorer
     rel: str                            # output folder relative to the results root; "" for tune
+    plan: Plan = field(compare=False, repr=False)                   # validated, parsed, selected: shipped as is
+    methods: tuple[Method, ...] = field(compare=False, repr=False)  # what it builds (kinds.parse_cell)
     threads: int = 1                    # torch threads = Ray CPUs
     gpus: float = 0
     needs: tuple[str, ...] = ()         # ids of artefacts and tune cells that must finish first
@@ -66,8 +72,7 @@ class Cell:
     def id(self) -> str:
         c = self.config
         if self.kind == "tune":
-            from ..methods import parse
-            return f"tune:{c.model}/{c.task}/{parse(self.options['rescorer']).name}"
+            return f"tune:{c.model}/{c.task}/{self.methods[0].name}"
         return self.rel
 
     def key(self) -> dict:
@@ -77,7 +82,7 @@ class Cell:
 
 
 @dataclass
-class Plan:
+class SweepPlan:
     grid: Path
     name: str
     results: Path                       # the merged results tree
@@ -127,13 +132,13 @@ def _root(value: str | None, base: Path) -> str | None:
 
 
 def load(grid: Path, results: str | None = None, cache: str | None = None, data: str | None = None,
-         threads: int | None = None, limit: int | None = None) -> Plan:
+         threads: int | None = None, limit: int | None = None) -> SweepPlan:
     """Read, validate and expand a grid; CLI options override the grid's [sweep] table."""
     grid = Path(grid)
     doc = _toml(grid)
-    unknown = sorted(set(doc) - {"sweep", "defaults", *KINDS})
+    unknown = sorted(set(doc) - {"sweep", "defaults", "train", *KINDS})
     if unknown:
-        raise GridError(f"{grid}: unknown table [{unknown[0]}]; valid: [sweep], [defaults], "
+        raise GridError(f"{grid}: unknown table [{unknown[0]}]; valid: [sweep], [defaults], [[train]], "
                         + ", ".join(f"[[{k}]]" for k in KINDS))
     sweep = _table(doc, "sweep", grid)
     if not re.fullmatch(r"[\w.-]+", str(sweep.get("name", "x"))):
@@ -157,7 +162,7 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
         raise GridError(f"{grid}: [sweep]: retries and gpus must be >= 0 and threads >= 1")
     data_root = _root(data, here) or _root(sweep.get("data"), grid.parent)
     ctx = {"grid": grid, "shown": shown(grid), "threads": sweep.get("threads", 1), "threads_cli": threads,
-           "gpus": sweep.get("gpus", 0), "limit": limit, "data": data_root, "results": res, "checked": {}}
+           "gpus": sweep.get("gpus", 0), "limit": limit, "data": data_root, "results": res, "selected": {}}
     defaults = _table(doc, "defaults", grid)
     _check_keys(defaults, set(SETTINGS) | {"models", "model", "temperatures", "temperature", "seeds", "seed",
                                            "threads", "gpus"}, f"{grid}: [defaults]")
@@ -168,11 +173,16 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
             raise GridError(f"{grid}: write [[{kind}]] blocks (an array of tables), not [{kind}]")
         for i, block in enumerate(blocks, 1):
             cells += _expand(kind, block, defaults, f"{grid}: [[{kind}]] {i}", ctx)
-    if not cells:
+    trainings = doc.get("train", [])
+    if not isinstance(trainings, list):
+        raise GridError(f"{grid}: write [[train]] blocks (an array of tables), not [train]")
+    networks = artefact_lib.trainings(trainings, str(defaults.get("model", RunConfig().model)), str(grid), res)
+    if not cells and not networks:
         raise GridError(f"{grid}: no cells; add a block such as [[run]] with tasks = [...] and methods = [...]")
     cells = _unique(cells, grid)
     cells, artefacts = _link(cells)
-    return Plan(grid, sweep.get("name", grid.stem), Path(res), _root(cache, here) or _root(sweep.get("cache"),
+    cells, artefacts = artefact_lib.with_trainings(cells, artefacts, networks)
+    return SweepPlan(grid, sweep.get("name", grid.stem), Path(res), _root(cache, here) or _root(sweep.get("cache"),
                 grid.parent), data_root, retries, sweep.get("tables", False), cells, artefacts)
 
 
@@ -306,7 +316,9 @@ def _cap_options(options: dict, limit: int | None) -> dict:
 
 def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ctx: dict, threads: int,
           gpus: float) -> Cell:
-    from .kinds import check
+    """The cell, planned once: its spellings parsed, its config validated and its examples selected here, on the
+    driver (kinds.plan_cell), before anything loads; the worker runs that plan."""
+    from .kinds import check, parse_cell, placed, plan_cell
     for name in ("data_file", "heads_path"):    # `~` and paths relative to the grid, as a shell and cwd would
         if getattr(cfg, name):
             cfg = cfg.replace(**{name: _root(getattr(cfg, name), ctx["grid"].parent)})
@@ -319,15 +331,18 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
         from ..hardware.dtype import resolve
         cfg = cfg.replace(dtype=resolve("auto", "cpu" if cfg.device == "cpu" else cfg.device, cfg.threads))
     try:
-        methods: list[Method] = check(kind, cfg, options, ctx)
+        chosen, methods = parse_cell(kind, cfg, options)
+        check(kind, cfg, methods)
+        plan = plan_cell(kind, cfg, chosen, options, ctx)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
         raise GridError(f"{where}: {cfg.task}: {_one_line(e)}") from None
     try:
-        rel, cfg = place(kind, cfg, merged, ctx["results"])
+        rel, cfg = place(kind, cfg, merged, ctx["results"], methods)
     except ConfigError as e:
         raise GridError(f"{where}: {e}") from None
-    cell = Cell(kind, cfg, options, rel, threads, gpus, grid=ctx["shown"])
-    return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, methods)))
+    cell = Cell(kind, cfg, options, rel, placed(plan, cfg, rel, ctx["results"]), methods, threads, gpus,
+                grid=ctx["shown"])
+    return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, list(methods))))
 
 
 def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
@@ -350,8 +365,8 @@ def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
 def _link(cells: list[Cell]) -> tuple[list[Cell], list[Artefact]]:
     """Artefacts once per (model, artefact); a cell reading a tuned alpha waits for the tune cell that writes it."""
     from .artefacts import collect
-    from .kinds import methods_of, tuned_keys
-    artefacts = collect(cells, methods_of)
+    from .kinds import tuned_keys
+    artefacts = collect(cells)
     tunes = {c.id for c in cells if c.kind == "tune"}
     linked = []
     for c in cells:

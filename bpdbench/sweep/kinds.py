@@ -1,19 +1,24 @@
-"""Per command kind: the cells one block expands into, their checks before anything loads, the call a worker makes,
-and when a cell's results already exist ("finished": its summary file exists and its config.json matches the cell).
+"""Per command kind: the cells one block expands into, their plan (prepared once, on the driver), the call a worker
+makes, and when a cell's results already exist ("finished": its summary file exists and its config.json matches the
+cell).
 
-The calls are the functions the CLI calls (experiments.run.run, experiments.commands.*), always with `resume`, so a
-cell interrupted mid-way keeps the examples it finished (and for run, replay and oracle a larger `limit` only adds
-the rest).
+The driver parses a cell's spellings once (`parse_cell`) and prepares its Plan once (`plan_cell`: validated config,
+parsed methods, selected examples), as the CLI prepares the command's; the worker runs that Plan through the
+functions the CLI calls (experiments.run.run, experiments.commands.*), always with `resume`, so a cell interrupted
+mid-way keeps the examples it finished (and for run, replay and oracle a larger `limit` only adds the rest). Only
+the artefact files are checked on the worker, since the sweep's own tasks build them after the driver planned.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import ConfigError, RunConfig
+from ..experiments.plan import Plan
 from ..methods import Method, parse
 
 Log = Callable[[str], None]
@@ -78,30 +83,35 @@ def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dic
         yield {}, {}
 
 
-def methods_of(kind: str, cfg: RunConfig, options: dict) -> list[Method]:
-    """The methods a cell builds, parsed by the registry (one grammar for every command)."""
-    from ..experiments.replay import KS
+def parse_cell(kind: str, cfg: RunConfig, options: dict) -> tuple[list[Method] | None, tuple[Method, ...]]:
+    """The cell's spellings, parsed once by the registry (one grammar for every command): (the methods its Plan
+    holds, as the CLI's command line would give them, None where the command takes none; the methods the cell
+    builds, which its artefacts, tune waits and finished check read: speed adds its ar baseline, oracle and analyze
+    their fixed drafts)."""
     from ..experiments.plan import method_of, methods_of as parsed
+    from ..experiments.replay import KS
     if kind in ("run", "alpha_law"):
-        return [method_of(cfg)]
-    if kind == "tune":
-        return parsed(options["rescorer"])
-    if kind in ("replay", "speed", "certify"):
+        chosen = [method_of(cfg)]
+    elif kind == "tune":
+        chosen = parsed(options["rescorer"])
+    elif kind in ("replay", "speed", "certify"):
         chosen = parsed(options["methods"])
-        return [parse("ar")] + [m for m in chosen if m.label != "ar"] if kind == "speed" else chosen
-    if kind == "oracle":
-        return [parse("bpd")] + [parse(f"oracle:k={k}") for k in sorted({x for x in KS if x <= cfg.k} | {cfg.k})]
-    return [parse("bpd"), parse("ngram2")]          # analyze: the heads' drafts, plain and 2-gram rescored
+    elif kind == "oracle":
+        return None, (parse("bpd"), *[parse(f"oracle:k={k}") for k in sorted({x for x in KS if x <= cfg.k}
+                                                                              | {cfg.k})])
+    else:
+        return None, (parse("bpd"), parse("ngram2"))       # analyze: the heads' drafts, plain and 2-gram rescored
+    if kind == "speed":                                    # ar, the baseline, always runs (experiments/speed.py)
+        ar = next((m for m in chosen if m.label == "ar"), None) or parse("ar")
+        return chosen, (ar, *[m for m in chosen if m.label != "ar"])
+    return chosen, tuple(chosen)
 
 
-def check(kind: str, cfg: RunConfig, options: dict, ctx: dict) -> list[Method]:
-    """What the CLI checks before loading, on the driver: values, method spellings, model name, data selection."""
+def check(kind: str, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
+    """What the sweep refuses beyond what `prepare` checks: methods a kind cannot run, a tune cell with no alpha,
+    a local model folder that is not there."""
     from .. import models
     from ..experiments.artefacts import check_model_files
-    from ..experiments.examples import select_examples
-    checked = cfg.replace(device="cpu") if cfg.device.startswith("cuda") else cfg   # the GPU is on the workers
-    checked = checked.validate()
-    methods = methods_of(kind, cfg, options)
     external = [m.label for m in methods if m.spec.external]
     if external and kind != "speed":
         raise ConfigError(f"{', '.join(external)} run transformers' own loop: time them in a [[speed]] block")
@@ -110,12 +120,39 @@ def check(kind: str, cfg: RunConfig, options: dict, ctx: dict) -> list[Method]:
                           f"16best-ngram4, neural-s|m|l, medusa-neural-m, hf-lm")
     if cfg.model not in models.MODELS:
         check_model_files(cfg.model, cfg.dtype)
-    key = (cfg.task, cfg.data_file, cfg.offset, cfg.limit, kind == "tune", options.get("per_category"))
-    if key not in ctx["checked"]:
-        data = checked.replace(data_dir=ctx["data"]) if ctx["data"] else checked
-        ctx["checked"][key] = len(select_examples(data, "tune" if kind == "tune" else "eval",
-                                                  per_category=options.get("per_category")))
-    return methods
+
+
+def plan_cell(kind: str, cfg: RunConfig, methods: list[Method] | None, options: dict, ctx: dict) -> Plan:
+    """The cell's Plan, prepared once, here on the driver, as the CLI prepares the command's: the config validated,
+    the parsed methods, the examples selected (from the grid's data root, which the workers read too; cells of one
+    task share a selection). It is what the worker runs, with `resume` (tune: without, it writes the alpha table).
+    Validated as a CPU config, since the GPU is on the workers; the artefact files are the worker's to check."""
+    from ..experiments.plan import prepare
+    view = cfg.replace(device="cpu") if cfg.device.startswith("cuda") else cfg
+    if ctx["data"]:
+        view = view.replace(data_dir=ctx["data"])
+    resume = kind != "tune"
+    plan = prepare(view.replace(resume=resume), kind, methods, resume=resume, per_category=options.get("per_category"),
+                   split="tune" if kind == "tune" else "eval", files=False, select=_selector(ctx["selected"]))
+    return dataclasses.replace(plan, cfg=plan.cfg.replace(device=cfg.device, data_dir=cfg.data_dir))
+
+
+def placed(plan: Plan, cfg: RunConfig, rel: str, results: str) -> Plan:
+    """The Plan writing where the cell's folder is (folders.place): `cfg.out` as the cell's config records it, and
+    the folder under the grid's results root, where the workers' commands would have put it."""
+    out = None if plan.out is None else Path(results) / rel
+    return dataclasses.replace(plan, cfg=plan.cfg.replace(out=cfg.out), out=out)
+
+
+def _selector(cache: dict) -> Callable[..., list]:
+    """select_examples, remembered per selection: many cells of a grid select the same examples of one task."""
+    def select(cfg: RunConfig, split: str, per_category: int | None) -> list:
+        from ..experiments.examples import select_examples
+        key = (cfg.task, cfg.data_dir, cfg.data_file, cfg.offset, cfg.limit, split, per_category)
+        if key not in cache:
+            cache[key] = select_examples(cfg, split, per_category)
+        return cache[key]
+    return select
 
 
 def tuned_keys(cell) -> list[str]:
@@ -124,7 +161,7 @@ def tuned_keys(cell) -> list[str]:
         return []
     from .. import refine
     out = []
-    for m in methods_of(cell.kind, cell.config, cell.options):
+    for m in cell.methods:
         spec = refine.RESCORERS.get(m.name)
         if spec is not None and spec.interpolates and m.get("alpha") is None:
             out.append(f"tune:{cell.config.model}/{cell.config.task}/{m.name}")
@@ -136,45 +173,42 @@ def execute(cell, log: Log) -> dict:
     returns what the report keeps about it."""
     from ..experiments.session import made_by
     with made_by(cell.grid, cell.id):
-        return _execute(cell, cell.config.replace(resume=True), log)
+        return _execute(cell, cell.plan, log)
 
 
-def _execute(cell, cfg: RunConfig, log: Log) -> dict:
-    """The cell's plan is prepared as the CLI prepares the command's (experiments/plan.py), from the cell's
-    config and its parsed methods, then run by the same function."""
+def _execute(cell, plan: Plan, log: Log) -> dict:
+    """The cell's Plan, prepared on the driver (`plan_cell`), run by the CLI's own function; nothing is validated,
+    parsed or selected again. Only the artefact files are checked here: the sweep's tasks built them since."""
     from ..experiments import commands
-    from ..experiments.plan import prepare
+    from ..experiments.plan import check_files
     from ..experiments.run import run
     if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
         raise RuntimeError("test hook: failing on purpose")
+    check_files(plan.cfg, list(plan.methods), log)
     o = cell.options
     if cell.kind == "tune":
-        plan = prepare(cfg.replace(resume=False), "tune", methods_of("tune", cfg, o), split="tune", log=log)
         res = commands.tune(plan, log)
         return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
     if cell.kind == "certify":
-        from ..experiments.sampling_certificate import certify
-        plan = prepare(cfg, "certify", methods_of("certify", cfg, o), log=log)
-        res = certify(plan, ",".join(o["rules"]), o["samples"], o["positions"], o["level"], log)
+        from ..experiments.sampling_certificate import certify_sampling
+        res = certify_sampling(plan, ",".join(o["rules"]), o["samples"], o["positions"], o["level"], log)
         return {"families": len(res["families"])}
     if cell.kind == "alpha_law":
         from ..experiments import alpha_law
-        plan = prepare(cfg, "alpha_law", methods_of("alpha_law", cfg, o), log=log)
         return {"folder": str(alpha_law.run(plan, o["gamma_max"], tuple(o["temperatures"]), log))}
-    methods = methods_of(cell.kind, cfg, o) if cell.kind in ("run", "replay", "speed") else None
-    with contextlib.ExitStack() as stack:
-        if cell.kind == "run" and o.get("private_greedy"):
-            # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
-            # no time); where the reference lives never changes a result (PLACE): the folder stays finished
-            cfg = cfg.replace(greedy_dir=stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-")))
-        plan = prepare(cfg, cell.kind, methods, resume=True, per_category=o.get("per_category"), log=log)
-        if cell.kind == "run":
+    if cell.kind == "run":
+        with contextlib.ExitStack() as stack:
+            if o.get("private_greedy"):
+                # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
+                # no time); where the reference lives never changes a result (PLACE): the folder stays finished
+                private = stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-"))
+                plan = dataclasses.replace(plan, cfg=plan.cfg.replace(greedy_dir=private))
             row = run(plan, log=log, progress=_hook(cell))
             return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
     if cell.kind == "replay":
         return {"rows": len(commands.replay(plan, log))}
     if cell.kind == "oracle":
-        return {"rows": len(commands.oracle(plan, cfg.k, log))}
+        return {"rows": len(commands.oracle(plan, plan.cfg.k, log))}
     if cell.kind == "analyze":
         commands.analyze(plan, log)
         return {}
@@ -252,7 +286,7 @@ def _matches(cell, meta: dict) -> bool:
         return False
     if not _same_heads_recipe(cell, meta):
         return False
-    labels = [m.label for m in methods_of(cell.kind, cell.config, cell.options)]
+    labels = [m.label for m in cell.methods]
     recorded = [canonical(m) for m in meta.get("methods", [])]
     if cell.kind == "run" and not recorded and have.get("method"):   # older run folders name it in config only
         recorded = [canonical(have["method"])]
@@ -295,6 +329,6 @@ def _tuned(cell, root: Path) -> bool:
     c = cell.config
     table = Path(c.alpha_file) if c.alpha_file else root / "alpha.json"
     try:
-        return f"{c.model}/{c.task}/{parse(cell.options['rescorer']).name}" in json.loads(table.read_text())
+        return f"{c.model}/{c.task}/{cell.methods[0].name}" in json.loads(table.read_text())
     except (OSError, ValueError):
         return False

@@ -1,4 +1,4 @@
-"""Training: heads, trained drafters, neural rescorers, the model history, distillation data. Importing the package
+"""Training: heads, draft networks, neural rescorers, the model history, distillation data. Importing the package
 registers its builders with the artefact policy (bpdbench/artefacts/policy.py), which is how a method's first use
 trains what it needs without decoding code importing training code; each builder imports its trainer when called."""
 from __future__ import annotations
@@ -12,7 +12,7 @@ def _heads(model_name, profile, model=None, tok=None, log=print):
 
 
 def _drafter(trained_name, profile, model_name, model=None, tok=None, log=print):
-    from .drafter import train
+    from .network import train
     return train(trained_name, profile, model_name, model, tok, log=log)
 
 

@@ -1,8 +1,8 @@
 """One distillation dataset per model and budget, built once and cached: what every drafter trainer learns from.
 
 Why one cached dataset: generating the base's greedy continuations is most of a drafter's training cost on a CPU
-(370 of the 518 s of the quick Medusa heads), and drafters compared on different data are not compared fairly. The
-Medusa heads (`train-heads`) read it too, with budgets of their own (`heads-<profile>`, train/heads.py). So
+(370 of the 518 s of the quick blockwise heads), and draft networks compared on different data are not compared fairly. The
+blockwise heads (`train-heads`) read it too, with budgets of their own (`heads-<profile>`, train/heads.py). So
 `bpdbench distill-data --budget quick` runs the base once, batched and greedy, on held-out prompts (the prompt pool
 of train/heads.py: held-out task slices, C4 text, chat requests from C4; never an evaluated example) and stores, per
 position, what any drafter needs: the base's final hidden state (bf16, half the bytes), the token that position
@@ -54,7 +54,7 @@ class Budget:
 
 
 # Batches of 32 make 1.7x the greedy tokens per second of 16 on 2 cores (bf16 GEMMs; measured 143 vs 83 tokens/s),
-# so quick holds 28k greedy positions (the quick Medusa heads had 17k, made in 370 s) in about 250 s on idle cores
+# so quick holds 28k greedy positions (the quick blockwise heads had 17k, made in 370 s) in about 250 s on idle cores
 # with native bfloat16; full 3.2x that. The size is the definition; the expected time is said first
 # (train/pacing.py), and only past 3x of it does generation stop, with a warning the data records.
 # ci: fp32 and tiny, every prompt, identical on every machine (see train/heads.py on bf16 flips).

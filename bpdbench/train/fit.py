@@ -1,4 +1,4 @@
-"""The one fit loop every trainer uses, the Medusa heads' (`train-heads`) and every drafter's (`train-drafter`):
+"""The one fit loop every trainer uses, the blockwise heads' (`train-heads`) and every draft network's (`train-network`):
 soft-label distillation on a sampled candidate set, a time or step budget with warm-up and a cosine schedule over
 the fraction spent, bf16 autocast, optional gradient clipping, validation checkpoints and KOALA's adversarial term.
 What differs between trainers is the objective (train/objectives.py) and these settings (FitConfig), not the loop.
@@ -11,7 +11,7 @@ both. The heads keep the wall clock and no clipping they were first fitted with 
 either changes the heads behind every committed heads-based result, which would all have to be run again.
 
 Why sampled candidates: the teacher's top-8 of every prediction in the batch plus random shortlist negatives is the
-recipe that gave the Medusa heads the most agreement per CPU second; the other predictions' targets are the hard
+recipe that gave the blockwise heads the most agreement per CPU second; the other predictions' targets are the hard
 negatives.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .objectives import Pred, Rows
+from .objectives import Pred, DistillRows
 
 Log = Callable[[str], None]
 
@@ -57,7 +57,7 @@ class Discriminator(nn.Module):
         return self.net(z.float()).squeeze(-1)
 
 
-def soft_ce(pred: Pred, rows: Rows, lm_w: torch.Tensor, shortlist: torch.Tensor, negatives: int,
+def soft_ce(pred: Pred, rows: DistillRows, lm_w: torch.Tensor, shortlist: torch.Tensor, negatives: int,
             g: torch.Generator) -> torch.Tensor:
     """Per prediction: cross-entropy of the teacher's renormalised top-8 against the draft's distribution over the
     batch's candidates. States z [N, d] with targets [N], or packed per head z [h, B, d] with targets [B, h]
@@ -83,13 +83,13 @@ def work_clock() -> float:
 CLOCKS = {"cpu": work_clock, "wall": time.time}
 
 
-def fit(obj, rows: Rows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
+def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
         validate: Callable[[], float] | None = None, checkpoints: int = 8) -> dict:
     """Train obj.model in place; returns what the report records (steps, seconds, last losses).
 
     `validate` (higher is better, on sequences the fit never trains on) is called at `checkpoints` evenly spaced
     points of the budget and at the end, and the best weights are kept. Why: on a few tens of thousands of greedy
-    tokens every drafter overfits (Medusa heads reach 0.96 top-1 on their training rows, 0.31 held out), so the
+    tokens every draft network overfits (the blockwise heads reach 0.96 top-1 on their training rows, 0.31 held out), so the
     last step need not be the best one. Validation runs inside the budget."""
     model = obj.model.train()
     g = torch.Generator().manual_seed(c.seed)

@@ -37,7 +37,7 @@ FIRST_RECIPE = "heads-fit/1"     # heads (and results) from before the recipe wa
 
 
 @dataclass(frozen=True)
-class Profile:
+class HeadsProfile:
     n_prompts: int
     gen_tokens: int
     steps: int
@@ -74,11 +74,11 @@ class Profile:
 # Batches of 64 rows: a forward over 64 rows costs 2.5 decode steps in bf16 on AVX512-BF16 and ~5.5 in fp32 on AVX2
 # (results/calibration/), against 1.14 and ~2.7 for 16 rows, so 64 rows make 1.8-2x the greedy positions per second.
 PROFILES = named({
-    "quick": Profile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=64, greedy_positions=16000,
+    "quick": HeadsProfile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=64, greedy_positions=16000,
                      fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
-    "full": Profile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
+    "full": HeadsProfile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
                     fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
-    "ci": Profile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")})
+    "ci": HeadsProfile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")})
 
 
 def heads_dir(model: str, profile: str) -> Path:
@@ -106,7 +106,7 @@ def _head_logits(w, b, x, proj):
     return objectives.packed_states(w, b, x) @ proj.T              # [h, N, C]
 
 
-def data_budget(p: Profile) -> distill.Budget:
+def data_budget(p: HeadsProfile) -> distill.Budget:
     """The heads' distillation data (`heads-<profile>`, cached like every drafter's): generated in the profile's
     dtype, states kept as made (fp32 for ci), every 1/eval_fraction-th sequence held out, ranked to the heads'
     shortlist."""
@@ -116,7 +116,7 @@ def data_budget(p: Profile) -> distill.Budget:
                           states="made", name=f"heads-{p.name}")
 
 
-def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist, p: Profile, log
+def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist, p: HeadsProfile, log
         ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The heads' settings of the one fit loop (train/fit.py) on sequences `seqs` of `ds`: sampled-softmax
     distillation (objectives.Packed: each step scores every head on the union of the batch's teacher top-k ids plus
@@ -127,7 +127,7 @@ def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist,
     obj = objectives.Packed(objectives.PackedHeads(ds.d, p.num_heads))
     cfg = FitConfig(p.fit_seconds, p.steps, p.lr, p.batch_positions, negatives=p.negatives,
                     greedy_weight=p.greedy_weight, bf16=p.bf16_fit, seed=p.seed, clip=None, clock="wall")
-    stats = fit_loop(obj, objectives.Rows.of(ds), ds.rows(seqs), lm_w, shortlist, cfg, log)
+    stats = fit_loop(obj, objectives.DistillRows.of(ds), ds.rows(seqs), lm_w, shortlist, cfg, log)
     return obj.model.w.detach(), obj.model.b.detach(), stats
 
 
@@ -151,10 +151,10 @@ def agreement(lm_w, w, b, data, shortlist, h: int) -> dict:
             "positions": int(valid.sum(0)[0])}
 
 
-def train(model_name: str, profile: str | Profile, model=None, tok=None, log: Callable[[str], None] = print,
+def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, log: Callable[[str], None] = print,
           out: Path | None = None, device: str | None = None) -> Path:
     """Train heads with a named profile and save them (Medusa-1 layout) with their agreement report. `profile`: a
-    name in PROFILES, or a Profile used as given (its name names the folder and the report's profile); `device`:
+    name in PROFILES, or a HeadsProfile used as given (its name names the folder and the report's profile); `device`:
     where the base generates the greedy continuations (greedy.device_for; the fit runs on the CPU)."""
     p = resolve(profile, PROFILES)
     name = p.name

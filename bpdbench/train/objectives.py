@@ -26,14 +26,14 @@ from .distill import DistillData
 
 
 @dataclass
-class Rows:
+class DistillRows:
     """The data, flattened for sampling: per row its sequence's end and whether it is a greedy row."""
     ds: DistillData
     end: torch.Tensor       # [N] first row after this row's sequence
     greedy: torch.Tensor    # [N] bool
 
     @classmethod
-    def of(cls, ds: DistillData) -> "Rows":
+    def of(cls, ds: DistillData) -> "DistillRows":
         lengths = ds.offsets[1:] - ds.offsets[:-1]
         end = torch.repeat_interleave(ds.offsets[1:], lengths)
         return cls(ds, end, ds.greedy_mask())
@@ -49,14 +49,14 @@ class Pred:
     weight: torch.Tensor | None = None  # per-prediction loss weight (None: the mean, or greedy-weighted if sequential)
 
 
-def base_rows(rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> torch.Tensor:
+def base_rows(rows: DistillRows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> torch.Tensor:
     """n rows from `pool` with at least one target after them, greedy rows `weight` times as likely."""
     ok = pool[rows.end[pool] > pool + 1]
     w = 1.0 + (weight - 1.0) * rows.greedy[ok].float()
     return ok[torch.multinomial(w, n, replacement=True, generator=g)]
 
 
-def _valid(rows: Rows, r: torch.Tensor, depth: int) -> torch.Tensor:
+def _valid(rows: DistillRows, r: torch.Tensor, depth: int) -> torch.Tensor:
     """[n, depth] bool: depth d target row r + d lies inside r's sequence."""
     return (r[:, None] + torch.arange(1, depth + 1)[None]) < rows.end[r][:, None]
 
@@ -74,7 +74,7 @@ class Positional:
     def __init__(self, model, depth: int):
         self.model, self.depth = model, depth
 
-    def predict(self, rows: Rows, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def predict(self, rows: DistillRows, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """States [n, depth, d] for base rows r, and validity [n, depth]."""
         ds, D = rows.ds, self.depth
         valid = _valid(rows, r, D)
@@ -90,14 +90,14 @@ class Positional:
             z = torch.stack([m.head(i, h, embs[:, : i + 1]) for i in range(D)], 1)
         return z, valid
 
-    def batch(self, rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
+    def batch(self, rows: DistillRows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
         r = base_rows(rows, pool, n, weight, g)
         z, valid = self.predict(rows, r)
         target = r[:, None] + torch.arange(1, self.depth + 1)[None]
         depth = torch.arange(1, self.depth + 1)[None].expand_as(target)
         return Pred(z[valid], target[valid], depth[valid], fake=z[valid])
 
-    def evaluate(self, rows: Rows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, rows: DistillRows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """States [n, depth, d], gold token ids [n, depth], validity, at every greedy row of `seqs`."""
         r = rows.ds.rows(seqs)
         r = r[rows.greedy[r]]
@@ -127,7 +127,7 @@ def packed_states(w: torch.Tensor, b: torch.Tensor, x: torch.Tensor) -> torch.Te
 
 
 class Packed:
-    """The Medusa heads' objective (`train-heads`): a batch is a sample of rows, greedy rows `weight` times as likely,
+    """The blockwise heads' objective (`train-heads`): a batch is a sample of rows, greedy rows `weight` times as likely,
     and every head predicts from each, its targets (depth 1..h) packed [B, h] so that one projection matmul and one
     candidate set serve all heads; a target past the sequence's end carries weight 0 (its teacher ids still join
     the candidate set). Why not Positional on nets/medusa.MedusaHeads: this packed form is what the heads were first
@@ -137,7 +137,7 @@ class Packed:
     def __init__(self, model: PackedHeads):
         self.model, self.depth = model, int(model.w.shape[0])
 
-    def batch(self, rows: Rows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
+    def batch(self, rows: DistillRows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
         w = 1.0 + (weight - 1.0) * rows.greedy[pool].float()
         r = pool[torch.multinomial(w, n, replacement=True, generator=g)]
         end = rows.end[r][:, None]
@@ -154,7 +154,7 @@ class Sequential:
     def __init__(self, model, depth: int, unroll: int = 1, noise: float = 0.0):
         self.model, self.depth, self.unroll, self.noise = model, depth, unroll, noise
 
-    def window(self, rows: Rows, seqs: list[int]):
+    def window(self, rows: DistillRows, seqs: list[int]):
         ds = rows.ds
         lens = [int(ds.offsets[s + 1] - ds.offsets[s]) for s in seqs]
         n = max(lens)
@@ -165,7 +165,7 @@ class Sequential:
         safe = idx.clamp(min=0)
         return safe, valid
 
-    def states(self, rows: Rows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
+    def states(self, rows: DistillRows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
         """Per depth p (1..D) the states [B, n, d] at every row (row j's depth-p state drafts x_{t+1+p} from the
         context ending at row j - p + 1 for EAGLE; for Hydra++ all depths come from the same row)."""
         ds, m = rows.ds, self.model
@@ -182,8 +182,8 @@ class Sequential:
         embs = _emb(m, ds.next_ids[idx])                  # [B, n, D, d]
         return [m.head(i, base, embs[..., : i + 1, :]) for i in range(D)]
 
-    def _targets(self, rows: Rows, safe, valid, p: int, eagle: bool):
-        """Rows whose teacher the depth-p state at each row must match, and where that is defined."""
+    def _targets(self, rows: DistillRows, safe, valid, p: int, eagle: bool):
+        """DistillRows whose teacher the depth-p state at each row must match, and where that is defined."""
         if eagle:   # the depth-p state at row j predicts row j + 1, from the context ending at row j - p + 1
             target = safe + 1
             ok = valid & (torch.arange(safe.shape[1])[None] >= p - 1) & (target < rows.end[safe])
@@ -192,7 +192,7 @@ class Sequential:
             ok = valid & (target < rows.end[safe])
         return target.clamp(max=len(rows.end) - 1), ok
 
-    def batch(self, rows: Rows, pool_seqs: list[int], n: int, weight: float, g: torch.Generator) -> Pred:
+    def batch(self, rows: DistillRows, pool_seqs: list[int], n: int, weight: float, g: torch.Generator) -> Pred:
         """n sequences of about one length (a random run of the pool sorted by length: little padding)."""
         ds = rows.ds
         order = sorted(pool_seqs, key=lambda s: int(ds.offsets[s + 1] - ds.offsets[s]))
@@ -211,7 +211,7 @@ class Sequential:
         return Pred(z, torch.cat([b for _, b, _ in preds]), torch.cat([c for _, _, c in preds]),
                     torch.stack(extra).mean() if extra else None, fake=z)
 
-    def evaluate(self, rows: Rows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, rows: DistillRows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Like Positional.evaluate: states [n, depth, d] from the greedy rows as the base row (depth 1's row)."""
         eagle = isinstance(self.model, Eagle)
         zs_all, gold_all, ok_all = [], [], []
@@ -245,7 +245,7 @@ def objective(model, depth: int, unroll: int = 1, noise: float = 0.0):
 
 
 @torch.no_grad()
-def agreement(obj, rows: Rows, seqs: list[int], proj: torch.Tensor, shortlist: torch.Tensor | None,
+def agreement(obj, rows: DistillRows, seqs: list[int], proj: torch.Tensor, shortlist: torch.Tensor | None,
               topk: int = 16) -> dict:
     """Held-out per-depth top-1 / top-k agreement with the base's greedy continuation, drafting over the shortlist,
     each depth given the true tokens before it; `chain`: the share of positions whose first d drafts are all right

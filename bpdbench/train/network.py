@@ -1,0 +1,220 @@
+"""`bpdbench train-network NAME --profile quick|full|ci`: train one draft model on the cached distillation data.
+
+Every drafter (Medusa-1 heads, KOALA, Hydra, Hydra++, Amphista, EAGLE) reads the same dataset (train/distill.py:
+built once per model and budget), fits with the same loop (train/fit.py: soft-label distillation on a sampled
+candidate set, a time budget) and is scored the same way (train/objectives.agreement: held-out per-depth top-1 /
+top-16 agreement with the base's greedy continuation, drafting over the shortlist), so differences between them are
+the architectures', not their data's or budgets'. The report, written next to the weights, records the data's size
+and generation time, the fit's steps and seconds, trainable parameters, threads and the machine's load (the CPU is
+shared: a busy machine gets fewer steps out of the same budget).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .. import models, paths
+from ..artefacts import seal
+from ..config import environment
+from ..nets.base import DraftModel
+from ..nets.checkpoint import save
+from . import distill
+from .fit import FitConfig, fit
+from .objectives import DistillRows, agreement, objective
+from .pacing import quality_warning
+from .profiles import name_of, named, resolve, settings
+
+Log = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class NetworkProfile:
+    data: str | distill.Budget     # the distillation budget: a name in train/distill.BUDGETS, or the budget itself
+    cpu_seconds: float | None      # fit budget in core-seconds (train/fit.py; None: `steps`)
+    steps: int = 0
+    depth: int = 5
+    shortlist: int = 16384         # drafting vocabulary: the data's most frequent ids
+    seed: int = 0
+    name: str = ""                 # the drafter's folder and the report's profile (PROFILES: its key)
+
+
+# quick: the data (about 250 s of two idle cores, once for every drafter) plus a fit of 480 core-seconds (four
+# minutes of two idle cores) stays within 10 minutes; full: 30 minutes of two cores on 3x the data.
+PROFILES = named({"quick": NetworkProfile("quick", 480.0), "full": NetworkProfile("full", 3600.0),
+                  "ci": NetworkProfile("ci", None, steps=12, depth=3, shortlist=4096)})
+
+
+@dataclass(frozen=True)
+class Family:
+    """How to build and fit one trainer name: the model constructor and the fit settings that differ."""
+    build: Callable[[int, int], DraftModel]
+    lr: float = 2e-3
+    batch: int = 512               # rows (positional families) or sequences (sequential ones)
+    unroll: int = 1                # EAGLE: passes of training-time drafting
+    noise: float = 0.0             # EAGLE: feature noise (relative to the features' RMS)
+    feature_weight: float = 0.0
+    adversarial: float = 0.0
+
+
+def _attn(d: int) -> dict:
+    """Attention and MLP sizes of a draft decoder layer: the base's head size (64) and 2 key/value heads, as Qwen2.5
+    0.5B has (14 heads at d = 896), and an MLP of about 2.3 d (the base's is 5.4 d: drafting cost matters more
+    here than capacity); small test models get one head."""
+    heads = max(1, d // 64)
+    return {"heads": heads, "kv_heads": 2 if heads % 2 == 0 else 1, "ffn": 2048 if d == 896 else max(64, 2 * d)}
+
+
+def _medusa(layers: int):
+    def make(d: int, depth: int) -> DraftModel:
+        from ..nets.medusa import MedusaHeads
+        return MedusaHeads(d, depth, layers)
+    return make
+
+
+def _hydra(layers: int, prefix: bool = False, dropout: float = 0.0):
+    def make(d: int, depth: int) -> DraftModel:
+        from ..nets.hydra import Hydra
+        return Hydra(d, depth, layers=layers, prefix=prefix, dropout=dropout, **(_attn(d) if prefix else {}))
+    return make
+
+
+def _eagle(d: int, depth: int) -> DraftModel:
+    from ..nets.eagle import Eagle
+    return Eagle(d, depth, **_attn(d))
+
+
+def _amphista(d: int, depth: int) -> DraftModel:
+    from ..nets.amphista import Amphista
+    return Amphista(d, depth, **_attn(d))
+
+
+FAMILIES = {"medusa": Family(_medusa(1)), "koala": Family(_medusa(2)),
+            "hydra": Family(_hydra(1), lr=1e-3), "koala-hydra": Family(_hydra(2), lr=1e-3),
+            "hydra++": Family(_hydra(1, prefix=True, dropout=0.1), lr=1e-3, batch=8),
+            "amphista": Family(_amphista, lr=1e-3),
+            "eagle": Family(_eagle, lr=2e-3, batch=8, unroll=5, noise=0.02, feature_weight=0.1)}
+ADVERSARIAL = ("koala", "koala-hydra")
+VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)
+
+
+def network_dir(model: str, name: str, profile: str) -> Path:
+    return paths.network_dir(model, name, profile)
+
+
+def check(name: str, profile: str | NetworkProfile, adversarial: float) -> str:
+    """The cache name of a trainer request, or a one-line ValueError (before anything loads). A profile given as an
+    object is not looked up."""
+    if name not in FAMILIES:
+        raise ValueError(f"unknown drafter '{name}'; valid: {', '.join(FAMILIES)}")
+    if isinstance(profile, str) and profile not in PROFILES:
+        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(PROFILES)}")
+    if adversarial < 0 or adversarial != adversarial:
+        raise ValueError(f"--adversarial must be >= 0, got {adversarial}")
+    if adversarial and name not in ADVERSARIAL:
+        raise ValueError(f"--adversarial is KOALA's term: train koala or koala-hydra with it, not {name}")
+    return name + ("-adv" if adversarial else "")
+
+
+def train(name: str, profile: str | NetworkProfile, model_name: str, model=None, tok=None, log: Log = print,
+          out: Path | None = None, adversarial: float = 0.0, lr: float | None = None,
+          device: str | None = None) -> Path:
+    """Train, score on the held-out sequences, save (config.json, weights, shortlist, rank, report.json).
+    `profile`: a name in PROFILES, or a NetworkProfile used as given (its name names the folder and the report's profile;
+    its data, a budget name or a distill.Budget); `lr`: the family's learning rate unless given; `device`: where
+    missing distillation data is generated (the fit itself runs on the CPU, whose time its budget is counted in)."""
+    if name.endswith("-adv"):                       # the cache name of an adversarial KOALA asks for the term
+        name, adversarial = name[:-4], adversarial or 0.1
+    saved = check(name, profile, adversarial)
+    p, fam = resolve(profile, PROFILES), FAMILIES[name]
+    seal.check_writable(out or network_dir(model_name, saved, p.name))   # read-only: one line now, not after
+    fam = replace(fam, adversarial=adversarial, lr=fam.lr if lr is None else lr)
+    data = name_of(p.data)
+    load0 = os.getloadavg()[0]
+    ds = distill.ensure(model_name, p.data, model, tok, log, device)
+    t0 = time.time()
+    torch.manual_seed(p.seed)
+    embed, lm_w = _base_weights(model_name, model)
+    shortlist = ds.shortlist(p.shortlist)             # EOS ranks first in the data's ranking
+    drafter = fam.build(ds.d, p.depth)
+    drafter.emb = embed
+    drafter.emb_scale = _emb_scale(ds, embed)
+    n_params = drafter.n_params()
+    obj = objective(drafter, p.depth, fam.unroll, fam.noise)
+    rows = DistillRows.of(ds)
+    train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
+    val = train_seqs[::VAL_EVERY]                   # checkpoint selection only; never the reported held-out
+    train_seqs = [q for i, q in enumerate(train_seqs) if i % VAL_EVERY]
+    pool = train_seqs if obj.sequential else ds.rows(train_seqs)
+    proj = lm_w[shortlist].float()
+    log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{data}' data: "
+        f"{len(train_seqs)} sequences, {int(rows.greedy.sum())} greedy rows in all, shortlist {len(shortlist)}, "
+        f"{torch.get_num_threads()} threads, load {load0:.1f}")
+    from ..hardware.dtype import choose as fast_dtype
+    cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, bf16=fast_dtype().dtype == "bfloat16",
+                    feature_weight=fam.feature_weight,
+                    adversarial=fam.adversarial, seed=p.seed)
+    score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
+    stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log, validate=score if val else None)
+    drafter.eval()
+    heldout = agreement(obj, rows, held, proj, shortlist)
+    seconds = time.time() - t0
+    report = {"drafter": drafter.type_name, "name": saved, "profile": p.name, "model": model_name,
+              "trainable_parameters": n_params, "emb_scale": drafter.emb_scale, "shortlist": len(shortlist),
+              "depth": p.depth,
+              "seconds": round(seconds, 1), "data_seconds": ds.meta.get("seconds"),
+              "seconds_with_data": round(seconds + float(ds.meta.get("seconds") or 0), 1),
+              "heldout": heldout, "fit": stats, "fit_config": asdict(cfg),
+              "profile_config": settings(p) | {"data": data},
+              "family": {k: v for k, v in asdict(fam).items() if k != "build"},
+              "data": {k: ds.meta.get(k) for k in ("budget_name", "sequences", "rows", "greedy_positions",
+                                                     "generation_seconds")}
+              | {"path": str(distill.path_for(model_name, data)), "heldout_sequences": len(held),
+                 "train_sequences": len(train_seqs), "validation_sequences": len(val)},
+              "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
+              "environment": environment(torch.get_num_threads(), "cpu", "float32"),
+              "seen": distill.seen_of(ds.meta)}
+    report["data"].update({k: ds.meta[k] for k in ("dtype", "truncated_by_time", "quality_warning") if k in ds.meta})
+    warning = quality_warning(saved, (heldout.get("top1") or [None])[0], ds.meta.get("quality_warning"))
+    if warning:
+        report["quality_warning"] = warning
+    drafter.shortlist = shortlist
+    drafter.emb = None
+    out = out or network_dir(model_name, saved, p.name)
+    # sealed and renamed into place whole, or not at all; its report.json reaches results/ only through a grid's
+    # [[train]] block (sweep/artefacts.py), since only result commands write there
+    with seal.building(out, log, folder=True) as tmp:
+        save(drafter, tmp, model_name, report, saved, ds.rank)
+    log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "
+        f"held-out top-1 per depth {heldout['top1']}, expected tokens per chain step "
+        f"{heldout['expected_tokens_per_step']}")
+    if warning:
+        log(f"WARNING: {warning}; recorded in {out / 'report.json'} and every run that uses this drafter")
+    return out
+
+
+def _emb_scale(ds: distill.DistillData, embed: torch.Tensor) -> float:
+    """RMS of the base's hidden states over RMS of the embeddings of the tokens they produced (data rows)."""
+    rows = torch.arange(0, ds.hidden.shape[0], max(1, ds.hidden.shape[0] // 4096))
+    h = ds.hidden[rows].float().pow(2).mean(-1).sqrt().mean()
+    e = embed[ds.next_ids[rows]].float().pow(2).mean(-1).sqrt().mean()
+    return round(float(h / e), 3) if float(e) > 0 else 1.0
+
+
+def _base_weights(model_name: str, model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The base's frozen token embeddings and projection (bf16 copies are enough: inputs and candidate rows are cast
+    per batch), without keeping a second model around."""
+    if model is None:
+        model, _ = models.load(model_name, "auto", "cpu")     # cast to bf16 below whatever it loads in
+    embed = model.model.embed_tokens.weight.detach().to("cpu", torch.bfloat16)
+    lm_w = model.lm_head.weight.detach().to("cpu", torch.bfloat16)
+    return embed, lm_w
+
+
+def read_report(path: Path) -> dict:
+    return json.loads((path / "report.json").read_text())

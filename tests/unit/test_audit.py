@@ -1,0 +1,51 @@
+"""`bpdbench audit`: a result folder's evaluated examples against the splits and against what artefacts saw. The
+control: a folder that evaluated a train example, or an example an artefact recorded, is flagged."""
+from __future__ import annotations
+
+import json
+
+from bpdbench.experiments import audit
+
+
+def _data(tmp_path):
+    folder = tmp_path / "data" / "samsum"
+    folder.mkdir(parents=True)
+    rows = [{"id": str(i), "document": f"d{i}", "summary": "s"} for i in range(30)]
+    (folder / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path / "data"
+
+
+def _folder(root, name, ids, data, resolved=None):
+    out = root / name
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps({"config": {"task": "samsum", "data_dir": str(data)},
+                                                 "resolved": resolved or {}}))
+    (out / "examples.jsonl").write_text("".join(json.dumps({"id": i}) + "\n" for i in ids) + '{"id": "torn')
+    return out
+
+
+def test_audit_flags_train_tune_and_artefact_overlap(tmp_path):
+    data = _data(tmp_path)
+    res = tmp_path / "results"
+    _folder(res, "clean", ["0", "1", "2"], data)
+    _folder(res, "trained-on", ["0", "9"], data)                       # 9: index % 10 == 9, the train split
+    _folder(res, "tuned-on", ["0", "28"], data)                        # 28, 29 minus 29 (train), 27: the tail
+    _folder(res, "seen", ["0", "1"], data, {"heads": {"seen": {"ids": {"samsum": ["1"]}, "sha256": "x"}}})
+    found = audit.tree(res)
+    assert found["clean"]["clean"] and found["clean"]["evaluated"] == 3
+    assert not found["trained-on"]["clean"] and found["trained-on"]["in_train"] == 1
+    assert not found["tuned-on"]["clean"] and found["tuned-on"]["in_tune"] == 1
+    assert not found["seen"]["clean"] and found["seen"]["artefacts"]["heads"]["overlap"] == 1
+    assert found["seen"]["in_train"] == found["seen"]["in_tune"] == 0
+
+
+def test_audit_command_prints_every_folder_and_strict_fails_on_overlap(tmp_path):
+    from tests.integration.test_sweep import cli
+    data = _data(tmp_path)
+    res = tmp_path / "results"
+    _folder(res, "clean", ["0"], data)
+    code, text = cli("audit", "--results", res, "--strict")
+    assert code == 0 and "1 folders, 1 clean" in text, text
+    _folder(res, "dirty", ["19"], data)
+    code, text = cli("audit", "--results", res, "--strict")
+    assert code == 1 and "OVERLAP" in text and "2 folders, 1 clean, 1 with overlap" in text, text

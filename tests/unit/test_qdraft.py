@@ -1,0 +1,163 @@
+"""The target drafting for itself: qdraft (its weights quantized) and layerskip (its layers skipped).
+
+Logic on tiny models: the int8/int4 kernels compute what their rounding says; every spelling decodes exactly the
+greedy output and replays to the same counters; the multi-level draft is token for token the int8 draft; the search
+and the profile are recorded; bad spellings are one-line errors. At T > 0 a quantized draft keeps speculative
+sampling exact, and the same drafts under a lossy rule fail the test. The real model's agreement and speed are
+measured by `bpdbench replay` / `speed` (docs/methods.md), never asserted here."""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+import torch
+
+from bpdbench.config import RunConfig
+from bpdbench.engine import Limits, generate, replay
+from bpdbench.methods import MethodError
+from bpdbench.methods.env import Env
+from bpdbench.methods.registry import parse
+from bpdbench.nets.quant import QuantLinear, dequantize_int4, quantize_int4, quantize_int8
+
+PROMPTS = ([1, 5, 9, 3, 7, 2, 8], [4, 4, 6, 1], [11, 30, 2, 2, 9, 17, 5, 40, 3])
+LIMITS = Limits(24)
+
+
+@pytest.mark.parametrize("shape", [(96, 32), (16, 32), (128, 896)])
+def test_kernels_compute_their_rounding(shape):
+    """int4: the packed kernel equals the dequantized matrix (bfloat16 accuracy); int8: per-row scales."""
+    torch.manual_seed(0)
+    w, b, x = torch.randn(*shape) * 0.05, torch.randn(shape[0]) * 0.01, torch.randn(3, shape[1])
+    m4 = QuantLinear(w, b, 4, 64)
+    q, s, z = quantize_int4(w, m4.group)
+    fake = torch.nn.functional.linear(x.bfloat16().float(), dequantize_int4(q, s, z, m4.group), b)
+    assert m4.kernel == "int4"
+    assert (m4(x.bfloat16()).float() - fake).norm() / fake.norm() < 0.01
+    dense = torch.nn.functional.linear(x, w, b)
+    assert 0.02 < (m4(x.bfloat16()).float() - dense).norm() / dense.norm() < 0.2     # int4 is not free
+    q8, s8 = quantize_int8(w)
+    m8 = QuantLinear(w, b, 8)
+    fake8 = torch.nn.functional.linear(x.bfloat16().float(), q8.float() * s8[:, None], b)
+    assert m8.kernel == "int8" and (m8(x.bfloat16()).float() - fake8).norm() / fake8.norm() < 0.01
+
+
+def _deep_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).eval().requires_grad_(False)
+    model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def env(tiny_model_dir, tmp_path_factory):
+    """A 6-layer tiny model (layers to skip) with the tiny tokenizer; the tune prompts are xsum's."""
+    from bpdbench import models
+    torch.set_num_threads(1)
+    _, tok = models.load(str(tiny_model_dir), "float32")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("BPDBENCH_CACHE", str(tmp_path_factory.mktemp("selfdraft")))
+        yield Env(_deep_model(), tok, RunConfig(model=str(tiny_model_dir), task="xsum"), LIMITS, log=lambda m: None)
+
+
+SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qdraft:window=3",
+             "qdraft:levels=2,window=5", "layerskip", "layerskip:skip=2", "layerskip:bits=8,length=2")
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+def test_lossless_and_replay_equals_decoding(env, spelling):
+    method = parse(spelling)
+    for prompt in PROMPTS:
+        ref = generate(env.model, None, list(prompt), LIMITS).tokens
+        out = generate(env.model, method.spec.build(env, method), list(prompt), LIMITS)
+        assert out.tokens == ref, (spelling, prompt)
+        again = replay(method.spec.build(env, method), list(prompt), ref, None, LIMITS)
+        assert (again.steps, again.accepted, again.accepted_per_head) == \
+            (out.counters.steps, out.counters.accepted, out.counters.accepted_per_head)
+    assert out.counters.drafted > 0
+    rec = env.resolved[method.label]
+    if method.get("window"):                       # the draft read the prompt's last `window` tokens only
+        d = method.spec.build(env, method)
+        generate(env.model, d, list(PROMPTS[2]), LIMITS)
+        assert d.start == len(PROMPTS[2]) - method.get("window") and len(d.fed) <= method.get("window") + 24
+    prof = rec["profile"]
+    assert prof["split"] == "tune" and 0.0 < prof["agreement"] <= 1.0 and prof["cost_steps"] > 0
+    if method.name == "layerskip":
+        assert rec["skipped"] and 0 not in rec["skipped"]
+        assert all(0 < c["agreement"] <= 1 for c in rec["search"]["curve"])
+        if method.get("skip"):
+            assert len(rec["skipped"]) == method.get("skip")
+
+
+def test_quantization_costs_agreement_and_drafts_accept(env):
+    """int8 agrees with the target more than int4 (the tune split, teacher-forced), and both drafts accept."""
+    got = {}
+    for spelling in ("qdraft:bits=8", "qdraft:bits=4"):
+        m = parse(spelling)
+        d = m.spec.build(env, m)
+        got[spelling] = env.resolved[m.label]["profile"]["agreement"]
+        out = generate(env.model, d, list(PROMPTS[0]), LIMITS)
+        assert out.counters.accepted > 0, spelling
+    assert got["qdraft:bits=8"] > got["qdraft:bits=4"], got
+
+
+def test_multi_level_drafts_what_int8_drafts(env):
+    """levels=2: int4 guesses checked by int8 give the int8 chain exactly, in fewer int8 forwards."""
+    from bpdbench.engine import DraftContext
+    two, one = parse("qdraft:levels=2,length=6"), parse("qdraft:bits=8,length=6")
+    a, b = two.spec.build(env, two), one.spec.build(env, one)
+    for prompt in PROMPTS:
+        a.reset(list(prompt)), b.reset(list(prompt))
+        ctx = DraftContext(list(prompt), None, 6)
+        assert a.propose(ctx).paths == b.propose(ctx).paths
+    assert a.forwards < 6 * len(PROMPTS)
+
+
+@pytest.mark.parametrize("spelling,expect", [("qdraft:bits=5", "bits must be one of 4, 8"),
+                                             ("qdraft:levels=2,bits=4", "levels=2 is int4 drafting for int8"),
+                                             ("qdraft:levels=3", "levels must be < 3"),
+                                             ("layerskip:skip=0", "skip must be >= 1")])
+def test_bad_spellings_are_one_line_errors(spelling, expect):
+    with pytest.raises(MethodError, match=expect) as e:
+        parse(spelling)
+    assert "\n" not in str(e.value)
+
+
+def test_too_many_skipped_layers_is_refused(env):
+    m = parse("layerskip:skip=6")
+    with pytest.raises(MethodError, match="pass skip <= 5"):
+        m.spec.build(env, m)
+
+
+def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails():
+    """T > 0 (tests/unit/test_sampling.py's Markov target): q from the target's int4 copy, sampled and reported in
+    full; the first three tokens follow the target (chi-square, false alarm 1e-3); the same drafts accepted
+    always fail at p < 1e-6."""
+    from tests.unit.test_sampling import PARAMS, PROMPT, TARGET, exact_joint
+    from bpdbench.engine.sampling import SpeculativeSampling
+    from bpdbench.methods.sps import DraftModelDrafter
+    from bpdbench.stats import goodness_of_fit
+    torch.set_num_threads(1)
+    draft = copy.copy(TARGET)
+    draft.lm_head = QuantLinear(TARGET.lm_head.weight, None, 4, 110)      # one scale per row: q differs from p
+    assert draft.lm_head.group == 110
+
+    def sample(n: int, rule: str, seed: int) -> Counter:
+        counts: Counter = Counter()
+        d = DraftModelDrafter("qdraft", draft, gamma=3)
+        drafted = 0
+        for i in range(n):
+            with torch.inference_mode():
+                gen = generate(TARGET, d, list(PROMPT), Limits(4), SpeculativeSampling(PARAMS, seed + i, rule))
+            counts[tuple(gen.tokens[:3])] += 1
+            drafted += gen.counters.drafted
+        assert drafted >= 2 * n
+        return counts
+    # (seeds 0..4999 are a 1e-3 event for AR sampling itself on this stub, p = 0.0008: another stream)
+    fit = goodness_of_fit(sample(5000, "exact", 10**5), exact_joint())
+    assert fit.cells > 30 and fit.p_value > 1e-3, fit
+    control = goodness_of_fit(sample(2000, "always-accept", 10**6), exact_joint())
+    assert control.p_value < 1e-6, control

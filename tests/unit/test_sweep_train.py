@@ -1,0 +1,92 @@
+"""Trainings are grid artefacts: a grid's [[train]] blocks name draft networks, the sweep builds each before any cell
+(one after another, after the model's cache), copies its report into the results, and refuses a bad block in one
+line before anything loads. Only result commands write into results/: the trainer itself does not.
+
+Why: the trainings were a shell loop (scripts/drafters.sh), the one recipe of committed numbers that was not a grid,
+and the trainer wrote its report into results/ from wherever it ran."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bpdbench.config import ConfigError
+from bpdbench.sweep import artefacts as sweep_artefacts
+from bpdbench.sweep import grid as grid_lib
+
+ROOT = Path(__file__).resolve().parents[2]
+CELL = '[[replay]]\ntasks = ["mt_bench"]\nmethods = ["pld"]\nlimit = 1\n'
+
+
+def _grid(tmp_path: Path, train: str, cells: str = CELL) -> Path:
+    path = tmp_path / "g.toml"
+    path.write_text(f'[sweep]\nresults = "res"\n\n[defaults]\nmodel = "qwen2.5-coder-0.5b"\n\n{train}\n{cells}')
+    return path
+
+
+def test_train_blocks_become_artefacts_built_first(tmp_path):
+    plan = grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["hydra", "koala-adv"]\nprofile = "ci"\n'))
+    nets = [a for a in plan.artefacts if a.kind == "network"]
+    assert [a.detail for a in nets] == ["hydra-ci", "koala-adv-ci"]
+    assert nets[1].needs == (nets[0].id,)                        # one after another
+    assert all(n in nets[0].needs for n in [a.id for a in plan.artefacts if a.kind == "model"])
+    order = [a.kind for a in plan.artefacts]
+    assert order.index("network") < max((i for i, k in enumerate(order) if k == "method"), default=len(order))
+    assert all({a.id for a in nets} <= set(c.needs) for c in plan.cells)      # every cell waits for them
+
+
+@pytest.mark.parametrize("block, words", [
+    ('[[train]]\nnetworks = ["nope"]\n', ["[[train]] 1", "unknown drafter 'nope'"]),
+    ('[[train]]\nnetworks = ["hydra"]\nprofile = "huge"\n', ["[[train]] 1", "profile must be one of"]),
+    ('[[train]]\nnetworks = "hydra"\n', ["networks must be a list"]),
+    ('[[train]]\nnetworks = ["hydra-adv"]\n', ["KOALA's term"]),
+    ('[[train]]\nnetworks = ["hydra"]\nepochs = 3\n', ["unknown key 'epochs'"]),
+    ('[[train]]\nnetworks = ["hydra"]\nreports = "../elsewhere"\n', ["reports must be a folder inside"]),
+])
+def test_a_bad_train_block_is_one_line(tmp_path, block, words):
+    with pytest.raises(ConfigError) as e:
+        grid_lib.load(_grid(tmp_path, block))
+    assert len(str(e.value).splitlines()) == 1 and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_a_grid_of_trainings_alone_is_a_grid(tmp_path):
+    plan = grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["eagle"]\nprofile = "ci"\n', cells=""))
+    assert plan.cells == [] and [a.detail for a in plan.artefacts if a.kind == "network"] == ["eagle-ci"]
+
+
+def test_build_trains_once_and_copies_the_report(tmp_path, monkeypatch):
+    import bpdbench.train  # noqa: F401  (registers the real builders first, so the fake below stays)
+    from bpdbench import paths
+    from bpdbench.artefacts import policy
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def fake_train(saved, profile, model, log=print):
+        calls.append((saved, profile, model))
+        folder = paths.network_dir(model, saved, profile)
+        folder.mkdir(parents=True)
+        (folder / "report.json").write_text(json.dumps({"name": saved, "heldout": {"top1": [0.5]}}))
+    monkeypatch.setitem(policy.BUILDERS, "drafter", fake_train)
+    (net,) = sweep_artefacts.trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g",
+                                       str(tmp_path / "res"))
+    assert sweep_artefacts.build(net, False, lambda m: None) == "built"
+    assert sweep_artefacts.build(net, False, lambda m: None) == "present"
+    assert calls == [("koala-adv", "ci", "tiny/m")]
+    report = tmp_path / "res" / "drafters" / "training" / "tiny_m-koala-adv-ci.json"
+    assert json.loads(report.read_text())["name"] == "koala-adv"
+
+
+def test_no_shell_recipe_and_no_trainer_writes_results():
+    """scripts/ keeps the installers only; nothing under train/ names the results root."""
+    shells = sorted(p.name for p in (ROOT / "scripts").glob("*.sh"))
+    assert all(name.startswith("install_") for name in shells), shells
+    writers = [str(p.relative_to(ROOT)) for p in (ROOT / "bpdbench" / "train").rglob("*.py")
+               if "results_root" in p.read_text()]
+    assert writers == []
+
+
+def test_the_drafters_grid_trains_what_its_replays_read():
+    plan = grid_lib.load(ROOT / "grids" / "drafters.toml")
+    nets = {a.detail for a in plan.artefacts if a.kind == "network"}
+    assert {"medusa-quick", "koala-adv-quick", "koala-hydra-adv-quick", "medusa-full", "hydra-full"} <= nets
