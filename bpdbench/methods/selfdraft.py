@@ -97,7 +97,7 @@ def cached(env: Env, key: str, what: str, measure: Callable[[], dict], timed: bo
     for attempt in range(RETRIES + 1):
         with contention.Meter() as others:
             out = measure()
-        busy = max(others.others_cores, out.get("others_cores", 0.0) or 0.0) if timed else 0.0
+        busy = others.others_cores if timed else 0.0
         if not contention.is_busy(busy):
             break
         if attempt < RETRIES:
@@ -130,9 +130,8 @@ def profile(env: Env, draft: Any, key: str) -> dict:
                "agreement_positions": sum(len(p) for p in prompts), "split": "tune"}
         if why:
             out["why"] = why
-        with contention.Meter() as others:          # the timing alone: `cached` retries the whole measurement
-            target_ms, draft_ms = step_ms(env.model), step_ms(draft)
+        target_ms, draft_ms = step_ms(env.model), step_ms(draft)      # metered and retried by `cached`
         out.update(draft_ms=round(draft_ms, 2), target_ms=round(target_ms, 2),
-                   cost_steps=round(draft_ms / target_ms, 3), others_cores=others.others_cores)
+                   cost_steps=round(draft_ms / target_ms, 3))
         return out
     return cached(env, key, "self-draft profile", measure)

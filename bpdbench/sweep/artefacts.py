@@ -91,7 +91,7 @@ def trainings(blocks: list, model: str, where: str, results: str) -> list[Artefa
     `bpdbench tables` renders as drafters_training. Why in the grid: the trainings were a shell loop, the one recipe
     of a committed number that was not a grid; and the trainer no longer writes into results/ itself."""
     from ..config import ConfigError
-    from ..train.network import PROFILES, check
+    from ..train.network import PROFILES, check, split_saved
     out: list[Artefact] = []
     for i, block in enumerate(blocks, 1):
         at = f"{where}: [[train]] {i}"
@@ -109,7 +109,7 @@ def trainings(blocks: list, model: str, where: str, results: str) -> list[Artefa
         if not isinstance(reports, str) or Path(reports).is_absolute() or ".." in Path(reports).parts:
             raise ConfigError(f"{at}: reports must be a folder inside the results, e.g. \"drafters/training\"")
         for name in names:
-            base, adv = (name[:-4], 0.1) if name.endswith("-adv") else (name, 0.0)
+            base, adv = split_saved(name)
             try:
                 saved = check(base, profile, adv)
             except ValueError as e:

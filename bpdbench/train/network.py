@@ -100,6 +100,7 @@ FAMILIES = {"medusa": Family(_medusa(1)), "koala": Family(_medusa(2)),
             "amphista": Family(_amphista, lr=1e-3),
             "eagle": Family(_eagle, lr=2e-3, batch=8, unroll=5, noise=0.02, feature_weight=0.1)}
 ADVERSARIAL = ("koala", "koala-hydra")
+ADV_WEIGHT = 0.1        # the weight a cache name's -adv suffix stands for
 VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)
 
 
@@ -121,6 +122,11 @@ def check(name: str, profile: str | NetworkProfile, adversarial: float) -> str:
     return name + ("-adv" if adversarial else "")
 
 
+def split_saved(name: str) -> tuple[str, float]:
+    """(trainer, adversarial weight) of a cache name: `koala-adv` is koala with KOALA's term at 0.1."""
+    return (name[:-4], ADV_WEIGHT) if name.endswith("-adv") else (name, 0.0)
+
+
 def train(name: str, profile: str | NetworkProfile, model_name: str, model=None, tok=None, log: Log = print,
           out: Path | None = None, adversarial: float = 0.0, lr: float | None = None,
           device: str | None = None) -> Path:
@@ -128,8 +134,8 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     `profile`: a name in PROFILES, or a NetworkProfile used as given (its name names the folder and the report's profile;
     its data, a budget name or a distill.Budget); `lr`: the family's learning rate unless given; `device`: where
     missing distillation data is generated (the fit itself runs on the CPU, whose time its budget is counted in)."""
-    if name.endswith("-adv"):                       # the cache name of an adversarial KOALA asks for the term
-        name, adversarial = name[:-4], adversarial or 0.1
+    name, asked = split_saved(name)
+    adversarial = adversarial or asked
     saved = check(name, profile, adversarial)
     p, fam = resolve(profile, PROFILES), FAMILIES[name]
     seal.check_writable(out or network_dir(model_name, saved, p.name))   # read-only: one line now, not after
