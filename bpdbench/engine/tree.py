@@ -64,42 +64,52 @@ def build_tree(root: int, drafts: list[list[int]], scored: list[list[int]] | Non
     return Tree(tokens, parents, depths, paths, tuple(range(first_scored, len(tokens))))
 
 
-_MASKS: dict[tuple[int, ...], torch.Tensor] = {}
-_MASKS_MAX = 256
+_BUFFERS: dict[tuple[tuple[int, ...], str], tuple[torch.Tensor, torch.Tensor]] = {}
+_BUFFERS_MAX = 256
 
 
 def ancestors_mask(tree: Tree) -> torch.Tensor:
     """[n, n] bool: node i may attend to node j iff j is i or an ancestor of i. Built with one indexed write per
-    depth level (not one per ancestor pair) and kept per topology, since a fixed tree (Medusa's, `tree=4`) has the
-    same parents every step."""
-    key = tuple(tree.parents)
-    mask = _MASKS.get(key)
-    if mask is None:
-        n = len(key)
-        parents = torch.tensor(key, dtype=torch.long)
-        mask = torch.eye(n, dtype=torch.bool)
-        rows, anc = torch.arange(n), parents.clone()
-        while True:
-            alive = anc >= 0
-            if not bool(alive.any()):
-                break
-            mask[rows[alive], anc[alive]] = True
-            anc = torch.where(alive, parents[anc.clamp(min=0)], anc)
-        if len(_MASKS) >= _MASKS_MAX:
-            _MASKS.pop(next(iter(_MASKS)))
-        _MASKS[key] = mask
+    depth level (not one per ancestor pair)."""
+    n = len(tree.parents)
+    parents = torch.tensor(tree.parents, dtype=torch.long)
+    mask = torch.eye(n, dtype=torch.bool)
+    rows, anc = torch.arange(n), parents.clone()
+    while True:
+        alive = anc >= 0
+        if not bool(alive.any()):
+            break
+        mask[rows[alive], anc[alive]] = True
+        anc = torch.where(alive, parents[anc.clamp(min=0)], anc)
     return mask
 
 
+def tree_buffers(tree: Tree, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ancestors mask [n, n], depths [n]) on `device`, kept per topology and device: a fixed tree (Medusa's,
+    `tree=4`, a dynamic tree's usual shapes) has the same parents every step, so a verify step on an accelerator
+    copies only the node tokens to it, never the mask."""
+    key = (tuple(tree.parents), str(device))
+    bufs = _BUFFERS.get(key)
+    if bufs is None:
+        bufs = (ancestors_mask(tree).to(device), torch.tensor(tree.depths, dtype=torch.long).to(device))
+        if len(_BUFFERS) >= _BUFFERS_MAX:
+            _BUFFERS.pop(next(iter(_BUFFERS)))
+        _BUFFERS[key] = bufs
+    return bufs
+
+
 def model_inputs(tree: Tree, past: int, device) -> dict:
-    """Keyword arguments for `model.model(...)`: ids, and for real trees a 4D mask and tree position ids."""
+    """Keyword arguments for `model.model(...)`: ids, and for real trees a 4D mask and tree position ids. The mask
+    is made where the model is: the cached part is filled there (no [n, past] host tensor per step) and the tree
+    part copied from the per-topology buffer."""
     ids = torch.tensor([tree.tokens], device=device)
     if tree.is_chain:
         return {"input_ids": ids}
     n = len(tree.tokens)
-    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), ancestors_mask(tree)], dim=1)
-    pos = torch.tensor([[past + d for d in tree.depths]], device=device)
-    return {"input_ids": ids, "attention_mask": mask[None, None].to(device), "position_ids": pos}
+    anc, depths = tree_buffers(tree, device)
+    mask = torch.ones(1, 1, n, past + n, dtype=torch.bool, device=device)
+    mask[0, 0, :, past:] = anc
+    return {"input_ids": ids, "attention_mask": mask, "position_ids": (depths + past)[None]}
 
 
 def accept(tree: Tree, greedy: list[int]) -> tuple[int, int]:

@@ -213,8 +213,24 @@ def cache_file(s, method: Method) -> Path:
             f"{safe(s.cfg.model)}-{s.cfg.dtype}-{safe(s.cfg.task)}-{safe(method.label)}.json")
 
 
+def _digest(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    except OSError:
+        return None
+
+
+def _profiles_unchanged(recorded: dict) -> bool:
+    """The self-draft profiles a cached shape was measured with still hold the same numbers (one re-measured on an
+    idle machine makes the shapes measured over its busy reading stale)."""
+    return all(_digest(Path(p)) == h for p, h in recorded.items())
+
+
 def shape_for(s, method: Method) -> tuple[shapes.Shape, dict]:
-    """The chosen shape and its record (held-out source, cache file), measuring only when nothing is cached."""
+    """The chosen shape and its record (held-out source, cache file), measuring only when nothing is cached. The
+    cache records the self-draft profiles read while measuring (methods/selfdraft.py) and is measured again when one
+    of them changed; a measurement over a profile timed on a busy machine is used but not cached."""
+    from ..methods import selfdraft
     examples, source = heldout(s)
     inputs = _inputs(s, method, examples)
     path = cache_file(s, method)
@@ -222,22 +238,30 @@ def shape_for(s, method: Method) -> tuple[shapes.Shape, dict]:
     if path.exists():
         try:
             cached = json.loads(path.read_text())
-            if cached.get("inputs") == inputs:
+            if cached.get("inputs") == inputs and _profiles_unchanged(cached.get("profiles", {})):
                 runs = [(fixed, Replayed(**m)) for fixed, m in cached["runs"]]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             runs = None
     cost = cost_model(s)
-    if runs is None:
-        s.log(f"{method.label}: measuring acceptance on {len(examples)} examples ({source['source']}) to size the "
-              f"draft for this machine (cached in {path.parent})")
-        memo: dict = {}
-        runs = [(fixed, measure(s, m, examples, memo)) for m, fixed in _plans(s, method)]
+    if runs is not None:
+        return choose(method, runs, cost), {**source, "examples": inputs["examples"], "cache": str(path)}
+    s.log(f"{method.label}: measuring acceptance on {len(examples)} examples ({source['source']}) to size the "
+          f"draft for this machine (cached in {path.parent})")
+    memo: dict = {}
+    mark = len(selfdraft.reads_since(0))
+    runs = [(fixed, measure(s, m, examples, memo)) for m, fixed in _plans(s, method)]
+    read = selfdraft.reads_since(mark)
     shape = choose(method, runs, cost)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"inputs": inputs, "source": source, "runs": [(f, m.to_dict()) for f, m in runs],
-                               "shape": shape.to_dict()}))
-    tmp.replace(path)
+    if None in read:
+        s.log(f"{method.label}: sized over a self-draft profile timed on a busy machine: this shape is used for "
+              f"this run and not cached")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"inputs": inputs, "source": source, "runs": [(f, m.to_dict()) for f, m in runs],
+                                   "profiles": {str(p): _digest(p) for p in read if p is not None},
+                                   "shape": shape.to_dict()}))
+        tmp.replace(path)
     return shape, {**source, "examples": inputs["examples"], "cache": str(path)}
 
 

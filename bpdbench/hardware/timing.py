@@ -25,12 +25,22 @@ def timed(fn: Callable[[], Any], device="cpu") -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu") -> dict[str, list[tuple[float, Any]]]:
-    """Every function `repeats` times, in a fixed order per round, so drifts in machine load hit all alike."""
-    runs: dict[str, list[tuple[float, Any]]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            runs[name].append(timed(fn, device))
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu",
+                before: Callable[[str], None] | None = None) -> dict[str, list[tuple[float, Any]]]:
+    """Every function `repeats` times, interleaved so drifts in machine load hit all alike, in an order that rotates
+    by 1/repeats of the list each round; `before(name)` runs, untimed, before each call (`speed` puts a drafter's
+    cross-example state back there, so each repeat does the same work and the restore is never on the clock). Why
+    rotate: in a fixed order ar ran first in every round, right after the last method (the peers load another
+    model), and the `auto` rows that draft nothing, which decode exactly as ar does, read 1.00-1.10x of it on the
+    leaderboard's first prompts."""
+    names = list(fns)
+    runs: dict[str, list[tuple[float, Any]]] = {name: [] for name in names}
+    for r in range(repeats):
+        shift = (r * len(names)) // repeats
+        for name in names[shift:] + names[:shift]:
+            if before is not None:
+                before(name)
+            runs[name].append(timed(fns[name], device))
     return runs
 
 

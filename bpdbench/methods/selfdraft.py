@@ -31,6 +31,16 @@ PROMPTS = 4              # tune prompts teacher-forced for the agreement
 PROMPT_TOKENS = 192      # the last tokens of each
 TIMED = 12               # one-token forwards timed for the cost
 
+# Every profile file a measurement read, in order; None for one measured on a busy machine and not cached. An `auto`
+# shape measured over a self-draft depends on the profile's numbers, not only on the method's code: its cache records
+# the files read while it was measured (`reads_since`) and is measured again when one of them changes.
+_READ: list[Path | None] = []
+
+
+def reads_since(mark: int) -> list[Path | None]:
+    """The profile files read since `len(reads_since(0))` was `mark` (None: a busy reading, used but not kept)."""
+    return list(_READ[mark:])
+
 
 def tune_prompts(env: Env) -> tuple[list[list[int]], str]:
     import tasks
@@ -90,6 +100,7 @@ def cached(env: Env, key: str, what: str, measure: Callable[[], dict], timed: bo
     try:
         kept = json.loads(path.read_text())
         if not timed or ("others_cores" in kept and not contention.is_busy(kept["others_cores"])):
+            _READ.append(path)
             return kept
         env.log(f"{what} at {path} was timed on a busy machine or before timings were checked: measuring again")
     except (OSError, ValueError, TypeError):
@@ -109,6 +120,7 @@ def cached(env: Env, key: str, what: str, measure: Callable[[], dict], timed: bo
     if contention.is_busy(busy):
         env.log(f"note: {what} measured on a busy machine ({contention.describe(busy)}): used for this run, not "
                 f"cached")
+        _READ.append(None)
         return out
     return _keep(env, path, what, out)
 
@@ -117,8 +129,10 @@ def _keep(env: Env, path: Path, what: str, out: dict) -> dict:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(out, indent=2) + "\n")
+        _READ.append(path)
     except OSError as e:
         env.log(f"note: could not cache the {what} at {path} ({e}); it is measured again next time")
+        _READ.append(None)
     return out
 
 

@@ -56,6 +56,17 @@ def test_greedy_and_both_extremes_on_the_device(device):
     assert tree.tokens == ref and ratios(tree.counters)["block_efficiency"] > 3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_tree_verifys_inputs_are_made_on_the_device(device):
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        pytest.skip(f"{device}: torch {torch.__version__} sees no CUDA device")
+    from bpdbench.engine.tree import build_tree, model_inputs, tree_buffers
+    tree = build_tree(1, [[2, 3], [2, 4], [5]])
+    kw = model_inputs(tree, 7, device)
+    assert {v.device.type for v in kw.values()} == {torch.device(device).type}
+    assert tree_buffers(tree, device)[0] is tree_buffers(build_tree(1, [[2, 3], [2, 4], [5]]), device)[0]
+
+
 @pytest.mark.parametrize("device", [d for d in DEVICES if d != "cpu"] or ["none"])
 def test_the_device_gives_the_cpus_tokens(device):
     if device == "none":

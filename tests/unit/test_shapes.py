@@ -178,6 +178,35 @@ def test_auto_resolves_records_and_caches(session_for):
     assert any("bpd:heads=auto -> draft nothing" in m for m in logs)
 
 
+def test_a_cached_shape_is_measured_again_when_a_profile_it_read_changed(session_for, tmp_path, monkeypatch):
+    """A shape sized over a self-draft profile depends on the profile's numbers: re-measuring the profile (on an
+    idle machine, after a busy reading) makes the shape stale, and a shape sized over an uncached busy profile is
+    not cached at all."""
+    from bpdbench.experiments import autoshape
+    from bpdbench.methods import selfdraft
+    s, (pld,), logs, _ = session_for("pld:tokens=auto")
+    profile, read = tmp_path / "profile.json", [tmp_path / "profile.json"]
+    profile.write_text('{"draft_ms": 20}')
+    measure = autoshape.measure
+
+    def reading_a_profile(*a, **k):
+        selfdraft._READ.append(read[0])
+        return measure(*a, **k)
+    monkeypatch.setattr(autoshape, "measure", reading_a_profile)
+    measured = lambda: sum("measuring" in m for m in logs)   # noqa: E731
+    s.drafter(pld)
+    s.drafter(pld)
+    assert measured() == 1
+    profile.write_text('{"draft_ms": 5}')                   # measured again on an idle machine
+    s.drafter(pld)
+    assert measured() == 2
+    profile.write_text('{"draft_ms": 7}')                   # the profile changed once more, and then
+    read[0] = None                                           # was read busy: used, not cached
+    s.drafter(pld)
+    s.drafter(pld)
+    assert measured() == 4 and any("not cached" in m for m in logs)
+
+
 def test_auto_decodes_losslessly(session_for):
     s, (m,), logs, _ = session_for("cascade:top=none,bottom=lookup,length=auto")
     d = s.drafter(m)

@@ -142,13 +142,19 @@ def _brute_mask(parents: list[int]) -> torch.Tensor:
 def test_the_vectorised_mask_equals_the_ancestor_walk_on_random_trees():
     import random
 
-    from bpdbench.engine.tree import ancestors_mask, build_tree
+    from bpdbench.engine.tree import ancestors_mask, build_tree, model_inputs, tree_buffers
     rng = random.Random(0)
     for _ in range(50):
         drafts = [[rng.randrange(4) for _ in range(rng.randrange(1, 7))] for _ in range(rng.randrange(1, 9))]
         tree = build_tree(9, drafts)
         assert torch.equal(ancestors_mask(tree), _brute_mask(tree.parents))
-        assert ancestors_mask(tree) is ancestors_mask(build_tree(9, drafts))      # one build per topology
+        assert tree_buffers(tree, "cpu")[0] is tree_buffers(build_tree(9, drafts), "cpu")[0]   # one per topology
+        if not tree.is_chain:      # the 4D mask: every cached position, then the tree's own ancestors
+            past, n = rng.randrange(0, 5), len(tree.tokens)
+            kw = model_inputs(tree, past, "cpu")
+            want = torch.cat([torch.ones(n, past, dtype=torch.bool), _brute_mask(tree.parents)], dim=1)
+            assert torch.equal(kw["attention_mask"][0, 0], want)
+            assert kw["position_ids"][0].tolist() == [past + d for d in tree.depths]
 
 
 def test_in_place_compaction_keeps_exactly_the_accepted_rows():
