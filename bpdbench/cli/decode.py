@@ -55,12 +55,12 @@ def oracle(task: Task = "xsum",
            threads: Threads = None, data_dir: DataDir = None, data_file: DataFile = None, out: Out = None,
            resume: Resume = False, no_auto_train: NoAutoTrain = False) -> None:
     """Oracle block efficiency of the top-k lattice (best achievable path) for k = 1, 2, 4, ..., K: CSV + PNG."""
-    from ..experiments import commands
+    from ..experiments.execute import execute
     from ..experiments.plan import prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=out, no_auto_train=no_auto_train, device=device)
-    commands.oracle(prepare(cfg, "oracle", resume=resume, log=log), k, log)
+    execute(prepare(cfg, "oracle", resume=resume, log=log), log)
 
 
 @one_line_errors
@@ -69,12 +69,12 @@ def analyze(task: Task = "xsum", model: Model = DEFAULT_MODEL, heads: Heads = 8,
             device: Device = "cpu", k: K = 16, threads: Threads = None, data_dir: DataDir = None,
             data_file: DataFile = None, out: Out = None, no_auto_train: NoAutoTrain = False) -> None:
     """Consecutive repetition in drafts (plain vs 2-gram rescored) and per-head entropy / h_max: CSV + PNG."""
-    from ..experiments import commands
+    from ..experiments.execute import execute
     from ..experiments.plan import prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=out, no_auto_train=no_auto_train, device=device)
-    commands.analyze(prepare(cfg, "analyze", log=log), log)
+    execute(prepare(cfg, "analyze", log=log), log)
 
 
 @one_line_errors
@@ -92,14 +92,14 @@ def replay(task: Task = "xsum",
                                                                     "selects")] = None) -> None:
     """Block efficiency of several methods replayed on the same greedy trajectories (the decode loop's own code).
     Greedy only: at T > 0 the trajectory depends on the draws (use `run --temperature`)."""
-    from ..experiments import commands
+    from ..experiments.execute import execute
     from ..experiments.plan import prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=out, alpha_file=alpha_file, no_auto_train=no_auto_train,
                      heads_path=heads_path, device=device, temperature=temperature, top_p=top_p, top_k=top_k,
                      seed=seed)
-    commands.replay(prepare(cfg, "replay", methods, resume=resume, per_category=per_category, log=log), log)
+    execute(prepare(cfg, "replay", methods, resume=resume, per_category=per_category, log=log), log)
 
 
 @one_line_errors
@@ -111,13 +111,13 @@ def tune(task: Task = "xsum",
          threads: Threads = None, data_dir: DataDir = None, data_file: DataFile = None, alpha_file: AlphaFile = None,
          no_auto_train: NoAutoTrain = False) -> None:
     """Pick alpha on the task's held-out slice (never evaluated) and store it in the tuned-alpha table."""
-    from ..experiments import commands
+    from ..experiments.execute import execute
     from ..experiments.plan import prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=0,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=None, alpha_file=alpha_file, no_auto_train=no_auto_train,
                      device=device)
-    commands.tune(prepare(cfg, "tune", rescorer, split="tune", log=log), log)
+    execute(prepare(cfg, "tune", rescorer, split="tune", log=log), log)
 
 
 @one_line_errors
@@ -142,7 +142,7 @@ def speed(task: Annotated[str, typer.Option(help="task (mt_bench, spec_bench, pr
           top_p: TopP = None, top_k: TopK = None, seed: Seed = None, heads_path: HeadsPath = None) -> None:
     """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
     speed_by_category.csv, config.json."""
-    from ..experiments import commands
+    from ..experiments.execute import execute
     from ..experiments.plan import prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
@@ -152,7 +152,9 @@ def speed(task: Annotated[str, typer.Option(help="task (mt_bench, spec_bench, pr
     if assistant:
         methods = ",".join(f"hf-assisted:assistant={assistant}" if m == "hf-assisted" else m
                            for m in methods.split(","))
-    commands.speed(prepare(cfg, "speed", methods, resume=resume, per_category=per_category, log=log), repeats, log)
+    from ..experiments.plan import SpeedOptions
+    execute(prepare(cfg, "speed", methods, resume=resume, per_category=per_category, log=log,
+                    options=SpeedOptions(repeats)), log)
 
 
 @one_line_errors
@@ -177,13 +179,15 @@ def certify(method: Annotated[str, typer.Option(help="method spelling(s), comma-
             no_auto_train: NoAutoTrain = False) -> None:
     """Two-sample chi-square test per prompt and position between AR sampling and a method's sampling (distinct
     seeds): certify.json / certify.csv / certify_summary.csv / samples.jsonl. Exit 1 when an exact rule fails."""
-    from ..experiments.plan import prepare
-    from ..experiments.sampling_certificate import certify_sampling
+    from ..experiments.execute import execute
+    from ..experiments.plan import CertifyOptions, prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=out, alpha_file=alpha_file, no_auto_train=no_auto_train,
                      device=device, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    res = certify_sampling(prepare(cfg, "certify", method, log=log), rules, samples, positions, level, log)
+    res = execute(prepare(cfg, "certify", method, log=log,
+                          options=CertifyOptions(tuple(r.strip() for r in rules.split(",") if r.strip()), samples,
+                                                 positions, level)), log)
     failed = False
     for f in res["families"]:
         verdict = "PASS" if f["passed"] else "FAIL"
@@ -217,11 +221,10 @@ def alpha_law(task: Annotated[str, typer.Option(help="task")] = "mt_bench", mode
         temps = tuple(float(t) for t in temperatures.split(",") if t.strip())
     except ValueError:
         raise ValueError(f"--temperatures must be comma-separated numbers, got {temperatures!r}") from None
-    from ..experiments.plan import prepare
+    from ..experiments.execute import execute
+    from ..experiments.plan import AlphaLawOptions, prepare
     spelling = lib.spelling(draft, gamma_max)
     cfg = run_config(task=task, model=model, method=spelling, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, device=device, threads=threads, seed=seed,
                      data_dir=data_dir, data_file=data_file, out=out, no_auto_train=no_auto_train)
-    path = lib.run(prepare(cfg, "alpha_law", [spelling], log=log), gamma_max, temps, log)
-    print((path / "alpha_law.md").read_text())
-    log(f"results in {path}")
+    execute(prepare(cfg, "alpha_law", [spelling], log=log, options=AlphaLawOptions(gamma_max, temps)), log)

@@ -27,6 +27,30 @@ FOLDERS = {"run": "runs", "replay": "replay", "oracle": "oracle", "analyze": "an
 
 
 @dataclass(frozen=True)
+class SpeedOptions:
+    repeats: int = 3
+
+
+@dataclass(frozen=True)
+class CertifyOptions:
+    rules: tuple[str, ...] = ("exact",)
+    samples: int = 300
+    positions: int = 4
+    level: float = 0.01
+
+
+@dataclass(frozen=True)
+class AlphaLawOptions:
+    gamma_max: int = 8
+    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
+
+
+# a command's own settings beyond the RunConfig, typed, on the Plan: the CLI and a grid cell fill the same object, and
+# `execute` (experiments/execute.py) reads it; the commands without any have none
+OPTIONS = {"speed": SpeedOptions, "certify": CertifyOptions, "alpha_law": AlphaLawOptions}
+
+
+@dataclass(frozen=True)
 class Plan:
     cfg: RunConfig                      # validated
     kind: str                           # a key of FOLDERS
@@ -35,6 +59,7 @@ class Plan:
     out: Path | None                    # None: the command writes no folder (tune writes the alpha table)
     resume: bool = False
     per_category: int | None = None
+    options: object = None              # OPTIONS[kind], or None for a command without settings of its own
 
     @property
     def method(self) -> Method:
@@ -154,12 +179,17 @@ def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
 
 def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[Method] | None = None, *,
             resume: bool | None = None, per_category: int | None = None, split: str = "eval",
-            log=print, files: bool = True, select: Callable[..., list] | None = None) -> Plan:
+            log=print, files: bool = True, select: Callable[..., list] | None = None, options: object = None) -> Plan:
     """Validate, parse and select once; raise ConfigError (one line) on anything a user can fix. `files=False`
     leaves the artefact files to `check_files` (a sweep's driver: its tasks build them later, on the workers);
     `select`: see check_inputs."""
     if kind not in FOLDERS:
         raise ValueError(f"unknown command kind {kind!r}")
+    want = OPTIONS.get(kind)
+    if options is None and want is not None:
+        options = want()
+    if (want is None) != (options is None) or (want is not None and not isinstance(options, want)):
+        raise ValueError(f"{kind} takes {want.__name__ if want else 'no options'}, got {type(options).__name__}")
     cfg = cfg.validate()
     if methods is None:
         parsed = [method_of(cfg)] if kind in ("run", "tune") else []
@@ -167,10 +197,13 @@ def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[M
         parsed = methods_of(methods)
     else:
         parsed = list(methods)
+    if kind == "speed":          # ar, the baseline every speedup divides by, always runs, first
+        ar = [m for m in parsed if m.label == "ar"] or [parse("ar")]
+        parsed = ar[:1] + [m for m in parsed if m.label != "ar"]
     if kind == "replay":
         check_replay(cfg, parsed)
     examples = check_inputs(cfg, split, per_category, parsed, select)
     if files:
         check_files(cfg, parsed, log)
     return Plan(cfg, kind, tuple(parsed), tuple(examples), out_of(cfg, kind, parsed),
-                cfg.resume if resume is None else resume, per_category)
+                cfg.resume if resume is None else resume, per_category, options)

@@ -5,7 +5,7 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .plan import Plan
-from .run import run
+from .execute import execute
 from .summary import to_markdown
 
 
@@ -24,7 +24,7 @@ def run_with_progress(plan: Plan, console) -> dict:
             bar.update(job, advance=1, stats=f"{totals['tokens'] / totals['seconds']:.1f} tok/s  block eff "
                        f"{totals['tokens'] / totals['calls']:.2f}")
 
-        row = run(plan, log=lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress=progress)
+        row = execute(plan, lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress)
     print(to_markdown(pd.DataFrame([row]).drop(columns=["accepted_per_head"])))
     console.print(f"results in {plan.out}")
     return row

@@ -24,7 +24,7 @@ import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,7 +34,7 @@ from ..config import RunConfig
 from ..engine import Counters
 from ..engine.state import restore, snapshot
 from ..hardware import contention
-from ..methods import Method, MethodUnavailable, Output, parse
+from ..methods import Method, MethodUnavailable, Output
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from ..stats import bootstrap_ratio
 from . import drift, prediction
@@ -329,8 +329,7 @@ def run(plan: Plan, repeats: int = 3, log: Log = print, recalibrate: bool = Fals
     `recalibrate`: measure this machine's forward costs again now instead of reading the cached curve."""
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
-    chosen = [parse("ar")] + [m for m in plan.methods if m.label != "ar"]     # ar, the baseline, always runs
-    plan = replace(plan, methods=tuple(chosen))
+    chosen = list(plan.methods)                # ar first: `prepare` put the baseline there
     with OutputLock(plan.out) as lock:     # one writer per folder, taken before the model loads
         s = open_session(plan, log)
         with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log, lock) as jsonl:

@@ -4,13 +4,12 @@ cell).
 
 The driver parses a cell's spellings once (`parse_cell`) and prepares its Plan once (`plan_cell`: validated config,
 parsed methods, selected examples), as the CLI prepares the command's; the worker runs that Plan through the
-functions the CLI calls (experiments.run.run, experiments.commands.*), always with `resume`, so a cell interrupted
+CLI's own entry (experiments.execute.execute), always with `resume`, so a cell interrupted
 mid-way keeps the examples it finished (and for run, replay and oracle a larger `limit` only adds the rest). Only
 the artefact files are checked on the worker, since the sweep's own tasks build them after the driver planned.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import tempfile
@@ -133,8 +132,22 @@ def plan_cell(kind: str, cfg: RunConfig, methods: list[Method] | None, options: 
         view = view.replace(data_dir=ctx["data"])
     resume = kind != "tune"
     plan = prepare(view.replace(resume=resume), kind, methods, resume=resume, per_category=options.get("per_category"),
-                   split="tune" if kind == "tune" else "eval", files=False, select=_selector(ctx["selected"]))
+                   split="tune" if kind == "tune" else "eval", files=False, select=_selector(ctx["selected"]),
+                   options=typed_options(kind, options))
     return dataclasses.replace(plan, cfg=plan.cfg.replace(device=cfg.device, data_dir=cfg.data_dir))
+
+
+def typed_options(kind: str, options: dict):
+    """The grid's keys for a command's own settings, as the Plan's typed options (what the CLI's flags fill)."""
+    from ..experiments.plan import OPTIONS
+    want = OPTIONS.get(kind)
+    if want is None:
+        return None
+    fields = {f: options[f] for f in want.__dataclass_fields__ if f in options}
+    for f in ("rules", "temperatures"):
+        if f in fields:
+            fields[f] = tuple(fields[f])
+    return want(**fields)
 
 
 def placed(plan: Plan, cfg: RunConfig, rel: str, results: str) -> Plan:
@@ -177,42 +190,34 @@ def execute(cell, log: Log) -> dict:
 
 
 def _execute(cell, plan: Plan, log: Log) -> dict:
-    """The cell's Plan, prepared on the driver (`plan_cell`), run by the CLI's own function; nothing is validated,
+    """The cell's Plan, prepared on the driver (`plan_cell`), run by the CLI's own `execute`; nothing is validated,
     parsed or selected again. Only the artefact files are checked here: the sweep's tasks built them since."""
-    from ..experiments import commands
+    from ..experiments.execute import execute
     from ..experiments.plan import check_files
-    from ..experiments.run import run
     if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
         raise RuntimeError("test hook: failing on purpose")
     check_files(plan.cfg, list(plan.methods), log)
-    o = cell.options
+    if cell.kind == "run" and cell.options.get("private_greedy"):
+        # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has no
+        # time); where the reference lives never changes a result (PLACE): the folder stays finished
+        with tempfile.TemporaryDirectory(prefix="bpdbench-greedy-") as private:
+            return _kept(cell, execute(dataclasses.replace(plan, cfg=plan.cfg.replace(greedy_dir=private)), log,
+                                       _hook(cell)))
+    return _kept(cell, execute(plan, log, _hook(cell)))
+
+
+def _kept(cell, result) -> dict:
+    """What the sweep's report keeps of a command's result."""
     if cell.kind == "tune":
-        res = commands.tune(plan, log)
-        return {"alpha": res["alpha"], "n_examples": res["n_examples"]}
+        return {"alpha": result["alpha"], "n_examples": result["n_examples"]}
     if cell.kind == "certify":
-        from ..experiments.sampling_certificate import certify_sampling
-        res = certify_sampling(plan, ",".join(o["rules"]), o["samples"], o["positions"], o["level"], log)
-        return {"families": len(res["families"])}
+        return {"families": len(result["families"])}
     if cell.kind == "alpha_law":
-        from ..experiments import alpha_law
-        return {"folder": str(alpha_law.run(plan, o["gamma_max"], tuple(o["temperatures"]), log))}
+        return {"folder": str(result)}
     if cell.kind == "run":
-        with contextlib.ExitStack() as stack:
-            if o.get("private_greedy"):
-                # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has
-                # no time); where the reference lives never changes a result (PLACE): the folder stays finished
-                private = stack.enter_context(tempfile.TemporaryDirectory(prefix="bpdbench-greedy-"))
-                plan = dataclasses.replace(plan, cfg=plan.cfg.replace(greedy_dir=private))
-            row = run(plan, log=log, progress=_hook(cell))
-            return {"n_examples": row.get("n_examples"), "n_lost": row.get("n_lost", 0)}
-    if cell.kind == "replay":
-        return {"rows": len(commands.replay(plan, log))}
-    if cell.kind == "oracle":
-        return {"rows": len(commands.oracle(plan, plan.cfg.k, log))}
-    if cell.kind == "analyze":
-        commands.analyze(plan, log)
-        return {}
-    commands.speed(plan, o["repeats"], log)
+        return {"n_examples": result.get("n_examples"), "n_lost": result.get("n_lost", 0)}
+    if cell.kind in ("replay", "oracle"):
+        return {"rows": len(result)}
     return {}
 
 

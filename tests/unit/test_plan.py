@@ -79,3 +79,23 @@ def test_one_validation_one_parse_one_selection_per_command(tiny_model_dir, tmp_
     assert [m.label for m in plan.methods] == ["bpd", "pld"]
     assert all(any(b is m for b in built) for m in plan.methods)          # the plan's objects, not re-parsed ones
     assert json.loads((out / "config.json").read_text())["methods"] == ["bpd", "pld"]
+
+
+def test_a_commands_own_settings_are_typed_on_the_plan_from_a_flag_or_a_grid(tmp_path):
+    """speed's repeats, certify's rules, alpha-law's temperatures: one typed object on the Plan, whichever of the CLI
+    or a grid cell made it, and `ar` first in a speed plan (put there when the plan is made, not by the command)."""
+    from bpdbench.sweep.kinds import typed_options
+    cfg = RunConfig(task="prompts", data_file=str(write_prompts(tmp_path, 2)), limit=2)
+    plan = plan_lib.prepare(cfg, "speed", "pld,hierarchy", files=False, options=plan_lib.SpeedOptions(5))
+    assert [m.label for m in plan.methods] == ["ar", "pld", "hierarchy"] and plan.options.repeats == 5
+    assert plan_lib.prepare(cfg, "speed", "pld,ar", files=False).methods[0].label == "ar"
+    assert plan_lib.prepare(cfg, "speed", "pld", files=False).options == plan_lib.SpeedOptions()
+    assert plan_lib.prepare(cfg, "replay", "bpd", files=False).options is None
+    with pytest.raises(ValueError, match="speed takes SpeedOptions"):
+        plan_lib.prepare(cfg, "speed", "pld", files=False, options=plan_lib.CertifyOptions())
+    assert typed_options("certify", {"rules": ["exact", "always-accept"], "samples": 10, "positions": 2,
+                                     "level": 0.05, "per_category": None}) == \
+        plan_lib.CertifyOptions(("exact", "always-accept"), 10, 2, 0.05)
+    assert typed_options("alpha_law", {"gamma_max": 4, "temperatures": [0.0, 1.0]}) == \
+        plan_lib.AlphaLawOptions(4, (0.0, 1.0))
+    assert typed_options("replay", {"per_category": 2}) is None
