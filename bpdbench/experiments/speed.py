@@ -46,6 +46,7 @@ from .timing import interleaved, median
 
 MACHINE_AND_CODE = ("fingerprint", "git_commit")      # a resumed speed run must share both
 RETIME_BUSY, RETIME_PAUSE_S = 2, 20.0     # a prompt timed on a busy machine: at most 2 more tries, 20 s apart
+RETIME_CALL, RETIME_CALL_PAUSE_S = 3, 5.0  # one call timed on a busy machine: at most 3 more tries, 5 s apart
 UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfig fields `--methods` replaces
 
 
@@ -113,9 +114,11 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
             certify: Callable | None = None, log: Log = print) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat. A greedy
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
-    experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt. A prompt timed
-    while another process took the CPU is timed again (RETIME_BUSY times at most, then kept with its others_cores):
-    the leaderboard is accumulated over sittings and must not keep a prompt that a test run beside it slowed."""
+    experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt. A call timed
+    while another process took the CPU is timed again (RETIME_CALL times at most, hardware/timing.interleaved), and
+    a prompt whose calls together still saw a busy machine is timed again whole (RETIME_BUSY times at most, then kept
+    with its others_cores): the leaderboard is accumulated over sittings and must not keep a prompt that a test run
+    beside it slowed."""
     load = _load()
     drafters = drafters_of(fns)
     states = {m: snapshot(d) for m, d in drafters.items()}     # the state every repeat of this prompt starts from
@@ -126,7 +129,8 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
             time.sleep(RETIME_PAUSE_S)
         with contention.Meter() as others:
             runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device,
-                               before=lambda m: restore(drafters[m], states[m]))
+                               before=lambda m: restore(drafters[m], states[m]), retimes=RETIME_CALL,
+                               pause_s=RETIME_CALL_PAUSE_S, log=lambda msg: log(f"{ex.id}: {msg}"))
         if not contention.is_busy(others.others_cores):
             break
     load = max(load, _load())

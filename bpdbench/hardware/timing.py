@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import contention
+
 
 def synchronize(device) -> None:
     if torch.cuda.is_available() and str(device).startswith("cuda"):
@@ -26,21 +28,37 @@ def timed(fn: Callable[[], Any], device="cpu") -> tuple[float, Any]:
 
 
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu",
-                before: Callable[[str], None] | None = None) -> dict[str, list[tuple[float, Any]]]:
+                before: Callable[[str], None] | None = None, retimes: int = 0, pause_s: float = 5.0,
+                log: Callable[[str], None] | None = None) -> dict[str, list[tuple[float, Any]]]:
     """Every function `repeats` times, interleaved so drifts in machine load hit all alike, in an order that rotates
     by 1/repeats of the list each round; `before(name)` runs, untimed, before each call (`speed` puts a drafter's
     cross-example state back there, so each repeat does the same work and the restore is never on the clock). Why
     rotate: in a fixed order ar ran first in every round, right after the last method (the peers load another
     model), and the `auto` rows that draft nothing, which decode exactly as ar does, read 1.00-1.10x of it on the
-    leaderboard's first prompts."""
+    leaderboard's first prompts.
+
+    `retimes`: a call during which other processes kept the CPU busy (hardware/contention.py) is timed again, from
+    the same state, at most `retimes` times, `pause_s` apart. Why per call: a meter over a whole prompt averages a
+    busy minute into half an hour of idle ones; on the leaderboard a test run beside the first round made ar's
+    first repeat 54.5 s against 13.5 s and 18.7 s, while the prompt's meter read 0.21 cores, under its threshold."""
     names = list(fns)
     runs: dict[str, list[tuple[float, Any]]] = {name: [] for name in names}
     for r in range(repeats):
         shift = (r * len(names)) // repeats
         for name in names[shift:] + names[:shift]:
-            if before is not None:
-                before(name)
-            runs[name].append(timed(fns[name], device))
+            for attempt in range(1 + retimes):
+                if attempt:
+                    time.sleep(pause_s)
+                if before is not None:
+                    before(name)
+                with contention.Meter() as others:
+                    took = timed(fns[name], device)
+                if attempt == retimes or not contention.is_busy(others.others_cores):
+                    break
+                if log is not None:
+                    log(f"{name}: timed while {contention.describe(others.others_cores)}; timing it again "
+                        f"({attempt + 1}/{retimes})")
+            runs[name].append(took)
     return runs
 
 
