@@ -114,11 +114,9 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
             certify: Callable | None = None, log: Log = print) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat. A greedy
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
-    experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt. A call timed
-    while another process took the CPU is timed again (RETIME_CALL times at most, hardware/timing.interleaved), and
-    a prompt whose calls together still saw a busy machine is timed again whole (RETIME_BUSY times at most, then kept
-    with its others_cores): the leaderboard is accumulated over sittings and must not keep a prompt that a test run
-    beside it slowed."""
+    experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt. A busy call is
+    timed again (RETIME_CALL, hardware/timing.interleaved), a busy prompt again whole (RETIME_BUSY, then kept with its
+    others_cores): a leaderboard accumulated over sittings must not keep what a test run beside it slowed."""
     load = _load()
     drafters = drafters_of(fns)
     states = {m: snapshot(d) for m, d in drafters.items()}     # the state every repeat of this prompt starts from
