@@ -94,8 +94,11 @@ def regress(baseline_path: Path, update: bool = False, log=print) -> list[str]:
     saved = json.loads(baseline_path.read_text()) if baseline_path.exists() and not update else None
     grid = saved["grid"] if saved else {**GRID, "speed": regress_speed.GRID}
     current = run_grid({k: v for k, v in grid.items() if k != "speed"}, log)
-    speed = regress_speed.measure(grid["speed"], log) if "speed" in grid else None
     machine = fingerprint(grid["threads"]).key()
+    same, why = same_machine(saved.get("environment", {}), machine, grid) if saved else (False, "")
+    base = saved.get("speed") if saved else None
+    check = (lambda cur: regress_speed.compare(base, cur, same, saved.get("speed_tolerance"))) if base else None
+    speed = regress_speed.measure(grid["speed"], log, check=check) if "speed" in grid else None
     if update:
         import torch
         baseline_path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,9 +108,8 @@ def regress(baseline_path: Path, update: bool = False, log=print) -> list[str]:
                                                                         grid["dtype"])}, indent=2) + "\n")
         return []
     failures = compare(saved, current)
-    if speed is not None and saved.get("speed"):
-        same, why = same_machine(saved.get("environment", {}), machine, grid)
+    if speed is not None and base:
         log(f"speed: baseline machine {'matches' if same else 'differs'} ({why}): absolute speedups "
             f"{'compared' if same else 'not compared'}, efficiencies compared")
-        failures += regress_speed.compare(saved["speed"], speed, same, saved.get("speed_tolerance"))
+        failures += regress_speed.compare(base, speed, same, saved.get("speed_tolerance"))
     return failures

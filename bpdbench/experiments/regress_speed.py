@@ -25,6 +25,13 @@ CONSISTENT, the curve is measured again and the run timed again (up to ATTEMPTS 
 whatever its efficiency. An engine that got slower still fails: its extra per-step cost is outside the calibrated
 forward, so a fresh curve leaves AR's time efficiency as low as before. A slower verify forward is a slower
 machine to the calibration, which times the engine's own verify; a fresh clone (CI) always measures a fresh curve.
+
+Why also when the comparison fails with AR consistent: AR tests only the 1-token step, while a tree method's
+prediction rests on the 64-node tree's cost less the projection of the rows it skips. CI on an AVX2 EPYC (float32)
+predicted medusa at 0.53x AR with a fresh curve, where the cached curve of the same machine predicts 0.38x and both
+measured it at 0.41-0.45x: engine efficiency 0.85 against a baseline of 1.11, with AR at 1.05. A failing comparison
+is measured again from a fresh curve, up to ATTEMPTS runs, and the last compared: an engine that got slower fails
+every time (tests/integration/test_regress.py slows one), a mispredicted shape does not repeat.
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ import json
 import math
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -46,18 +54,25 @@ CONSISTENT = (0.8, 1.25)     # AR's time efficiency where the calibration descri
 ATTEMPTS = 3
 
 
-def measure(grid: dict, log=print, attempts: int = ATTEMPTS) -> dict:
+def measure(grid: dict, log=print, attempts: int = ATTEMPTS,
+            check: Callable[[dict], list[str]] | None = None) -> dict:
     """The grid's `speed` run, calibrated and timed again while AR's time efficiency says the curve does not
-    describe the machine of the timed run (module docstring); the last run's numbers."""
+    describe the machine of the timed run, or while `check` (the comparison with the baseline) fails (module
+    docstring); the last run's numbers."""
     for attempt in range(1, attempts + 1):
         result = measure_once(grid, log, recalibrate=attempt > 1)
         ar = result.get("ar", {}).get("time_efficiency", float("nan"))
         result = {m: {**r, "attempts": attempt} for m, r in result.items()}
-        if consistent(ar) or attempt == attempts:
+        failures = check(result) if check is not None and consistent(ar) else []
+        if (consistent(ar) and not failures) or attempt == attempts:
             return result
-        log(f"speed: AR's time efficiency {ar:.3f} is outside [{CONSISTENT[0]}, {CONSISTENT[1]}]: the calibration "
-            f"does not describe the machine this run was timed on; calibrating and timing again "
-            f"({attempt + 1}/{attempts})")
+        if not consistent(ar):
+            log(f"speed: AR's time efficiency {ar:.3f} is outside [{CONSISTENT[0]}, {CONSISTENT[1]}]: the "
+                f"calibration does not describe the machine this run was timed on; calibrating and timing again "
+                f"({attempt + 1}/{attempts})")
+        else:
+            log(f"speed: {'; '.join(failures)}; a fresh curve tells a slower engine (it fails again) from a curve "
+                f"that mispredicted one shape: calibrating and timing again ({attempt + 1}/{attempts})")
     raise ValueError(f"attempts must be >= 1, got {attempts}")
 
 

@@ -33,6 +33,8 @@ TREE_NS = (4, 8, 16, 32, 64)
 REPEATS = 3
 TARGET_SECONDS = 45.0     # a fast machine spends what a slow one needs anyway on more rounds (less noise)
 MAX_REPEATS = 12
+LONG_ROUNDS_MIN = 2
+VERSION = 2               # 2: the long shapes in two rounds at least, the projection in interleaved rounds
 
 
 def monotone(points: dict[int, float], floor: float = 1.0) -> dict[int, float]:
@@ -56,11 +58,13 @@ def monotone(points: dict[int, float], floor: float = 1.0) -> dict[int, float]:
 
 
 def plan_repeats(seconds_at_default: float) -> tuple[int, int]:
-    """(rounds, rounds that also time the long shapes) for about TARGET_SECONDS: 3 and 1 on a slow machine (0.5B
-    float32 on 2 AVX2 cores needs a minute for those), up to 12 and 4 where one round takes a few seconds."""
+    """(rounds, rounds that also time the long shapes) for about TARGET_SECONDS: 3 and 2 on a slow machine (0.5B
+    float32 on 2 AVX2 cores needs a minute and a half for those), up to 12 and 4 where one round takes a few
+    seconds. Never one round for the long shapes: a 64-node tree timed once per context is what a tree method's
+    prediction rests on, and one sample of it varied by 15% between two calibrations of one idle machine."""
     scale = TARGET_SECONDS / max(seconds_at_default, 1e-3)
     repeats = int(min(MAX_REPEATS, max(REPEATS, REPEATS * scale)))
-    return repeats, max(1, repeats // 3)
+    return repeats, max(LONG_ROUNDS_MIN, repeats // 3)
 
 
 def _interp(points: dict[int, float], x: float) -> float:
@@ -103,7 +107,7 @@ class Calibration:
     # rows -> decode steps of the output projection (and argmax) over that many rows: a wide tree's greedy verify
     # projects only its inner nodes (engine.loop.LazyArgmax), so its cost is the full tree's less the rows skipped
     head: dict[int, float] = field(default_factory=dict)
-    version: int = 1
+    version: int = VERSION               # what an older file says it is: read back from its "version" key
     others_cores: float | None = None    # cores other processes kept busy meanwhile (hardware/contention.py)
 
     @property
@@ -168,11 +172,31 @@ class Calibration:
 
 
 HEAD_ROWS = (1, 8, 16, 24, 32, 48, 64)   # rows of the output projection timed (a wide tree projects its inner nodes)
-HEAD_REPEATS = 5
+HEAD_ROUNDS = 9          # rounds over every row count: a lazily projected tree's cost is a difference of two of them
+
+
+def head_costs(model, hidden, device: str, rounds: int = HEAD_ROUNDS) -> dict[int, float]:
+    """Seconds of the output projection (and argmax) per row count, the median of `rounds` interleaved rounds after
+    one warm-up each. Why interleaved and not 5 calls per size in turn: a tree verify that projects 22 of its 64
+    rows is predicted as the full tree's cost less head(64) plus head(22), so a drift between two sizes' timings
+    moves that prediction by the whole drift (CI once predicted medusa at 0.53x AR where it ran at 0.45x)."""
+    import statistics
+
+    from .timing import timed
+    import torch
+    hidden = hidden[torch.arange(max(HEAD_ROWS), device=hidden.device) % len(hidden)]   # short contexts: reused
+    calls = {r: (lambda r=r: model.lm_head(hidden[:r]).argmax(-1)) for r in HEAD_ROWS}
+    for fn in calls.values():
+        fn()
+    samples: dict[int, list[float]] = {r: [] for r in calls}
+    for _ in range(rounds):
+        for r, fn in calls.items():
+            samples[r].append(timed(fn, device)[0])
+    return {r: statistics.median(ts) for r, ts in samples.items()}
 
 
 def measure(model, model_name: str, dtype: str, device: str, threads: int,
-            ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, long_repeats: int = 1,
+            ns=NS, contexts=CONTEXTS, tree_ns=TREE_NS, repeats: int = REPEATS, long_repeats: int = LONG_ROUNDS_MIN,
             log: Log = print) -> Calibration:
     """Time the engine's verify over chains and trees on top of a random context, per context length.
 
@@ -185,7 +209,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     import torch
     from transformers import DynamicCache
 
-    from .timing import median_time, timed
+    from .timing import timed
 
     t_start = time.perf_counter()
     old_threads = torch.get_num_threads()
@@ -214,9 +238,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
                 tree[ctx] = {n: c for (k, n), c in cost.items() if k == "tree"}
                 log(f"  context {ctx}: step {step * 1000:.1f} ms; chain " +
                     ", ".join(f"{n}: {chain[ctx][n]:.2f}" for n in (8, 16, 64) if n in chain[ctx]) + " steps")
-            rows = out.last_hidden_state[0, -max(HEAD_ROWS):]
-            head = {r: median_time(lambda r=r: model.lm_head(rows[:r]).argmax(-1), device, HEAD_REPEATS)
-                    for r in HEAD_ROWS}
+            head = head_costs(model, out.last_hidden_state[0, -max(HEAD_ROWS):], device)
     finally:
         torch.set_num_threads(old_threads)
     contexts = sorted(contexts)
@@ -261,8 +283,8 @@ def cache_path(model_name: str, dtype: str, device: str, threads: int | None, li
 
 
 def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:
-    """The stored calibration for this machine, or None (missing, unreadable, or from before the output
-    projection's cost was measured, which the engine's lazy projection of wide trees needs: measured again)."""
+    """The stored calibration for this machine, or None (missing, unreadable, or older than VERSION: a curve from
+    before the projection's cost was measured in interleaved rounds mispredicts lazily projected trees)."""
     path = cache_path(model_name, dtype, device, threads)
     if seal.problem(path):             # changed since it was measured: a valid JSON can still hold other numbers
         return None
@@ -270,7 +292,7 @@ def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Cal
         cal = Calibration.from_dict(json.loads(path.read_text()))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return cal if cal.head else None
+    return cal if cal.head and cal.version >= VERSION else None
 
 
 def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict | None:
@@ -305,7 +327,8 @@ def record_drafting(cal: Calibration, label: str, ms: float) -> Path:
     return save(cal)
 
 
-def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, repeats: int) -> float:
+def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, repeats: int,
+                     long_repeats: int = LONG_ROUNDS_MIN) -> float:
     """A rough duration for `measure`, said before it starts: a 1-token and a 16-token forward timed, a forward
     over n tokens taken as linear between them, summed over the forwards the plan runs."""
     import torch
@@ -327,7 +350,7 @@ def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, re
     def secs(n: int) -> float:
         return t[1] + per_token * (n - 1)
     shapes = list(ns) + list(tree_ns)
-    per_context = sum(secs(n) * (repeats if n <= LONG_N else 1) for n in shapes) + 2 * repeats * secs(1)
+    per_context = sum(secs(n) * (repeats if n <= LONG_N else min(long_repeats, repeats)) for n in shapes) + 2 * repeats * secs(1)
     return secs(max(contexts)) + sum(secs(n) for n in shapes) + len(contexts) * per_context
 
 

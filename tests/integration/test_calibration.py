@@ -159,9 +159,9 @@ def test_the_cost_curve_is_read_through_its_monotone_fit():
 
 
 def test_a_fast_machine_spends_its_calibration_time_on_more_rounds():
-    from bpdbench.hardware.calibration import MAX_REPEATS, REPEATS, plan_repeats
-    assert plan_repeats(60.0) == (REPEATS, 1)           # a slow machine: the minute it needs anyway
-    assert plan_repeats(27.0) == (5, 1)                 # 45 s / 27 s x 3 rounds
+    from bpdbench.hardware.calibration import LONG_ROUNDS_MIN, MAX_REPEATS, REPEATS, plan_repeats
+    assert plan_repeats(60.0) == (REPEATS, LONG_ROUNDS_MIN)   # a slow machine: what it needs anyway
+    assert plan_repeats(27.0) == (5, LONG_ROUNDS_MIN)         # 45 s / 27 s x 3 rounds; long shapes never once
     assert plan_repeats(0.5) == (MAX_REPEATS, MAX_REPEATS // 3)
 
 
@@ -178,6 +178,9 @@ def test_a_lazily_projected_tree_costs_the_full_tree_less_the_rows_it_skips(tmp_
     old = Calibration.from_dict({**cal.to_dict(), "head": {}})
     lib.save(old, lib.cache_path("m", "float32", "cpu", 2))
     assert lib.cached("m", "float32", "cpu", 2) is None
+    noisy = Calibration.from_dict({**cal.to_dict(), "version": 1})     # its projection timed size after size
+    lib.save(noisy, lib.cache_path("m", "float32", "cpu", 2))
+    assert noisy.version == 1 and lib.cached("m", "float32", "cpu", 2) is None
 
 
 def test_a_calibration_measured_beside_other_work_is_measured_again(monkeypatch):
