@@ -303,8 +303,10 @@ def describe(b: Board) -> str:
     run, env, ar = b.runs[0], b.runs[0].env, b.runs[0].ar
     cats = list(dict.fromkeys(ar.category.dropna())) if "category" in ar else []
     what = f"{cats[0]}" if len(cats) == 1 else f"{len(cats)} categories" if cats else "no categories"
-    if run.folder.config.get("per_category"):
-        what = f"{run.folder.config['per_category']} per category, {what}"
+    if cats:              # the prompts counted per category, not the planned number (`--limit` takes fewer)
+        counts = ar.category.value_counts()
+        lo, hi = int(counts.min()), int(counts.max())
+        what = f"{lo if lo == hi else f'{lo}-{hi}'} per category, {what}"
     planned = (run.folder.config.get("resolved") or {}).get("n_selected")
     if planned and len(ar) < planned:     # a long run (the leaderboard) is accumulated and rendered as it goes
         what += f"; PARTIAL: {len(ar)} of the {planned} planned prompts measured so far"

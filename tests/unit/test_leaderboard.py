@@ -243,3 +243,15 @@ def test_the_leaderboard_grids_folder_is_read_and_a_run_still_going_says_partial
         leaderboard.describe(b)
     assert "PARTIAL: 13 of the 39 planned prompts" in boards["spec_bench"].heading
     assert "PARTIAL" not in boards["mt_bench"].heading
+
+
+def test_the_heading_counts_the_prompts_per_category_it_holds_not_the_planned_number(tmp_path, monkeypatch):
+    """`--limit 3` on a grid planned at 3 per category measures 1 prompt in each of 3 categories: the heading says
+    1 per category, never the plan's 3."""
+    monkeypatch.setattr(leaderboard, "commit_time", lambda c: TIMES.get(c.removesuffix("-dirty")))
+    d = speed_folder(tmp_path, "spec_bench", EPYC, kind="leaderboard", per_category=1, planned=39)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "per_category": 3}))
+    (b,) = [b for m in leaderboard.collect(tmp_path).machines for b in m.boards]
+    leaderboard.describe(b)
+    assert "(1 per category, 13 categories; PARTIAL: 13 of the 39" in b.heading and "3 per category" not in b.heading
