@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from .. import paths
-from . import seal
+from ..store import seal
 
 CORPUS_FILES = ("c4_en_validation_2k.jsonl", "wikitext2_valid.tokens.txt", "wikitext2_test.tokens.txt")
 _WIKI_TITLE = re.compile(r"^ = [^=].* = $")

@@ -38,7 +38,7 @@ def history_file(model_name: str, profile: str) -> Path:
 def load(path: Path) -> tuple[list[list[int]], dict]:
     """(continuations, metadata without them). A file that is not such a record (random bytes, a torn write, other
     JSON) is one line naming it and the fix, not a parser's words about a byte."""
-    from .seal import ArtefactDamaged
+    from ..store.seal import ArtefactDamaged
     path = Path(path)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))

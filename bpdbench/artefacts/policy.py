@@ -57,7 +57,7 @@ class Need:
         the build starts, not after its minutes."""
         self.check(auto_train, error)
         if where is not None:
-            from .seal import check_writable
+            from ..store.seal import check_writable
             check_writable(Path(where))
         into = f" into {where}" if where is not None else ""
         log(f"no {self.what} cached: building it now, about {self.minutes:g} min ({self.command}; "

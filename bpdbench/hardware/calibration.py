@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import paths
-from ..artefacts import seal
+from ..store import seal
 from ..store import write_atomic
 from .fingerprint import current
 from . import contention, kernels
@@ -308,7 +308,7 @@ def meta(model_name: str, dtype: str, device: str, threads: int | None) -> dict 
 
 def save(cal: Calibration, path: Path | None = None) -> Path:
     """Atomic write (tmp + replace): a killed run never leaves half a JSON where the next one reads. The cached copy
-    is sealed (artefacts/seal.py), so one changed since it was measured is measured again; a copy elsewhere (the
+    is sealed (store/seal.py), so one changed since it was measured is measured again; a copy elsewhere (the
     results' `calibrate --show`) is a plain file."""
     text = json.dumps(cal.to_dict(), indent=2)
     if path is not None:

@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from .. import paths
-from ..artefacts import seal
+from ..store import seal
 from .fingerprint import Fingerprint, current
 
 PROBE_ROWS = 16            # a typical verify size; where bf16 emulation hurts and where drafting lives

@@ -1,6 +1,6 @@
 """Heads for a config: loaded from the cache or a Medusa-1 folder, trained on first use when missing.
 
-Heads trained here are sealed (artefacts/seal.py: the sha256 of each file, written last): a folder whose files
+Heads trained here are sealed (store/seal.py: the sha256 of each file, written last): a folder whose files
 changed since they were trained is refused in one line naming the file and the fix, before a wrong weight can draft.
 Training them again unasked would cost minutes, so a damaged folder is not rebuilt behind the user's back; heads
 from before seals, or a Medusa checkpoint of another project, carry none and load as they are."""
@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths
-from ..artefacts import MINUTES, Need, builder, seal
+from ..artefacts import MINUTES, Need, builder
+from ..store import seal
 from ..config import RunConfig
 from ..nets.heads import Heads, load as load_heads
 from ..artefacts.policy import warn_use

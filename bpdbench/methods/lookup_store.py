@@ -6,7 +6,7 @@
 - history: the model's own greedy continuations (train/history.py), a named profile; `ci` takes seconds and is
   built when missing, `quick` takes minutes and is refused under --no-auto-train with the command that builds it.
 Each loader returns (table, metadata); the metadata (file, source, size) goes into the run's resolved config.
-Every table is sealed when built (artefacts/seal.py): one that is missing, damaged or unreadable is built again,
+Every table is sealed when built (store/seal.py): one that is missing, damaged or unreadable is built again,
 said in one line; the history, which may take minutes, is refused under --no-auto-train in one line naming the file
 and the command that rebuilds it.
 """
@@ -21,7 +21,7 @@ from .. import paths
 from ..artefacts import Need
 from ..artefacts import builder
 from ..artefacts import history as history_lib
-from ..artefacts import seal
+from ..store import seal
 from .env import Env
 from .lookup import FrequencyTable, bigram_table, stream
 

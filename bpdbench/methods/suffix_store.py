@@ -13,7 +13,7 @@
   the length), and the continuations after a match (REST's retrieval).
 - `corpus_index` / `datastore_index`: the static indexes for a target model, built on first use and cached under
   `$BPDBENCH_CACHE/lookup/<model>/` next to the lookup tables (lookup_store.py), from the same sources, sealed
-  (artefacts/seal.py): a damaged or unreadable index is said in one line and built again.
+  (store/seal.py): a damaged or unreadable index is said in one line and built again.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..artefacts import seal
+from ..store import seal
 from .lookup import SEP, save_npz
 
 DEPTH = 32          # suffixes are sorted on their first DEPTH tokens: the longest pattern a query may use

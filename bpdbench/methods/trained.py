@@ -33,7 +33,7 @@ from ..nets.base import DraftModel, NetworkFileError
 from ..nets.checkpoint import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
-from ..artefacts import seal
+from ..store import seal
 from ..artefacts.policy import warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .contract import Input, Kind, Reads, need_names

@@ -185,8 +185,8 @@ def _build_network(a: Artefact, log: Log) -> str:
     """Train the network unless a sound one is cached, then copy its report into the results (the report of the
     network the grid's results read, whoever built it)."""
     from .. import paths
-    from ..artefacts import builder, seal
-    from ..store import write_atomic
+    from ..artefacts import builder
+    from ..store import seal, write_atomic
     saved, profile, reports = a.build_with
     folder = paths.network_dir(a.model, saved, profile)
     done = "present"

@@ -25,7 +25,7 @@ from typing import Callable
 import torch
 
 from .. import paths
-from ..artefacts import seal
+from ..store import seal
 from ..config import environment
 from .greedy import (seen, base_on, batches, device_for, greedy_batch, kept, left_padded, prompt_pool, stop_ids,
                      teacher_topk)

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 from .. import paths
-from ..artefacts import seal
+from ..store import seal
 from ..nets.heads import Heads, HeadsInfo, save
 from . import distill, objectives
 from .fit import FitConfig

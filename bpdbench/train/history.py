@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from .. import paths
-from ..artefacts import seal
+from ..store import seal
 from ..artefacts.history import MINUTES, PROFILES, HistoryProfile, history_file, load  # noqa: F401
 from .pacing import FILL, Pacer, predict_seconds, resolve_dtype
 

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from .. import models, paths
-from ..artefacts import seal
+from ..store import seal
 from ..config import environment
 from ..nets.base import DraftModel
 from ..nets.checkpoint import save

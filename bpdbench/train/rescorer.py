@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from .. import models, paths
-from ..artefacts import seal
+from ..store import seal
 from ..artefacts.corpus import (CORPUS_FILES, corpus_cache, corpus_documents, default_corpus_files,  # noqa: F401
                                tokenized_corpus)
 

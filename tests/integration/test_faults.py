@@ -25,7 +25,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bpdbench.artefacts import seal
+from bpdbench.store import seal
 from bpdbench.cli import app
 from tests.conftest import write_prompts
 from tests.helpers import write_corpus

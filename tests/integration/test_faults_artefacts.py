@@ -17,7 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from bpdbench.artefacts import seal
+from bpdbench.store import seal
 from bpdbench.cli import app
 from tests.conftest import write_prompts
 from tests.helpers import write_corpus
@@ -271,7 +271,7 @@ def test_a_folder_build_killed_half_way_keeps_the_earlier_folder(tmp_path):
     with seal.building(out, folder=True) as tmp:
         (tmp / "medusa_lm_head.pt").write_bytes(b"old" * 1000)
         (tmp / "config.json").write_text("{}")
-    code = ("import sys, time; from pathlib import Path; from bpdbench.artefacts import seal\n"
+    code = ("import sys, time; from pathlib import Path; from bpdbench.store import seal\n"
             "with seal.building(Path(sys.argv[1]), folder=True) as tmp:\n"
             "    (tmp / 'medusa_lm_head.pt').write_bytes(b'new' * 1000)\n"
             "    print('half', flush=True); time.sleep(60)\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bpdbench import paths, store
-from bpdbench.artefacts import seal
+from bpdbench.store import seal
 from bpdbench.store import AppendOnlyJsonl, WriteError, write_atomic, write_failed
 
 

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
-from ..store import WRITE_ERRNOS, WriteError, write_atomic, write_failed
+from . import WRITE_ERRNOS, WriteError, write_atomic, write_failed
 
 SUMS = "SHA256SUMS"
 Log = Callable[[str], None]
