@@ -201,6 +201,7 @@ def test_a_calibration_measured_beside_other_work_is_measured_again(monkeypatch)
     assert lib.ensure("m", "float32", "cpu", 2, model=object(), log=said.append) is idle and measured == [1]
 
 
+@pytest.mark.serial
 def test_the_contention_meter_sees_another_busy_process():
     import subprocess
     import sys

@@ -1,6 +1,8 @@
 """Regression comparison logic: block efficiency tolerance, losslessness, wide speedup band."""
 from __future__ import annotations
 
+import pytest
+
 from bpdbench.experiments.regress import compare
 
 BASE = {"tolerance": {"block_efficiency_abs": 0.05, "speedup_factor": 3.0},
@@ -62,6 +64,7 @@ def test_speed_check_compares_efficiencies_anywhere_and_speedups_on_the_same_mac
     assert "time efficiency 0.600" in regress_speed.compare(base, idle, same_machine=False)[0]
 
 
+@pytest.mark.serial
 def test_regress_speed_fails_on_a_slowed_engine(tiny_model_dir, tmp_path, monkeypatch):
     """The real check on a tiny model: measure, then measure again with a sleep of twice the calibrated step
     injected into every decoding step after its verify forward (a slower engine, whatever this CPU's speed, and
