@@ -84,6 +84,7 @@ def test_measure_on_tiny_model_and_cache_round_trip(tiny_model, monkeypatch):
     assert lib.ensure("tiny", "float32", "cpu", 1, log=said.append) == back and not said   # cached: no measuring
 
 
+@pytest.mark.serial        # a curve timed beside another worker is busy, so the second call measures it again
 def test_calibrate_show_writes_png_and_json(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(lib, "CONTEXTS", (16, 48))
     monkeypatch.setattr(lib, "NS", (1, 2, 4, 8))
