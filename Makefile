@@ -87,7 +87,7 @@ heads-full: install
 	$(BIN)/bpdbench train-heads --profile full
 
 bench: install
-	$(BIN)/python scripts/bench_step.py --thresholds 0,0.4
+	$(BIN)/bpdbench sweep grids/engine.toml
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache
