@@ -21,6 +21,13 @@ install: $(BIN)/bpdbench
 kenlm: install
 	VENV=$(VENV) bash scripts/install_kenlm.sh
 
+# llama.cpp for `qdraft:runtime=gguf` (the target's own GGUF file as its draft): llama-cpp-python compiled for this
+# CPU (about 10 min on 2 cores, once; optional: without it the method says this command in one line).
+LLAMACPP_CMAKE = -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+llamacpp: install
+	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="$(LLAMACPP_CMAKE)" \
+		$(PIP) install -q "llama-cpp-python==0.3.36"
+
 # Headless Chromium (Debian's package), which the leaderboard page's test opens; `-`: a machine where apt-get cannot
 # run still tests the rest (the page's test then skips, and fails under CI).
 chromium:
@@ -38,9 +45,10 @@ demo: install
 # Two workers (files kept whole: their module fixtures are built once), then the `serial` tests alone: they time this
 # machine against its own calibration or contention meter, which a neighbour worker would make inconclusive.
 TEST_WORKERS ?= 2
-test: install kenlm chromium
-	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m "not heavy and not serial" -n $(TEST_WORKERS) --dist loadfile
-	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m "serial and not heavy"
+test: install kenlm chromium llamacpp
+	BPDBENCH_REQUIRE_KENLM=1 BPDBENCH_REQUIRE_LLAMACPP=1 $(BIN)/python -m pytest -q -m "not heavy and not serial" \
+		-n $(TEST_WORKERS) --dist loadfile
+	BPDBENCH_REQUIRE_KENLM=1 BPDBENCH_REQUIRE_LLAMACPP=1 $(BIN)/python -m pytest -q -m "serial and not heavy"
 
 test-heavy: install kenlm
 	BPDBENCH_REQUIRE_KENLM=1 $(BIN)/python -m pytest -q -m heavy

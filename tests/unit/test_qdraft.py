@@ -161,3 +161,16 @@ def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails():
     assert fit.cells > 30 and fit.p_value > 1e-3, fit
     control = goodness_of_fit(sample(2000, "always-accept", 10**6), exact_joint())
     assert control.p_value < 1e-6, control
+
+
+def test_runtime_gguf_is_refused_in_one_line_before_the_model_loads(tmp_path):
+    """The GGUF draft runs a registered model's own file (tests/slow/test_gguf_draft.py runs it): a local folder,
+    or quantization parameters it does not use, are refused when parsed or at preflight."""
+    from bpdbench.config import RunConfig
+    from bpdbench.methods import MethodError, parse
+    from bpdbench.methods.qdraft import _preflight
+    with pytest.raises(MethodError, match="registered model"):
+        _preflight(parse("qdraft:runtime=gguf"), RunConfig(model=str(tmp_path)))
+    with pytest.raises(MethodError, match="drop bits="):
+        parse("qdraft:runtime=gguf,bits=8")
+    _preflight(parse("qdraft:bits=8"), RunConfig(model=str(tmp_path)))       # the torch runtime: nothing to check
