@@ -304,8 +304,7 @@ def describe(b: Board) -> str:
     cats = list(dict.fromkeys(ar.category.dropna())) if "category" in ar else []
     what = f"{cats[0]}" if len(cats) == 1 else f"{len(cats)} categories" if cats else "no categories"
     if cats:              # the prompts counted per category, not the planned number (`--limit` takes fewer)
-        counts = ar.category.value_counts()
-        lo, hi = int(counts.min()), int(counts.max())
+        lo, hi = int(ar.category.value_counts().min()), int(ar.category.value_counts().max())
         what = f"{lo if lo == hi else f'{lo}-{hi}'} per category, {what}"
     planned = (run.folder.config.get("resolved") or {}).get("n_selected")
     if planned and len(ar) < planned:     # a long run (the leaderboard) is accumulated and rendered as it goes
