@@ -350,7 +350,8 @@ def estimate_seconds(model, device: str, threads: int, ns, contexts, tree_ns, re
     def secs(n: int) -> float:
         return t[1] + per_token * (n - 1)
     shapes = list(ns) + list(tree_ns)
-    per_context = sum(secs(n) * (repeats if n <= LONG_N else min(long_repeats, repeats)) for n in shapes) + 2 * repeats * secs(1)
+    rounds = {n: repeats if n <= LONG_N else min(long_repeats, repeats) for n in shapes}
+    per_context = sum(secs(n) * rounds[n] for n in shapes) + 2 * repeats * secs(1)
     return secs(max(contexts)) + sum(secs(n) for n in shapes) + len(contexts) * per_context
 
 

@@ -64,9 +64,3 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu",
 
 def median(times: list[float]) -> float:
     return statistics.median(times)
-
-
-def median_time(fn: Callable[[], Any], device="cpu", repeats: int = 5) -> float:
-    """Median seconds of `repeats` timed calls after one warm-up call."""
-    fn()
-    return median([timed(fn, device)[0] for _ in range(repeats)])

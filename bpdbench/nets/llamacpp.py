@@ -3,10 +3,11 @@
 Why: the registered targets are GGUF files (Q4_K/Q5_0/Q8_0 blocks) that bpdbench dequantizes into a dense torch
 model. llama.cpp runs the same blocks with its own quantized matrix-vector kernels (AVX2, AVX512, AMX), which read a
 quarter of float32's bytes per token; torch's weight-only kernels emulate bfloat16 on an AVX2 CPU (nets/quant.py).
-So the target's own file, served by llama.cpp, is the cheapest faithful self-draft a CPU has (methods/ggufdraft.py).
+So the target's own file, served by llama.cpp, is the cheapest faithful self-draft a CPU has (`qdraft:runtime=gguf`,
+methods/qdraft.py).
 
 The runtime is `llama-cpp-python` (llama.cpp's C API through ctypes; its wheel is compiled on install, for this CPU,
-by `make llamacpp`). It is optional: `bpdbench methods` says when it is missing.
+by `make llamacpp`). It is optional: the method's preflight names that command when it is missing.
 
 One sequence at a time: the model holds one llama.cpp context, whose KV memory is the one cache `new_cache` hands
 out. A forward with another cache object (a `DynamicCache` from a timing helper) starts that sequence afresh, and a
@@ -38,10 +39,15 @@ def version() -> str:
 
 
 class LlamaCppCache:
-    """The context's KV memory as transformers' cache: its length, and `crop(-k)` drops the last k positions."""
+    """The context's KV memory as transformers' cache: its length (the context's, while this cache holds it), and
+    `crop(-k)` drops the last k positions."""
 
     def __init__(self, lm: "LlamaCppLM"):
-        self.lm, self.length = lm, 0
+        self.lm = lm
+
+    @property
+    def length(self) -> int:
+        return self.lm.length if self.lm.current is self else 0
 
     def get_seq_length(self) -> int:
         return self.length
@@ -51,7 +57,6 @@ class LlamaCppCache:
         keep = max(0, min(keep, self.length))
         if keep < self.length:
             self.lm._forget(keep)
-            self.length = keep
 
 
 class LlamaCppLM:
@@ -104,8 +109,6 @@ class LlamaCppLM:
             raise ValueError(f"llama.cpp draft context is {self.n_ctx} tokens; {self.length + len(ids)} asked")
         rows = len(ids) if not logits_to_keep else min(int(logits_to_keep), len(ids))
         logits = self._decode(ids, rows)
-        if isinstance(past_key_values, LlamaCppCache):
-            past_key_values.length = self.length
         return SimpleNamespace(logits=logits[None])
 
     def _decode(self, ids: list[int], rows: int) -> torch.Tensor:
