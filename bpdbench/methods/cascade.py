@@ -76,7 +76,7 @@ class AssistedDraftModel(DraftModelDrafter):
     def draft(self, ctx: DraftContext, n: int) -> list[int]:
         if n <= 0:
             return []
-        tokens = ctx.tokens[self.start:]
+        tokens = self._view(ctx.tokens)
         self._crop_to(tokens, keep_last_unfed=True)
         pending = tokens[len(self.fed):]
         out: list[int] = []

@@ -35,6 +35,7 @@ from .search import Chain
 DEFAULT_DRAFT = {"qwen2.5-coder-1.5b": "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b": "neural-s"}
 NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
+SINK = 4                  # a windowed draft keeps the prompt's first 4 tokens too (StreamingLLM's attention sinks)
 GAMMA_AUTO = 8            # gamma=auto: one replay at 8 draft tokens; a draft model pays per drafted token
 
 
@@ -72,6 +73,14 @@ class DraftModelDrafter:
         self.cache = self._new_cache()
         self.fed, self.decided, self.drafted = [], list(prompt_ids), None
         self.start = max(0, len(prompt_ids) - self.window) if self.window else 0
+        self.start = self.start if self.start > SINK else 0
+
+    def _view(self, tokens: list[int]) -> list[int]:
+        """What the draft reads of `tokens`: all of them, or with a window the prompt's first SINK tokens and then
+        everything from `start` on. Why the first ones: a causal LM rests much of its attention on the sequence's
+        first tokens, and cut off from them it predicts worse than from the window alone (StreamingLLM's attention
+        sinks; here the chat template's opening)."""
+        return tokens[:SINK] + tokens[self.start:] if self.start else tokens
 
     def _new_cache(self):
         return self.model.new_cache() if hasattr(self.model, "new_cache") else DynamicCache()
@@ -99,7 +108,7 @@ class DraftModelDrafter:
         self.drafted = max(n, 0)
         if n <= 0:
             return Proposal()
-        tokens = ctx.tokens[self.start:]
+        tokens = self._view(ctx.tokens)
         self._crop_to(tokens, keep_last_unfed=True)
         logits = self._forward(tokens[len(self.fed):])
         draft: list[int] = []
@@ -123,7 +132,7 @@ class DraftModelDrafter:
     def chain(self, tokens: list[int], n: int) -> list[int]:
         """`n` greedy tokens after `tokens`, the cache rolled back to them first (a guess for the level above in a
         multi-level draft: methods/qdraft.py)."""
-        tokens = tokens[self.start:]
+        tokens = self._view(tokens)
         self._crop_to(tokens, keep_last_unfed=True)
         logits = self._forward(tokens[len(self.fed):])
         out: list[int] = []
@@ -136,7 +145,7 @@ class DraftModelDrafter:
     def observe(self, tokens: list[int]) -> None:
         """Drop the rejected draft suffix from the cache now and adapt γ to the acceptance the step shows."""
         self.decided.extend(tokens)
-        self._crop_to(self.decided[self.start:], keep_last_unfed=False)
+        self._crop_to(self._view(self.decided), keep_last_unfed=False)
         if self.drafted and self.schedule == "heuristic":
             accepted = len(tokens) - 1
             self.gamma = self.gamma + 2 if accepted >= self.drafted else max(1, self.gamma - 1)

@@ -18,6 +18,7 @@ from bpdbench.engine import Limits, generate, replay
 from bpdbench.methods import MethodError
 from bpdbench.methods.env import Env
 from bpdbench.methods.registry import parse
+from bpdbench.methods.sps import SINK
 from bpdbench.nets.quant import QuantLinear, dequantize_int4, quantize_int4, quantize_int8
 
 PROMPTS = ([1, 5, 9, 3, 7, 2, 8], [4, 4, 6, 1], [11, 30, 2, 2, 9, 17, 5, 40, 3])
@@ -82,7 +83,9 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
     if method.get("window"):                       # the draft read the prompt's last `window` tokens only
         d = method.spec.build(env, method)
         generate(env.model, d, list(PROMPTS[2]), LIMITS)
-        assert d.start == len(PROMPTS[2]) - method.get("window") and len(d.fed) <= method.get("window") + 24
+        cut = len(PROMPTS[2]) - method.get("window")
+        assert d.start == (cut if cut > SINK else 0) and len(d.fed) <= method.get("window") + SINK + 24
+        assert d.fed[:SINK] == list(PROMPTS[2][:SINK])  # and its first tokens, where attention rests
     prof = rec["profile"]
     assert prof["split"] == "tune" and 0.0 < prof["agreement"] <= 1.0 and prof["cost_steps"] > 0
     if method.name == "layerskip":
