@@ -28,6 +28,7 @@ import hashlib
 import inspect
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -191,10 +192,20 @@ def _plans(s, method: Method) -> list[tuple[Method, dict]]:
 
 
 def _code(method: Method) -> str:
-    """A hash of the module that builds the method (its code and its defaults): the cache was once keyed by the
-    spelling alone, and a changed default (qdraft's window) silently reused a measurement of the old drafter."""
+    """A hash of the module that builds the method (its code and its defaults) and of the sibling modules it imports
+    (`from .sps import ...`): the cache was once keyed by the spelling alone, and a changed default (qdraft's window)
+    silently reused a measurement of the old drafter; then keyed by the module alone, and a change in the drafter
+    class it builds (methods/sps.py's window) did the same."""
     src = inspect.getsourcefile(method.spec.build)
-    return hashlib.sha256(Path(src).read_bytes()).hexdigest()[:16] if src and Path(src).exists() else ""
+    if not src or not Path(src).exists():
+        return ""
+    text = Path(src).read_bytes()
+    digest = hashlib.sha256(text)
+    for name in sorted(set(re.findall(rb"^from \.(\w+) import", text, flags=re.M))):
+        sibling = Path(src).with_name(name.decode() + ".py")
+        if sibling.exists():
+            digest.update(sibling.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _inputs(s, method: Method, examples) -> dict:
