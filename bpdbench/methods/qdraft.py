@@ -35,10 +35,12 @@ llamacpp`): the very blocks the dense target was dequantized from (Q5_0, Q4_K, Q
 llama.cpp's quantized kernels instead of torch's emulated-bfloat16 ones. Measured on an AMD EPYC with AVX2 only
 (float32 target, 2 threads, tests/slow/test_gguf_draft.py and `bpdbench speed`): top-1 agreement 0.9956 on the
 tune split (int8: 0.963), 0.204 target steps per draft token (44 ms against 224 ms; int8 0.537, int4 0.293), its
-prompt prefilled at about 90 tokens/s. On an AMD EPYC with AVX512-BF16 (bfloat16 target, onednn linear): 16 ms per
-draft token against a 35-42 ms step (0.4 steps), prefill 311 tokens/s against the target's 759. So it reads the
-prompt's last 64 tokens too: with the whole prompt (`window=0`), Spec-Bench's summarization and RAG prompts cost the
-draft's prefill more than AR's whole answer (on the AVX2 CPU 0.93x and 1.01x AR).
+prompt prefilled at about 90 tokens/s. On an AMD EPYC with AVX512-BF16 (bfloat16 target, onednn linear): 16-17 ms
+per draft token against a 35-42 ms step (0.49 steps; agreement 0.9867 with the bfloat16 target), prefill 311
+tokens/s against the target's 759. It reads the whole prompt by default (`window=0`): a 64-token window saves the
+long prompts' prefill but loses what the draft needs to follow them (grids/frontier.toml, frontier-selfdraft, on
+that CPU: `length=auto` sized to 1 token on the Spec-Bench tune split with the window, 3 without; 0.84x against
+0.94x AR on Spec-Bench, 1.18x against 1.25x on MT-Bench).
 """
 from __future__ import annotations
 
@@ -107,10 +109,11 @@ class MultiLevelDrafter(AssistedDraftModel):
 
 def build_gguf(env: Env, method: Method) -> DraftModelDrafter:
     """`runtime=gguf`: the registered target's own GGUF file run by llama.cpp (nets/llamacpp.py) drafts, its
-    blocks at the file's own precision, from the prompt's last `window` tokens (module docstring)."""
+    blocks at the file's own precision, from the whole context by default (module docstring: a window cost it more
+    acceptance than prefill)."""
     from .. import models
     from ..nets.llamacpp import LlamaCppLM, version
-    length, window = method.get("length", 4), method.get("window", WINDOW)
+    length, window = method.get("length", 4), method.get("window", 0)
     path = models.gguf_path(models.MODELS[env.cfg.model])
     draft = LlamaCppLM(path, threads=env.cfg.threads or torch.get_num_threads())
     prof = profile(env, draft, "gguf")
@@ -195,8 +198,8 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                      Param("levels", int, "1: one quantized draft; 2: int4 drafts for int8, which drafts for the "
                            "target", low=1, high=3),
                      Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS),
-                     Param("window", int, "the draft sees the prompt's last N tokens (0: all of it; default 64)",
-                           low=0),
+                     Param("window", int, "the draft sees the prompt's last N tokens (0: all of it; default 64, "
+                           "runtime=gguf 0)", low=0),
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES)),
                     _needs, check=_check, preflight=_preflight,
