@@ -121,7 +121,7 @@ def build_gguf(env: Env, method: Method) -> DraftModelDrafter:
                                   "window": window, "profile": prof}
     env.log(f"{method.label}: {path.name} by llama.cpp, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")
-    return DraftModelDrafter(method.label, draft, length, window=window)
+    return DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0))
 
 
 def build(env: Env, method: Method) -> DraftModelDrafter:
@@ -146,7 +146,7 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                              "profile": profile(env, lower_model, f"int4-g{group}")}
         drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
     else:
-        drafter = DraftModelDrafter(method.label, draft, length, window=window)
+        drafter = DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0))
     env.resolved[method.label] = resolved
     env.log(f"{method.label}: int{top_bits} draft, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")
@@ -200,6 +200,9 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                      Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS),
                      Param("window", int, "the draft sees the prompt's last N tokens (0: all of it; default 64, "
                            "runtime=gguf 0)", low=0),
+                     Param("sharpen", float, "at T > 0 the draft samples at T x sharpen (default 1): any draft stays "
+                           "exact under the exact rule, and a sharpened one shows the lossy controls' error in a "
+                           "sampling certificate (grids/sampling.toml)", low=0.05),
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES)),
                     _needs, check=_check, preflight=_preflight,

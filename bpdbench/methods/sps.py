@@ -54,11 +54,13 @@ class DraftModelDrafter:
     `observe` has run), so a step costs the draft model one forward over the unseen decided tokens plus one per
     further drafted token, never a re-prefill."""
 
-    def __init__(self, name: str, model: Any, gamma: int = 4, schedule: str = "fixed", window: int = 0):
+    def __init__(self, name: str, model: Any, gamma: int = 4, schedule: str = "fixed", window: int = 0,
+                 sharpen: float = 1.0):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
         self.window = window             # > 0: the draft sees only the prompt's last `window` tokens (qdraft)
+        self.sharpen = sharpen           # T > 0: the draft samples at T x sharpen (a certificate's control)
         self.start = 0                   # where the draft's view of the context begins
         self.gamma = gamma
         self.cache = self._new_cache()
@@ -119,7 +121,7 @@ class DraftModelDrafter:
                 p = torch.softmax(logits, dim=-1)
                 t = int(torch.argmax(p))
             else:                          # T > 0: sample from the warped q and report all of q
-                p = ctx.sampler.probs(logits)
+                p = ctx.sampler.probs(logits / self.sharpen)
                 t = ctx.sampler.draw(p)
                 dists.append(p)
             draft.append(t)

@@ -135,10 +135,11 @@ def test_too_many_skipped_layers_is_refused(env):
         m.spec.build(env, m)
 
 
-def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails():
+@pytest.mark.parametrize("sharpen", [1.0, 0.3])
+def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen):
     """T > 0 (tests/unit/test_sampling.py's Markov target): q from the target's int4 copy, sampled and reported in
     full; the first three tokens follow the target (chi-square, false alarm 1e-3); the same drafts accepted
-    always fail at p < 1e-6."""
+    always fail at p < 1e-6. A sharpened draft (sampled at T x 0.3) is as exact: the rule corrects any q."""
     from tests.unit.test_sampling import PARAMS, PROMPT, TARGET, exact_joint
     from bpdbench.engine.sampling import SpeculativeSampling
     from bpdbench.methods.sps import DraftModelDrafter
@@ -150,7 +151,7 @@ def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails():
 
     def sample(n: int, rule: str, seed: int) -> Counter:
         counts: Counter = Counter()
-        d = DraftModelDrafter("qdraft", draft, gamma=3)
+        d = DraftModelDrafter("qdraft", draft, gamma=3, sharpen=sharpen)
         drafted = 0
         for i in range(n):
             with torch.inference_mode():
