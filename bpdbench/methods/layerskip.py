@@ -28,7 +28,7 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .search import Chain
 from .selfdraft import agreement, cached, greedy_rows, profile, step_ms, tune_prompts
-from .sps import DraftModelDrafter
+from .sps import SHARPEN, DraftModelDrafter
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 
@@ -111,7 +111,7 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                                   "profile": prof}
     env.log(f"{method.label}: skips {len(found['skip'])} of {n} layers, agreement {prof['agreement']} on the tune "
             f"split, {prof['cost_steps']} steps per draft token")
-    return DraftModelDrafter(method.label, view, length)
+    return DraftModelDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0))
 
 
 SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers skipped (chosen on the tune split "
@@ -122,6 +122,7 @@ SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers 
                      Param("skip", int, "how many layers to skip (default: the count the search predicts fastest)",
                            low=1),
                      Param("bits", int, "skip layers of the int4 or int8 copy (qdraft's) instead of the target's "
-                           "own weights", choices=BITS)),
+                           "own weights", choices=BITS),
+                     SHARPEN),
                     lambda model, cfg: [], artefacts=(),
                     shapes=Chain("length", longest=LENGTH_AUTO, drafts_per_token=True))]

@@ -56,7 +56,7 @@ from .cascade import AssistedDraftModel
 from .env import Env
 from .search import Chain
 from .selfdraft import profile
-from .sps import DraftModelDrafter
+from .sps import SHARPEN, DraftModelDrafter
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 LENGTH_AUTO_GGUF = 16     # runtime=gguf: 16 (its tune split accepted 7.88 of 8 at 0.9956 agreement: 8 was the ceiling)
@@ -200,9 +200,7 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                      Param("group", int, "int4 group size (input columns per scale)", choices=GROUPS),
                      Param("window", int, "the draft sees the prompt's last N tokens (0: all of it; default 64, "
                            "runtime=gguf 0)", low=0),
-                     Param("sharpen", float, "at T > 0 the draft samples at T x sharpen (default 1): any draft stays "
-                           "exact under the exact rule, and a sharpened one shows the lossy controls' error in a "
-                           "sampling certificate (grids/sampling.toml)", low=0.05),
+                     SHARPEN,
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES)),
                     _needs, check=_check, preflight=_preflight,

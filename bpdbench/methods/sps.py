@@ -37,6 +37,9 @@ NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
 SINK = 4                  # a windowed draft keeps the prompt's first 4 tokens too (StreamingLLM's attention sinks)
 GAMMA_AUTO = 8            # gamma=auto: one replay at 8 draft tokens; a draft model pays per drafted token
+SHARPEN = Param("sharpen", float, "at T > 0 the draft samples at T x sharpen (default 1): any draft stays exact under "
+                "the exact rule, and a sharpened one shows the lossy controls' error in a sampling certificate "
+                "(grids/sampling.toml)", low=0.05)
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
