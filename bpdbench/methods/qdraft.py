@@ -145,6 +145,7 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
         resolved["lower"] = {"bits": 4, "kernels": kernels(lower_model),
                              "profile": profile(env, lower_model, f"int4-g{group}")}
         drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
+        drafter.sharpen = method.get("sharpen", 1.0)     # the int8 level samples alone at T > 0
     else:
         drafter = DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0))
     env.resolved[method.label] = resolved

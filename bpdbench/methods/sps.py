@@ -83,7 +83,7 @@ class DraftModelDrafter:
     def _view(self, tokens: list[int]) -> list[int]:
         """What the draft reads of `tokens`: all of them, or with a window the prompt's first SINK tokens and then
         everything from `start` on. Why the first ones: a causal LM rests much of its attention on the sequence's
-        first tokens, and cut off from them it predicts worse than from the window alone (StreamingLLM's attention
+        first tokens, so a window cut off from them predicts worse than one that keeps them (StreamingLLM's attention
         sinks; here the chat template's opening)."""
         return tokens[:SINK] + tokens[self.start:] if self.start else tokens
 
