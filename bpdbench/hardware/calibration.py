@@ -23,7 +23,8 @@ from ..store import seal
 from ..store import write_atomic
 from .fingerprint import current
 from . import contention, kernels
-from .forward_timing import costs as _costs, crop_to, shapes as _shapes, time_shapes as _time_shapes
+from .forward_timing import HEAD_ROWS, costs as _costs, crop_to, head_costs, shapes as _shapes
+from .forward_timing import time_shapes as _time_shapes
 from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
 
 Log = Callable[[str], None]
@@ -169,30 +170,6 @@ class Calibration:
         d["head"] = {int(r): float(v) for r, v in d.get("head", {}).items()}
         known = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in d.items() if k in known})
-
-
-HEAD_ROWS = (1, 8, 16, 24, 32, 48, 64)   # rows of the output projection timed (a wide tree projects its inner nodes)
-HEAD_ROUNDS = 9          # rounds over every row count: a lazily projected tree's cost is a difference of two of them
-
-
-def head_costs(model, hidden, device: str, rounds: int = HEAD_ROUNDS) -> dict[int, float]:
-    """Seconds of the output projection (and argmax) per row count, the median of `rounds` interleaved rounds after
-    one warm-up each. Why interleaved and not 5 calls per size in turn: a tree verify that projects 22 of its 64
-    rows is predicted as the full tree's cost less head(64) plus head(22), so a drift between two sizes' timings
-    moves that prediction by the whole drift (CI once predicted medusa at 0.53x AR where it ran at 0.45x)."""
-    import statistics
-
-    from .timing import timed
-    import torch
-    hidden = hidden[torch.arange(max(HEAD_ROWS), device=hidden.device) % len(hidden)]   # short contexts: reused
-    calls = {r: (lambda r=r: model.lm_head(hidden[:r]).argmax(-1)) for r in HEAD_ROWS}
-    for fn in calls.values():
-        fn()
-    samples: dict[int, list[float]] = {r: [] for r in calls}
-    for _ in range(rounds):
-        for r, fn in calls.items():
-            samples[r].append(timed(fn, device)[0])
-    return {r: statistics.median(ts) for r, ts in samples.items()}
 
 
 def measure(model, model_name: str, dtype: str, device: str, threads: int,

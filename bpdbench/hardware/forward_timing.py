@@ -1,4 +1,5 @@
-"""Timing the engine's verify forward over given draft shapes, for the calibration (calibration.py).
+"""Timing the engine's verify forward over given draft shapes, and its output projection alone, for the
+calibration (calibration.py).
 
 The shapes: a chain of n tokens (the root + n - 1 draft tokens, plain causal attention) and a Medusa-like tree of n
 nodes: breadth first, the root has 4 children, each depth-1 node 2, each depth-2 node 2, deeper nodes 1; the last
@@ -10,6 +11,8 @@ from __future__ import annotations
 ONE = ("chain", 1)         # the 1-token decode step: the unit of every cost
 BRANCHING = (4, 2, 2)      # children per node at depth 0, 1, 2; deeper nodes have 1
 LONG_N = 16                # shapes over this many tokens are timed once per context (see time_shapes)
+HEAD_ROWS = (1, 8, 16, 24, 32, 48, 64)   # rows of the output projection timed (a wide tree projects its inner nodes)
+HEAD_ROUNDS = 9          # rounds over every row count: a lazily projected tree's cost is a difference of two of them
 
 
 def tree_parents(n: int) -> list[int]:
@@ -107,3 +110,24 @@ def crop_to(cache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+def head_costs(model, hidden, device: str, rounds: int = HEAD_ROUNDS) -> dict[int, float]:
+    """Seconds of the output projection (and argmax) per row count, the median of `rounds` interleaved rounds after
+    one warm-up each. Why interleaved and not 5 calls per size in turn: a tree verify that projects 22 of its 64
+    rows is predicted as the full tree's cost less head(64) plus head(22), so a drift between two sizes' timings
+    moves that prediction by the whole drift (CI once predicted medusa at 0.53x AR where it ran at 0.45x)."""
+    import statistics
+
+    import torch
+
+    from .timing import timed
+    hidden = hidden[torch.arange(max(HEAD_ROWS), device=hidden.device) % len(hidden)]   # short contexts: reused
+    calls = {r: (lambda r=r: model.lm_head(hidden[:r]).argmax(-1)) for r in HEAD_ROWS}
+    for fn in calls.values():
+        fn()
+    samples: dict[int, list[float]] = {r: [] for r in calls}
+    for _ in range(rounds):
+        for r, fn in calls.items():
+            samples[r].append(timed(fn, device)[0])
+    return {r: statistics.median(ts) for r, ts in samples.items()}
