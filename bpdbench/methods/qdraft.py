@@ -132,7 +132,7 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                           f"run with --device cpu")
     bits, group, length, levels = (method.get("bits", 4), method.get("group", GROUP), method.get("length", 4),
                                    method.get("levels", 1))
-    window = method.get("window", WINDOW)
+    window, sharpen = method.get("window", WINDOW), method.get("sharpen", 1.0)
     top_bits = 8 if levels == 2 else bits
     draft = quantized(env, top_bits, group)
     prof = profile(env, draft, f"int{top_bits}-g{group}")
@@ -145,9 +145,9 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
         resolved["lower"] = {"bits": 4, "kernels": kernels(lower_model),
                              "profile": profile(env, lower_model, f"int4-g{group}")}
         drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
-        drafter.sharpen = method.get("sharpen", 1.0)     # the int8 level samples alone at T > 0
+        drafter.sharpen = sharpen                        # the int8 level samples alone at T > 0
     else:
-        drafter = DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0))
+        drafter = DraftModelDrafter(method.label, draft, length, window=window, sharpen=sharpen)
     env.resolved[method.label] = resolved
     env.log(f"{method.label}: int{top_bits} draft, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")

@@ -77,8 +77,8 @@ class DraftModelDrafter:
         self.gamma = self.gamma0
         self.cache = self._new_cache()
         self.fed, self.decided, self.drafted = [], list(prompt_ids), None
-        self.start = max(0, len(prompt_ids) - self.window) if self.window else 0
-        self.start = self.start if self.start > SINK else 0
+        cut = len(prompt_ids) - self.window if self.window else 0
+        self.start = cut if cut > SINK else 0
 
     def _view(self, tokens: list[int]) -> list[int]:
         """What the draft reads of `tokens`: all of them, or with a window the prompt's first SINK tokens and then
