@@ -134,7 +134,7 @@ def experiment_dir(kind: str, task: str) -> Path:
 
 def lookup_dir(model: str) -> Path:
     """Lookup drafters' tables for a target model: the corpus n-gram index, the bigram table, the model's own
-    greedy history (methods/lookup_store.py)."""
+    greedy history (artefacts/tables.py)."""
     return cache_root() / "lookup" / _safe(model)
 
 

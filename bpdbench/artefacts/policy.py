@@ -14,8 +14,8 @@ from typing import Callable
 
 MINUTES = {"quick": 10, "full": 60, "ci": 1}     # a trained profile's expected minutes on 2 CPU cores
 
-# kind -> the function that builds it. Training code registers them (bpdbench/train/__init__.py), so decoding code
-# asks for a build by kind and never imports a trainer; whatever runs a command imports `bpdbench.train` first.
+# kind -> the function that builds it. The command runtime registers them (experiments.session.register_builders:
+# the trainers' and a method's first use), so decoding code asks for a build by kind and never imports a trainer.
 BUILDERS: dict[str, Callable[..., object]] = {}
 
 
@@ -28,8 +28,8 @@ def builder(kind: str) -> Callable[..., object]:
     try:
         return BUILDERS[kind]
     except KeyError:
-        raise RuntimeError(f"no builder for {kind} is registered: import bpdbench.train before decoding (the "
-                           f"commands do)") from None
+        raise RuntimeError(f"no builder for {kind} is registered: call "
+                           f"bpdbench.experiments.session.register_builders() first (the commands do)") from None
 
 
 @dataclass(frozen=True)

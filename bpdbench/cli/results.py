@@ -86,7 +86,7 @@ def calibrate(model: Model = DEFAULT_MODEL, dtype: Dtype = "auto", device: Devic
               ) -> None:
     """What one forward over n tokens costs on this machine, in decode steps (chain and tree, per context),
     measured once per machine fingerprint, model and dtype (about a minute) and cached; --show prints and plots it."""
-    from ..experiments.artefacts import check_model_files
+    from ..artefacts.checks import check_model_files
     from ..hardware import calibration as lib
     from ..models import resolve_device
     cfg = RunConfig(model=model, dtype=dtype, device=device, threads=threads).validate()

@@ -18,7 +18,7 @@ from .. import paths
 from ..config import ConfigError, RunConfig
 from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
-from . import artefacts
+from ..artefacts import checks
 from .examples import select_examples
 
 # the result folder of each command under <results>/ (run folders are named after the method, see `run_folder`)
@@ -160,9 +160,9 @@ def check_inputs(cfg: RunConfig, split: str = "eval", per_category: int | None =
 def check_files(cfg: RunConfig, methods: list[Method] | None = None, log=print) -> None:
     """The artefact files the command reads: model folder or cache, heads against their config, draft networks.
     A sweep checks them on the worker, just before the cell runs: its own tasks build them after the driver plans."""
-    artefacts.check_model_files(cfg.model, cfg.dtype)
-    artefacts.check_heads(cfg, methods, log)
-    artefacts.check_drafters(cfg, methods)
+    checks.check_model_files(cfg.model, cfg.dtype)
+    checks.check_heads(cfg, methods, log)
+    checks.check_drafters(cfg, methods)
 
 
 def check_replay(cfg: RunConfig, methods: list[Method]) -> None:

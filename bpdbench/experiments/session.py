@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 import tasks as task_registry
-from .. import models, paths, train  # noqa: F401  (train: registers the artefact builders a first use calls)
+from .. import models, paths, train
+from ..artefacts.policy import register
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError
@@ -156,8 +157,30 @@ def eos_ids(model, tok) -> frozenset[int]:
     return frozenset(ids)
 
 
+def register_builders() -> None:
+    """Every builder a first use or a sweep's artefact task calls (artefacts/policy.py): the trainers', and building a
+    method once, which opens a session and so is only this layer's to offer. Every session and every sweep worker
+    calls it before anything may build."""
+    train.register_builders()
+    register("method", build_method_once)
+
+
+def build_method_once(cfg: RunConfig, label: str, need: str, log: Log = print) -> bool:
+    """Build `need` through one first use of the method `label` on a one-example session; False when it is there."""
+    from ..methods import parse
+    from .plan import prepare
+    method = parse(label)
+    if all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == need):
+        return False
+    log(f"{need} for {cfg.model}: building it through {label}'s first use")
+    plan = prepare(cfg.replace(limit=1, resume=False, out=None), "replay", [method], log=log)
+    open_session(plan, log).drafter(method)
+    return True
+
+
 def open_session(plan: Plan, log: Log = print) -> Session:
     """Load the model for a prepared plan (experiments/plan.py: validated, parsed and selected before this)."""
+    register_builders()
     cfg = plan.cfg
     task = task_registry.get_task(cfg.task)
     if cfg.threads:

@@ -176,7 +176,7 @@ def _check(method: Method) -> None:
 
 
 def build(env: Env, method: Method) -> CascadeDrafter:
-    from . import lookup_store
+    from ..artefacts import tables
     _check(method)
     top, split, length, bottom, vertical = _shape(method)
     ngram, source = method.get("ngram", 4), method.get("bigram", "corpus")
@@ -187,7 +187,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
         table = None
         if bottom == "mag":
             try:
-                table, resolved["bigram"] = lookup_store.bigram(env, source)
+                table, resolved["bigram"] = tables.bigram(env, source)
             except FileNotFoundError as e:
                 raise MethodError(f"{label}: {e}") from None
         mag = MaG(ngram, table, env.limits.eos_ids)
@@ -216,13 +216,13 @@ def build(env: Env, method: Method) -> CascadeDrafter:
 
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
     from .heads import _needs_heads
-    from .lookup_store import needs
+    from ..artefacts.tables import needs
     return _needs_heads(model, cfg) + needs(model, ("bigram",))
 
 
 def _bigram(method: Method, cfg) -> list[str]:
     """MaG's bigram table (built by cascade's first use)."""
-    from .lookup_store import needs
+    from ..artefacts.tables import needs
     return [what for what, _ in needs(cfg.model, ("bigram",))]
 
 

@@ -44,7 +44,7 @@ ALWAYS = frozenset({Input.RESET, Input.OBSERVE})    # every drafter gets these
 
 
 class Kind(Enum):
-    """Kinds of artefact, each resolved one way by the sweep (sweep/artefacts.py)."""
+    """Kinds of artefact, each resolved one way by the artefact graph (artefacts/graph.py)."""
     MODEL = "model"           # a registered model's dense cache at the run's dtype (sps's draft model)
     HEADS = "heads"           # the blockwise heads of a profile (bpdbench train-heads)
     RESCORER = "rescorer"     # a refine stage's artefact, by tag (ngram4, neural-m)

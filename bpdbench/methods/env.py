@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from ..config import RunConfig
 from ..engine import Limits
-from .heads_store import resolve_heads
+from ..artefacts.heads import resolve_heads
 
 Log = Callable[[str], None]
 

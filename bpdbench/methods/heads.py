@@ -62,7 +62,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
         raise MethodError(f"{method.label}: name the rescoring model, e.g. hf-lm:model=qwen2.5-coder-0.5b")
     spec = refine.get_rescorer(f"hf:{method.get('model')}" if rescorer == "hf" else rescorer)
     alpha, source = alpha_for(env, method, spec)
-    from .artefacts import ensure
+    from ..artefacts.rescorers import ensure
     ensure(spec, env.cfg, env.tok, env.log)
     stage = refine.build(spec, env.cfg.model, alpha, k, str(env.model.device), env.log, heads_meta=meta,
                              dtype=env.cfg.dtype)
@@ -93,14 +93,14 @@ def _needs_heads(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
 
 def _needs(rescorer: str):
     def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
-        from .artefacts import ready
+        from ..artefacts.rescorers import ready
         return _needs_heads(model, cfg) + ready(refine.RESCORERS[rescorer], model)
     return needs
 
 
 def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
     """The refine stage's artefacts (an n-gram or neural LM), by tag."""
-    from .artefacts import ready
+    from ..artefacts.rescorers import ready
     spec = refine.RESCORERS.get("medusa-auto" if method.get("tree") == "auto" else method.name)
     return [tag for tag, _ in ready(spec, cfg.model)] if spec is not None else []
 

@@ -112,7 +112,7 @@ def _add(found: list[list[int]], cand: list[int]) -> bool:
 
 
 def build(env: Env, method: Method) -> HierarchyDrafter:
-    from . import lookup_store
+    from ..artefacts import tables
     order = method.get("order", "csl")
     candidates, length = method.get("candidates", 3), method.get("length", 5)
     ngram, profile = method.get("ngram", 3), method.get("history", "quick")
@@ -121,9 +121,9 @@ def build(env: Env, method: Method) -> HierarchyDrafter:
                       "width": candidates * length}                   # most draft tokens verified in a step
     try:
         if "s" in order:
-            history, resolved["history"] = lookup_store.history_table(env, profile)
+            history, resolved["history"] = tables.history_table(env, profile)
         if "l" in order:
-            static, resolved["static"] = lookup_store.static_table(env)
+            static, resolved["static"] = tables.static_table(env)
     except FileNotFoundError as e:
         raise MethodError(f"{method.label}: {e}") from None
     env.resolved[method.label] = resolved
@@ -131,7 +131,7 @@ def build(env: Env, method: Method) -> HierarchyDrafter:
 
 
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
-    from .lookup_store import needs
+    from ..artefacts.tables import needs
     return needs(model, ("history", "static"))
 
 

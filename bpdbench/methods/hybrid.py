@@ -222,7 +222,7 @@ def _inputs(method: Method) -> frozenset[str]:
 
 
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
-    from .suffix_store import needs
+    from ..artefacts.suffix import needs
     return needs(model, ("corpus",))      # the default retrieval source's; a spelled source needs what it needs
 
 

@@ -10,8 +10,8 @@ trie: a prefix is at least as frequent as its extensions) and verifies them as o
 
 What bpdbench does and why it differs:
 - The datastore is the shared corpus (the rescorers' C4 + WikiText) followed by the model's own greedy history (the
-  `history` profile, train/history.py): the sources of the lookup tables (lookup_store.py), as one suffix array
-  (suffix_store.py), built on first use and cached.
+  `history` profile, train/history.py): the sources of the lookup tables (artefacts/tables.py), as one suffix array
+  (artefacts/suffix.py), built on first use and cached.
 - The longest occurring span is found by bisection on the span (a suffix occurs whenever a longer one does), which
   gives the span the authors' top-down scan stops at.
 - Frequency ties are broken by depth (shorter first, so the kept set is always a trie) and then by the first match
@@ -30,7 +30,7 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .lookup import SEP
 from .search import Chain, Grid
-from .suffix_store import SuffixIndex
+from ..artefacts.suffix import SuffixIndex
 from ..artefacts.history import PROFILES
 
 # nodes=auto: one replay per trie budget, each priced at its own verify sizes; the depth read after a match stays as
@@ -120,11 +120,11 @@ def top_prefixes(rows: np.ndarray, nodes: int, eos: np.ndarray | None = None) ->
 
 
 def build(env: Env, method: Method) -> RestDrafter:
-    from . import suffix_store
+    from ..artefacts import suffix
     nodes, span, length = method.get("nodes", 64), method.get("span", 16), method.get("length", 10)
     profile = method.get("history", "quick")
     try:
-        index, info = suffix_store.datastore_index(env, profile)
+        index, info = suffix.datastore_index(env, profile)
     except FileNotFoundError as e:
         raise MethodError(f"{method.label}: {e}") from None
     env.resolved[method.label] = {"nodes": nodes, "span": span, "length": length, "datastore": info}
@@ -132,7 +132,7 @@ def build(env: Env, method: Method) -> RestDrafter:
 
 
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
-    from .suffix_store import needs
+    from ..artefacts.suffix import needs
     return needs(model, ("datastore",))
 
 

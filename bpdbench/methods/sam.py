@@ -17,7 +17,7 @@ Nov 2024, had 10 / 4 / 4 and no tree model; `sam:tokens=9,threshold=4,bias=4,fal
 `tokens=auto` is ours: the draft length fastest on this machine (experiments/autoshape.py).
 
 What bpdbench does and why it differs:
-- The static side is a suffix array over the rescorers' corpus (C4 + WikiText, suffix_store.py), not an automaton
+- The static side is a suffix array over the rescorers' corpus (C4 + WikiText, artefacts/suffix.py), not an automaton
   over a dataset with the target's responses: we have no such dataset for our models, and a 5M-token automaton in
   Python would take minutes and GBs. It is queried for the longest suffix of the context (up to 32 tokens) that
   occurs: the same match length as an automaton's, capped at 32. The draft is the earliest occurrence's continuation.
@@ -52,7 +52,7 @@ from .contract import Input
 from .env import Env
 from .lookup import continuation, cut_after_eos
 from .search import Chain
-from .suffix_store import SuffixAutomaton, SuffixIndex
+from ..artefacts.suffix import SuffixAutomaton, SuffixIndex
 
 TOKENS, THRESHOLD, BIAS = 39, 5, 5      # the published n_predicts - 1, len_threshold, len_bias
 FALLBACK = "recycling"                  # the published training-free auxiliary drafter (SAM[TR])
@@ -161,14 +161,14 @@ def _inputs(method: Method) -> frozenset[Input]:
 
 
 def build(env: Env, method: Method) -> SamDrafter:
-    from . import suffix_store
+    from ..artefacts import suffix
     tokens = method.get("tokens", TOKENS)
     threshold, bias = method.get("threshold", THRESHOLD), method.get("bias", BIAS)
     use_static = method.get("static", "corpus") == "corpus"
     resolved: dict = {"tokens": tokens, "threshold": threshold, "bias": bias}
     static = None
     if use_static:
-        static, resolved["static"] = suffix_store.corpus_index(env)
+        static, resolved["static"] = suffix.corpus_index(env)
     inner = _fallback(method)
     fallback = None if inner is None else env.build(inner)
     resolved["fallback"] = NONE if inner is None else inner.label
@@ -179,7 +179,7 @@ def build(env: Env, method: Method) -> SamDrafter:
 
 
 def _needs(model: str, cfg) -> list[tuple[str, bool]]:
-    from .suffix_store import needs
+    from ..artefacts.suffix import needs
     return needs(model, ("corpus",))              # a fallback needs what its own method needs
 
 

@@ -198,7 +198,7 @@ def _neural(env: Env, tag: str):
     """One of our neural LMs as the draft model, trained on first use (--no-auto-train refuses)."""
     from .. import refine
     from ..nets.small_lm import load_lm
-    from .artefacts import ensure
+    from ..artefacts.rescorers import ensure
     from .draft_lm import NeuralDraftLM
     ensure(refine.get_rescorer(tag), env.cfg, env.tok, env.log)
     lm = load_lm(refine.artefact_dir(tag, env.cfg.model), env.cfg.device,

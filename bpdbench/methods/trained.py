@@ -253,7 +253,7 @@ def build(env: Env, method: Method, trained_name: str, drafter_type: str, longes
     threshold = method.get("threshold", env.cfg.draft_threshold)   # one rule for every head-type drafter
     rescorer, alpha, source = None, None, "n/a"
     if stage:
-        from .artefacts import ensure
+        from ..artefacts.rescorers import ensure
         from .heads import alpha_for
         spec = refine.get_rescorer(stage)
         alpha, source = alpha_for(env, method, spec)

@@ -79,7 +79,7 @@ def tuned_alpha(table: Path, task: str, rescorer: str, model_name: str) -> float
 def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, device: str = "cpu",
           log=print, heads_meta: dict | None = None, dtype: str = "float32") -> Rescorer | None:
     """Instantiate a rescorer; a missing artefact is a one-line error naming the command that makes it.
-    `heads_meta`: the heads' training report (methods.heads_store.resolve_heads), which `medusa-auto` builds its tree from.
+    `heads_meta`: the heads' training report (artefacts.heads.resolve_heads), which `medusa-auto` builds its tree from.
     `dtype`: the run's dtype, which neural rescorers follow. Why: their batch-1 forwards are bound by reading the
     weights, so bf16 halves their cost (neural-s 16.7 -> 11.5 ms per step, measured); the choice of draft is a
     heuristic and verification stays exact, so output is lossless either way, and float32 runs stay float32."""

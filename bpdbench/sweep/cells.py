@@ -127,7 +127,9 @@ def run_artefact(artefact, auto_train: bool, threads: int, retries: int, state_d
                  *deps: dict) -> dict:
     """Build one artefact (model cache, heads, n-gram, neural LM) unless it is there."""
     import torch
-    from .artefacts import build
+    from ..artefacts.graph import build
+    from ..experiments.session import register_builders
+    register_builders()
     blocked = _other_code(artefact.id, commit) or _blocked(artefact.id, deps)
     if blocked:
         return blocked

@@ -22,9 +22,9 @@ from .. import paths
 from ..config import ConfigError, RunConfig
 from ..experiments.plan import Plan
 from ..methods import Method
-from . import artefacts as artefact_lib
-from .artefacts import Artefact, artefacts_for
+from ..artefacts.graph import Artefact, artefacts_for, collect, with_trainings
 from .folders import place
+from .trainings import heads_dtype, trainings
 
 KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law", "certify")
 # what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
@@ -173,15 +173,15 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
             raise GridError(f"{grid}: write [[{kind}]] blocks (an array of tables), not [{kind}]")
         for i, block in enumerate(blocks, 1):
             cells += _expand(kind, block, defaults, f"{grid}: [[{kind}]] {i}", ctx)
-    trainings = doc.get("train", [])
-    if not isinstance(trainings, list):
+    blocks = doc.get("train", [])
+    if not isinstance(blocks, list):
         raise GridError(f"{grid}: write [[train]] blocks (an array of tables), not [train]")
-    networks = artefact_lib.trainings(trainings, str(defaults.get("model", RunConfig().model)), str(grid), res)
+    networks = trainings(blocks, str(defaults.get("model", RunConfig().model)), str(grid), res)
     if not cells and not networks:
         raise GridError(f"{grid}: no cells; add a block such as [[run]] with tasks = [...] and methods = [...]")
     cells = _unique(cells, grid)
     cells, artefacts = _link(cells)
-    cells, artefacts = artefact_lib.with_trainings(cells, artefacts, networks)
+    cells, artefacts = with_trainings(cells, artefacts, networks)
     return SweepPlan(grid, sweep.get("name", grid.stem), Path(res), _root(cache, here) or _root(sweep.get("cache"),
                 grid.parent), data_root, retries, sweep.get("tables", False), cells, artefacts)
 
@@ -342,7 +342,7 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
         raise GridError(f"{where}: {e}") from None
     cell = Cell(kind, cfg, options, rel, placed(plan, cfg, rel, ctx["results"]), methods, threads, gpus,
                 grid=ctx["shown"])
-    return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, list(methods))))
+    return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, list(methods), heads_dtype)))
 
 
 def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
@@ -364,9 +364,8 @@ def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
 
 def _link(cells: list[Cell]) -> tuple[list[Cell], list[Artefact]]:
     """Artefacts once per (model, artefact); a cell reading a tuned alpha waits for the tune cell that writes it."""
-    from .artefacts import collect
     from .kinds import tuned_keys
-    artefacts = collect(cells)
+    artefacts = collect(cells, heads_dtype)
     tunes = {c.id for c in cells if c.kind == "tune"}
     linked = []
     for c in cells:

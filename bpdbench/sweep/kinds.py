@@ -110,7 +110,7 @@ def check(kind: str, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
     """What the sweep refuses beyond what `prepare` checks: methods a kind cannot run, a tune cell with no alpha,
     a local model folder that is not there."""
     from .. import models
-    from ..experiments.artefacts import check_model_files
+    from ..artefacts.checks import check_model_files
     external = [m.label for m in methods if m.spec.external]
     if external and kind != "speed":
         raise ConfigError(f"{', '.join(external)} run transformers' own loop: time them in a [[speed]] block")

@@ -1,6 +1,7 @@
-"""Training: heads, draft networks, neural rescorers, the model history, distillation data. Importing the package
-registers its builders with the artefact policy (bpdbench/artefacts/policy.py), which is how a method's first use
-trains what it needs without decoding code importing training code; each builder imports its trainer when called."""
+"""Training: heads, draft networks, neural rescorers, the model history, distillation data. `register_builders`
+hands its builders to the artefact policy (bpdbench/artefacts/policy.py), which is how a method's first use trains
+what it needs without decoding code importing training code; the command runtime calls it
+(experiments.session.register_builders), and each builder imports its trainer when called."""
 from __future__ import annotations
 
 from ..artefacts.policy import register
@@ -26,7 +27,9 @@ def _history(model_name, profile, model=None, tok=None, log=print):
     return history.build(model_name, profile, model, tok, log)
 
 
-register("heads", _heads)
-register("drafter", _drafter)
-register("neural-rescorer", _neural_rescorer)
-register("history", _history)
+def register_builders() -> None:
+    """Explicit, not an import's side effect: importing training code changes nothing until a command asks."""
+    register("heads", _heads)
+    register("drafter", _drafter)
+    register("neural-rescorer", _neural_rescorer)
+    register("history", _history)

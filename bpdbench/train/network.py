@@ -193,7 +193,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     drafter.emb = None
     out = out or network_dir(model_name, saved, p.name)
     # sealed and renamed into place whole, or not at all; its report.json reaches results/ only through a grid's
-    # [[train]] block (sweep/artefacts.py), since only result commands write there
+    # [[train]] block (sweep/trainings.py), since only result commands write there
     with seal.building(out, log, folder=True) as tmp:
         save(drafter, tmp, model_name, report, saved, ds.rank)
     log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "

@@ -105,7 +105,7 @@ def test_the_contract_is_what_everything_reads(example, tiny_model_dir):
     from bpdbench.methods.compose import INPUTS, check_inner
     from bpdbench.methods.search import Chain
     from bpdbench.report.drafters import is_drafter
-    from bpdbench.sweep.artefacts import artefacts_for
+    from bpdbench.artefacts.graph import artefacts_for
     m = parse(f"{example.name}:depth=auto")
     assert m.auto == ["depth"]
     assert contract.inputs(m) == contract.ALWAYS | {contract.Input.HIDDEN}
@@ -114,7 +114,7 @@ def test_the_contract_is_what_everything_reads(example, tiny_model_dir):
     check_inner("sam", "fallback", m, INPUTS)
     assert parse(f"sam:fallback={example.name}").label == f"sam:fallback={example.name}"
     cell = SimpleNamespace(config=RunConfig(model=str(tiny_model_dir), heads_profile="init"))
-    planned = [(a.kind, a.detail) for a in artefacts_for(cell, [m])]
+    planned = [(a.kind, a.detail) for a in artefacts_for(cell, [m], lambda profile: "float32")]
     assert planned == [("method", "koala drafter (quick)")], planned
 
 
@@ -127,7 +127,7 @@ def test_bpdbench_methods_lists_it(example):
 
 
 def test_preflight_refuses_before_the_model_loads(example, tiny_model_dir, trained_drafters, tmp_path, monkeypatch):
-    from bpdbench.experiments.artefacts import check_drafters
+    from bpdbench.artefacts.checks import check_drafters
     from tests.drafter_fixtures import copy_drafters
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "empty"))
     cfg = RunConfig(model=str(tiny_model_dir), auto_train=False)

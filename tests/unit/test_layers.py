@@ -11,10 +11,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PKG = ROOT / "bpdbench"
 # the rank of each top-level part of bpdbench; a module may import its own rank or lower ones
 RANK = {"engine": 0, "nets": 0, "store": 0, "paths": 0, "stats": 0,
-        "hardware": 1, "artefacts": 1,
+        "hardware": 1,
         "models": 2,
         "refine": 3, "config": 3,
-        "methods": 4, "train": 4,
+        "methods": 4, "train": 4, "artefacts": 4,
         "experiments": 5,
         "report": 6, "sweep": 6,
         "cli": 7, "__init__": 7}

@@ -98,13 +98,13 @@ def _lookup_tables(model_name):
 def _suffix_indexes(monkeypatch, refs):
     """Stand-ins for sam's corpus index (random documents) and rest's datastore (the greedy texts, so it accepts)."""
     import random
-    from bpdbench.methods import suffix_store
+    from bpdbench.artefacts import suffix as suffix_index
     from bpdbench.methods.lookup import stream
     rng = random.Random(2)
-    corpus = suffix_store.SuffixIndex.build(stream([[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]))
-    store = suffix_store.SuffixIndex.build(stream([list(p) + g for p, g in refs.items()]))
-    monkeypatch.setattr(suffix_store, "corpus_index", lambda env: (corpus, {"tokens": len(corpus.tokens)}))
-    monkeypatch.setattr(suffix_store, "datastore_index", lambda env, profile: (store, {"tokens": len(store.tokens)}))
+    corpus = suffix_index.SuffixIndex.build(stream([[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]))
+    store = suffix_index.SuffixIndex.build(stream([list(p) + g for p, g in refs.items()]))
+    monkeypatch.setattr(suffix_index, "corpus_index", lambda env: (corpus, {"tokens": len(corpus.tokens)}))
+    monkeypatch.setattr(suffix_index, "datastore_index", lambda env, profile: (store, {"tokens": len(store.tokens)}))
 
 
 def all_methods(model_dir) -> list[str]:

@@ -14,7 +14,7 @@ from bpdbench.engine import DraftContext, Limits, generate
 from bpdbench.methods import parse
 from bpdbench.methods.lookup import SEP, stream
 from bpdbench.methods.rest import RestDrafter, top_prefixes
-from bpdbench.methods.suffix_store import SuffixIndex
+from bpdbench.artefacts.suffix import SuffixIndex
 from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error, write_corpus
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7])
@@ -101,12 +101,14 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     """rest's datastore (fixture corpus + the tiny model's ci history) and sam's corpus index are built on first use,
     cached, reused, recorded in the resolved config and listed by `bpdbench methods`; decoding stays lossless."""
     import torch
-    from bpdbench import models, train  # noqa: F401  (train registers the history builder a first use calls)
+    from bpdbench import models
+    from bpdbench.experiments.session import register_builders
     from bpdbench.config import RunConfig
     from bpdbench.methods import Env
-    from bpdbench.methods import suffix_store
+    from bpdbench.artefacts import suffix as suffix_index
     from bpdbench.methods.registry import REGISTRY
     torch.set_num_threads(1)
+    register_builders()        # the history builder a first use calls, as every command registers it
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     model, tok = models.load(str(tiny_model_dir), "float32")
     name = str(tiny_model_dir)
@@ -120,7 +122,7 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     info = env.resolved[rest.label]["datastore"]
     assert info["source"] == "corpus+history" and info["profile"] == "ci" and info["tokens"] > 0
     assert env.resolved[sam.label]["fallback"] == "hierarchy:order=c" and env.resolved[sam.label]["static"]["tokens"]
-    assert suffix_store.datastore_file(name, "ci").exists() and suffix_store.corpus_file(name).exists()
+    assert suffix_index.datastore_file(name, "ci").exists() and suffix_index.corpus_file(name).exists()
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]   # noqa: E731
     ids = enc("the dog sat on")
     assert d.propose(DraftContext(ids, None, 100)).paths[0][:3] == enc(" the log")[:3]
@@ -143,7 +145,8 @@ def test_auto_nodes_resolves_through_the_replay(tiny_model_dir, tmp_path, monkey
     from bpdbench.config import RunConfig
     from bpdbench.experiments import autoshape, session
     from bpdbench.hardware.shapes import TableCost
-    from bpdbench.methods import parse_list, suffix_store
+    from bpdbench.artefacts import suffix as suffix_index
+    from bpdbench.methods import parse_list
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autoshape, "cost_model", lambda s: TableCost({64: 1.0}, step_ms=1e9))
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
@@ -154,7 +157,7 @@ def test_auto_nodes_resolves_through_the_replay(tiny_model_dir, tmp_path, monkey
     examples, _ = autoshape.heldout(s)
     seqs = [p + s.reference.get(p, s.limits)[0] for _, p in examples]
     index = SuffixIndex.build(stream(seqs))
-    monkeypatch.setattr(suffix_store, "datastore_index", lambda env, profile: (index, {"tokens": len(index.tokens)}))
+    monkeypatch.setattr(suffix_index, "datastore_index", lambda env, profile: (index, {"tokens": len(index.tokens)}))
     d = s.drafter(m)
     rec = s.env.resolved[m.label]
     assert d.name == m.label and rec["nodes"] == rec["auto"]["params"]["nodes"] == d.nodes in (4, 8, 16, 32, 64)

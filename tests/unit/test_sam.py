@@ -18,7 +18,7 @@ from bpdbench.engine.replay import teacher_forced
 from bpdbench.methods import parse
 from bpdbench.methods.lookup import SEP, stream
 from bpdbench.methods.sam import SamDrafter
-from bpdbench.methods.suffix_store import SuffixAutomaton, SuffixIndex
+from bpdbench.artefacts.suffix import SuffixAutomaton, SuffixIndex
 from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
@@ -178,10 +178,11 @@ def test_published_defaults_and_no_fallback(tiny_model, monkeypatch):
     """`sam` is the published configuration (39 draft tokens, threshold 5, bias 5, Token Recycling below it);
     `fallback=none` drafts nothing below the threshold; the old shape is a spelling of its own."""
     from bpdbench.config import RunConfig
-    from bpdbench.methods import Env, suffix_store
+    from bpdbench.artefacts import suffix as suffix_index
+    from bpdbench.methods import Env
     from bpdbench.methods.recycling import RecyclingDrafter
     index = SuffixIndex.build(stream([[1, 2, 3]]))
-    monkeypatch.setattr(suffix_store, "corpus_index", lambda env: (index, {"tokens": 3}))
+    monkeypatch.setattr(suffix_index, "corpus_index", lambda env: (index, {"tokens": 3}))
     env = Env(tiny_model, None, RunConfig(), Limits(8), log=lambda m: None)
     for spelling, shape, fallback in [("sam", (39, 5, 5), RecyclingDrafter), ("sam:fallback=none", (39, 5, 5), None),
                                       ("sam:tokens=9,threshold=4,bias=4,fallback=none", (9, 4, 4), None)]:

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bpdbench.config import ConfigError
-from bpdbench.sweep import artefacts as sweep_artefacts
+from bpdbench.artefacts import graph
+from bpdbench.sweep.trainings import trainings
 from bpdbench.sweep import grid as grid_lib
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,8 @@ def test_a_grid_of_trainings_alone_is_a_grid(tmp_path):
 
 
 def test_build_trains_once_and_copies_the_report(tmp_path, monkeypatch):
-    import bpdbench.train  # noqa: F401  (registers the real builders first, so the fake below stays)
+    from bpdbench.experiments.session import register_builders
+    register_builders()        # the real builders first, so the fake below stays
     from bpdbench import paths
     from bpdbench.artefacts import policy
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
@@ -68,10 +70,10 @@ def test_build_trains_once_and_copies_the_report(tmp_path, monkeypatch):
         folder.mkdir(parents=True)
         (folder / "report.json").write_text(json.dumps({"name": saved, "heldout": {"top1": [0.5]}}))
     monkeypatch.setitem(policy.BUILDERS, "drafter", fake_train)
-    (net,) = sweep_artefacts.trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g",
+    (net,) = trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g",
                                        str(tmp_path / "res"))
-    assert sweep_artefacts.build(net, False, lambda m: None) == "built"
-    assert sweep_artefacts.build(net, False, lambda m: None) == "present"
+    assert graph.build(net, False, lambda m: None) == "built"
+    assert graph.build(net, False, lambda m: None) == "present"
     assert calls == [("koala-adv", "ci", "tiny/m")]
     report = tmp_path / "res" / "drafters" / "training" / "tiny_m-koala-adv-ci.json"
     assert json.loads(report.read_text())["name"] == "koala-adv"

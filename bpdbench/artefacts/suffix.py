@@ -12,7 +12,7 @@
   a context that occurs (SAM's static match length: occurrence is monotone in the suffix length, so a bisection on
   the length), and the continuations after a match (REST's retrieval).
 - `corpus_index` / `datastore_index`: the static indexes for a target model, built on first use and cached under
-  `$BPDBENCH_CACHE/lookup/<model>/` next to the lookup tables (lookup_store.py), from the same sources, sealed
+  `$BPDBENCH_CACHE/lookup/<model>/` next to the lookup tables (tables.py), from the same sources, sealed
   (store/seal.py): a damaged or unreadable index is said in one line and built again.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..store import seal
-from .lookup import SEP, save_npz
+from ..methods.lookup import SEP, save_npz
 
 DEPTH = 32          # suffixes are sorted on their first DEPTH tokens: the longest pattern a query may use
 
@@ -245,13 +245,13 @@ def _cached(path: Path, want: dict, make, env) -> tuple[SuffixIndex, dict]:
 
 def _corpus_files(env) -> list[str]:
     from tasks import corpus_files
-    from ..artefacts.corpus import default_corpus_files
+    from .corpus import default_corpus_files
     return [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
 
 
 def corpus_index(env) -> tuple[SuffixIndex, dict]:
     """SAM's static automaton: the rescorers' corpus (C4 + WikiText, tokenized once and shared)."""
-    from .lookup_store import _corpus
+    from .tables import _corpus
     return _cached(corpus_file(env.cfg.model), {"source": "corpus", "files": _corpus_files(env)},
                    lambda: _corpus(env)[0], env)
 
@@ -259,9 +259,9 @@ def corpus_index(env) -> tuple[SuffixIndex, dict]:
 def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
     """REST's datastore: the corpus followed by the model's greedy history of `profile` (generated on first use,
     as hierarchy's; FileNotFoundError under --no-auto-train when it would take minutes)."""
-    from ..artefacts import history as history_lib
-    from .lookup import stream
-    from .lookup_store import _corpus, history_table
+    from . import history as history_lib
+    from ..methods.lookup import stream
+    from .tables import _corpus, history_table
     history, _ = history_table(env, profile)               # makes sure the history exists
     hist = history_lib.history_file(env.cfg.model, profile)
     want = {"source": "corpus+history", "files": _corpus_files(env), "profile": profile,
@@ -275,7 +275,7 @@ def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
 
 def needs(model: str, what: tuple[str, ...], profile: str = "quick") -> list[tuple[str, bool]]:
     """What `bpdbench methods` shows (missing indexes are built on first use)."""
-    from .lookup_store import needs as table_needs
+    from .tables import needs as table_needs
     out = []
     if "corpus" in what:
         out.append(("corpus suffix index", corpus_file(model).exists()))

@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 
 from .. import paths
-from ..artefacts import Need
-from ..artefacts import builder
-from ..artefacts import history as history_lib
+from . import history as history_lib
+from .policy import Need, builder
 from ..store import seal
-from .env import Env
-from .lookup import FrequencyTable, bigram_table, stream
+from ..methods.env import Env
+from ..methods.lookup import FrequencyTable, bigram_table, stream
 
 STATIC = {"sizes": (2, 3), "top": 4, "min_count": 2}
 HISTORY = {"sizes": (1, 2, 3), "top": 4, "min_count": 1}
@@ -42,7 +41,7 @@ def bigram_file(model: str, source: str, profile: str = "quick") -> Path:
 def _corpus(env: Env) -> tuple[np.ndarray, list[str]]:
     """The corpus as one token stream; its tokenization is cached with the neural LMs' (same files, same key)."""
     from tasks import corpus_files
-    from ..artefacts.corpus import corpus_cache, default_corpus_files, tokenized_corpus
+    from .corpus import corpus_cache, default_corpus_files, tokenized_corpus
     if env.cfg.data_dir:
         files, cache = corpus_files(Path(env.cfg.data_dir)), None
     else:
@@ -64,7 +63,7 @@ def static_table(env: Env) -> tuple[FrequencyTable, dict]:
     """The corpus n-gram table, rebuilt when missing, damaged or built from other corpus files than the current
     ones."""
     from tasks import corpus_files
-    from ..artefacts.corpus import default_corpus_files
+    from .corpus import default_corpus_files
     path = static_file(env.cfg.model)
     files = [str(f) for f in (corpus_files(Path(env.cfg.data_dir)) if env.cfg.data_dir else default_corpus_files())]
 

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import paths
-from ..artefacts import MINUTES, Need, builder
-from ..store import seal
 from ..config import RunConfig
 from ..nets.heads import Heads, load as load_heads
-from ..artefacts.policy import warn_use
+from ..store import seal
+from .policy import MINUTES, Need, builder, warn_use
 
 
 def heads_need(model: str, profile: str) -> Need:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import refine
-from ..artefacts import Need, builder
+from .policy import Need, builder
 from ..config import RunConfig
 
 

@@ -14,7 +14,8 @@ from typing import Callable
 from .. import models, paths
 from ..nets import heads as heads_lib
 from ..config import ConfigError, RunConfig
-from ..methods import Method, MethodError, contract, heads_store
+from ..methods import Method, MethodError, contract
+from . import heads as heads_cache
 
 Log = Callable[[str], None]
 
@@ -96,7 +97,7 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
                                         f"train them with `bpdbench train-heads --out {path}`")
             return None
         info = heads_lib.check(path)
-        heads_store.check_seal(path, None if cfg.heads_path else cfg.heads_profile)   # before the model loads
+        heads_cache.check_seal(path, None if cfg.heads_path else cfg.heads_profile)   # before the model loads
         if n_heads > info["num_heads"]:
             raise ConfigError(f"--heads {n_heads} but {path} has only {info['num_heads']} heads; pass --heads "
                               f"{info['num_heads']} or less")
