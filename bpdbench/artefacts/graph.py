@@ -18,9 +18,8 @@ from typing import Callable
 from ..config import RunConfig
 from ..methods import Method, contract
 from ..methods.contract import Kind
-from .policy import builder
+from .policy import MINUTES, builder
 
-RANK = {"model": 0, "heads": 1, "rescorer": 2, "network": 3, "method": 4}   # build order (the driver submits in it)
 Log = Callable[[str], None]
 HeadsDtype = Callable[[str], str]     # a heads profile -> the dtype its training generates in, on this machine
 
@@ -32,7 +31,7 @@ class Artefact:
     detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need;
                                 # network: its cache name and profile (koala-adv-quick)
     needs: tuple[str, ...] = ()
-    build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, method label) to build;
+    build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, parsed Method) to build;
                                                                     # network: (name, profile, reports folder)
 
     @property
@@ -81,7 +80,7 @@ def artefacts_for(cell, methods: list[Method], heads_dtype: HeadsDtype) -> list[
                 model(k.name, cfg.dtype)
             elif k.kind in (Kind.DRAFTER, Kind.BUILT):       # built by building the method once
                 a = Artefact("method", cfg.model, k.name, tuple(model(cfg.model, cfg.dtype) + own_heads),
-                             (cfg, m.label))
+                             (cfg, m))
                 out.setdefault(a.id, a)
     return sorted(out.values(), key=lambda a: RANK[a.kind])
 
@@ -116,55 +115,134 @@ def collect(cells: list, heads_dtype: HeadsDtype) -> list[Artefact]:
     return sorted(seen.values(), key=lambda a: RANK[a.kind])
 
 
+@dataclass(frozen=True)
+class KindSpec:
+    """One kind of node, declared once: where it lives, whether it is there, how it is built, what that costs and
+    the command that builds it alone. `build`, the sweep's dry run and its progress lines all read this table, so a
+    kind is never resolved two ways."""
+    rank: int                                       # build order: the driver submits in it
+    path: Callable[[Artefact], Path | None]         # its file or folder in the cache (None: several, the need's own)
+    present: Callable[[Artefact], bool]
+    make: Callable[[Artefact, bool, Log], None]     # (artefact, auto_train, log): the function a first use calls
+    minutes: Callable[[Artefact], float | None]     # expected minutes on 2 CPU cores (None: the first use says)
+    command: Callable[[Artefact], str]              # what builds it alone
+    finish: Callable[[Artefact], None] = lambda a: None     # after it is there, built or not
+
+
+def _model_path(a: Artefact) -> Path:
+    from .. import paths
+    return paths.dense_model_dir(a.model, a.detail)
+
+
+def _make_model(a: Artefact, auto_train: bool, log: Log) -> None:
+    from .. import models
+    log(f"converting {a.model} to a {a.detail} safetensors cache")
+    models.load(a.model, a.detail)
+
+
+def _heads_path(a: Artefact) -> Path:
+    from .. import paths
+    return paths.heads_dir(a.model, a.detail)
+
+
+def _make_heads(a: Artefact, auto_train: bool, log: Log) -> None:
+    from .heads import heads_need
+    heads_need(a.model, a.detail).build(auto_train, lambda: builder("heads")(a.model, a.detail, log=log), log,
+                                        _heads_path(a))
+
+
+def _rescorer(a: Artefact):
+    from .. import refine
+    return refine.RESCORERS[a.detail]
+
+
+def _make_rescorer(a: Artefact, auto_train: bool, log: Log) -> None:
+    from .. import models
+    from .rescorers import ensure
+    ensure(_rescorer(a), RunConfig(model=a.model, auto_train=auto_train), models.load_tokenizer(a.model), log)
+
+
+def _network_path(a: Artefact) -> Path:
+    from .. import paths
+    saved, profile, _ = a.build_with
+    return paths.network_dir(a.model, saved, profile)
+
+
+def _network_present(a: Artefact) -> bool:
+    from ..store import seal
+    return (_network_path(a) / "report.json").is_file() and not seal.problem(_network_path(a))
+
+
+def _make_network(a: Artefact, auto_train: bool, log: Log) -> None:
+    saved, profile, _ = a.build_with
+    builder("drafter")(saved, profile, a.model, log=log)
+
+
+def _copy_report(a: Artefact) -> None:
+    """The report of the network the grid's results read, whoever built it, copied into the results."""
+    from ..store import write_atomic
+    saved, profile, reports = a.build_with
+    report = Path(reports) / f"{a.model.replace('/', '_')}-{saved}-{profile}.json"
+    report.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(report, (_network_path(a) / "report.json").read_text())
+
+
+def _method_present(a: Artefact) -> bool:
+    cfg, method = a.build_with
+    return all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == a.detail)
+
+
+def _make_method(a: Artefact, auto_train: bool, log: Log) -> None:
+    """Build the method once on one example's session (the registered "method" builder): its first use trains or
+    builds what it needs."""
+    cfg, method = a.build_with
+    builder("method")(cfg, method.label, a.detail, log)
+
+
+def _rescorer_minutes(a: Artefact) -> float:
+    return 0.25 if a.detail.startswith("ngram") else 15
+
+
+KINDS: dict[str, KindSpec] = {
+    "model": KindSpec(0, _model_path, lambda a: (_model_path(a) / "config.json").exists(), _make_model,
+                      lambda a: 1, lambda a: f"any command on {a.model} (converted from its GGUF package on first load)"),
+    "heads": KindSpec(1, _heads_path, lambda a: (_heads_path(a) / "config.json").exists(), _make_heads,
+                      lambda a: MINUTES.get(a.detail, 10), lambda a: f"bpdbench train-heads --profile {a.detail}"),
+    "rescorer": KindSpec(2, lambda a: None, lambda a: all(ok for _, ok in _ready(a)), _make_rescorer,
+                         _rescorer_minutes, lambda a: "bpdbench train-rescorer " + (
+                             f"ngram --order {a.detail[5:]}" if a.detail.startswith("ngram")
+                             else f"neural --size {a.detail.split('-', 1)[1]}")),
+    "network": KindSpec(3, _network_path, _network_present, _make_network,
+                        lambda a: MINUTES.get(a.build_with[1], 10),
+                        lambda a: f"bpdbench train-network {a.build_with[0]} --profile {a.build_with[1]}",
+                        _copy_report),
+    "method": KindSpec(4, lambda a: None, _method_present, _make_method, lambda a: None,
+                       lambda a: f"any command with --methods {a.build_with[1].label} (built on its first use)"),
+}
+RANK = {kind: spec.rank for kind, spec in KINDS.items()}
+
+
+def _ready(a: Artefact) -> list[tuple[str, bool]]:
+    from .rescorers import ready
+    return ready(_rescorer(a), a.model)
+
+
+def describe(a: Artefact) -> str:
+    """One line for the dry run: there, or what building it costs and the command that builds it alone."""
+    spec = KINDS[a.kind]
+    if spec.present(a):
+        return "present"
+    minutes = spec.minutes(a)
+    return f"to build{f', about {minutes:g} min' if minutes is not None else ''} ({spec.command(a)})"
+
+
 def build(a: Artefact, auto_train: bool, log: Log) -> str:
     """Build one artefact unless it is already there; returns what was done. The same functions a first use calls,
     registered by the command runtime before any build."""
-    from .. import models, paths
-    if a.kind == "model":
-        if (paths.dense_model_dir(a.model, a.detail) / "config.json").exists():
-            return "present"
-        log(f"converting {a.model} to a {a.detail} safetensors cache")
-        models.load(a.model, a.detail)
-        return "built"
-    if a.kind == "heads":
-        if (paths.heads_dir(a.model, a.detail) / "config.json").exists():
-            return "present"
-        from .heads import heads_need
-        heads_need(a.model, a.detail).build(auto_train, lambda: builder("heads")(a.model, a.detail, log=log), log,
-                                            paths.heads_dir(a.model, a.detail))
-        return "built"
-    if a.kind == "method":
-        return _build_method(a, log)
-    if a.kind == "network":
-        return _build_network(a, log)
-    from .. import refine
-    from .rescorers import ensure, ready
-    spec = refine.RESCORERS[a.detail]
-    if all(ok for _, ok in ready(spec, a.model)):
-        return "present"
-    ensure(spec, RunConfig(model=a.model, auto_train=auto_train), models.load_tokenizer(a.model), log)
-    return "built"
-
-
-def _build_network(a: Artefact, log: Log) -> str:
-    """Train the network unless a sound one is cached, then copy its report into the results (the report of the
-    network the grid's results read, whoever built it)."""
-    from .. import paths
-    from ..store import seal, write_atomic
-    saved, profile, reports = a.build_with
-    folder = paths.network_dir(a.model, saved, profile)
+    spec = KINDS[a.kind]
     done = "present"
-    if not (folder / "report.json").is_file() or seal.problem(folder):
-        builder("drafter")(saved, profile, a.model, log=log)
+    if not spec.present(a):
+        spec.make(a, auto_train, log)
         done = "built"
-    report = Path(reports) / f"{a.model.replace('/', '_')}-{saved}-{profile}.json"
-    report.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(report, (folder / "report.json").read_text())
+    spec.finish(a)
     return done
-
-
-def _build_method(a: Artefact, log: Log) -> str:
-    """Build the method once on one example's session (the registered "method" builder): its first use trains or
-    builds what it needs."""
-    cfg, label = a.build_with
-    return "built" if builder("method")(cfg, label, a.detail, log) else "present"

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from ..artefacts.graph import describe
 from ..config import ConfigError
 from ..store import write_atomic
 from . import kinds
@@ -46,7 +47,7 @@ def show(plan: SweepPlan, out: Callable[[str], None] = print) -> None:
         f"to check; results {plan.results}; cache {plan.cache or 'each worker default'}; data "
         f"{plan.data or 'each worker default'}; retries {plan.retries}")
     for a in needed:
-        out(f"  artefact {a.id}" + (f"  after {', '.join(a.needs)}" if a.needs else ""))
+        out(f"  artefact {a.id}: {describe(a)}" + (f"  after {', '.join(a.needs)}" if a.needs else ""))
     for c in plan.cells:
         state = "finished" if c in done else "to run  "
         what = c.options.get("methods") or c.config.method if c.kind in ("run", "replay", "speed") else ""

@@ -92,3 +92,20 @@ def test_the_drafters_grid_trains_what_its_replays_read():
     plan = grid_lib.load(ROOT / "grids" / "drafters.toml")
     nets = {a.detail for a in plan.artefacts if a.kind == "network"}
     assert {"medusa-quick", "koala-adv-quick", "koala-hydra-adv-quick", "medusa-full", "hydra-full"} <= nets
+
+
+def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tmp_path, monkeypatch):
+    """The graph's kinds table is what build and the dry run read: a missing node names its minutes and the command
+    that builds it alone; a node that is there says so."""
+    from bpdbench import paths
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    assert set(graph.KINDS) == {"model", "heads", "rescorer", "network", "method"}
+    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "heads", "rescorer", "network", "method"]
+    heads = graph.Artefact("heads", "tiny/m", "quick")
+    assert graph.describe(heads) == "to build, about 10 min (bpdbench train-heads --profile quick)"
+    (paths.heads_dir("tiny/m", "quick")).mkdir(parents=True)
+    (paths.heads_dir("tiny/m", "quick") / "config.json").write_text("{}")
+    assert graph.describe(heads) == "present"
+    (net,) = trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g", str(tmp_path / "res"))
+    assert graph.describe(net) == "to build, about 1 min (bpdbench train-network koala-adv --profile ci)"
+    assert "ngram --order 4" in graph.describe(graph.Artefact("rescorer", "tiny/m", "ngram4"))
