@@ -118,8 +118,8 @@ def collect(cells: list, heads_dtype: HeadsDtype) -> list[Artefact]:
 @dataclass(frozen=True)
 class KindSpec:
     """One kind of node, declared once: where it lives, whether it is there, how it is built, what that costs and
-    the command that builds it alone. `build`, the sweep's dry run and its progress lines all read this table, so a
-    kind is never resolved two ways."""
+    the command that builds it alone. `build`, the build order and the sweep's dry run read this table, so a kind is
+    never resolved two ways."""
     rank: int                                       # build order: the driver submits in it
     path: Callable[[Artefact], Path | None]         # its file or folder in the cache (None: several, the need's own)
     present: Callable[[Artefact], bool]
@@ -232,8 +232,9 @@ def describe(a: Artefact) -> str:
     spec = KINDS[a.kind]
     if spec.present(a):
         return "present"
-    minutes = spec.minutes(a)
-    return f"to build{f', about {minutes:g} min' if minutes is not None else ''} ({spec.command(a)})"
+    minutes, where = spec.minutes(a), spec.path(a)
+    return (f"to build{f', about {minutes:g} min' if minutes is not None else ''} ({spec.command(a)})"
+            + (f" into {where}" if where is not None else ""))
 
 
 def build(a: Artefact, auto_train: bool, log: Log) -> str:

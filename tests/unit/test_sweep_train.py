@@ -102,10 +102,11 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     assert set(graph.KINDS) == {"model", "heads", "rescorer", "network", "method"}
     assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "heads", "rescorer", "network", "method"]
     heads = graph.Artefact("heads", "tiny/m", "quick")
-    assert graph.describe(heads) == "to build, about 10 min (bpdbench train-heads --profile quick)"
+    assert graph.describe(heads) == (f"to build, about 10 min (bpdbench train-heads --profile quick) into "
+                                     f"{paths.heads_dir('tiny/m', 'quick')}")
     (paths.heads_dir("tiny/m", "quick")).mkdir(parents=True)
     (paths.heads_dir("tiny/m", "quick") / "config.json").write_text("{}")
     assert graph.describe(heads) == "present"
     (net,) = trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g", str(tmp_path / "res"))
-    assert graph.describe(net) == "to build, about 1 min (bpdbench train-network koala-adv --profile ci)"
+    assert graph.describe(net).startswith("to build, about 1 min (bpdbench train-network koala-adv --profile ci) into ")
     assert "ngram --order 4" in graph.describe(graph.Artefact("rescorer", "tiny/m", "ngram4"))
