@@ -14,8 +14,7 @@ declaration (`MethodSpec.shapes`, methods/search.py); this module runs it:
 2. the replay gives the acceptance curve a[i] = P(the first i draft tokens are accepted) (counters'
    accepted_per_head / steps), per step the number of draft nodes at each depth (what a shorter shape verifies),
    the drafting time per step and per drafted token, and for lattice methods the rank of the greedy token in each
-   head's top-k (medusa's per-depth, per-rank acceptance). A draft that runs a network per token is replayed with
-   a forward of the target between its steps, as the verify comes between them in real decoding (`_verify_between`);
+   head's top-k (medusa's per-depth, per-rank acceptance);
 3. the search picks the shape with the most predicted tokens per second on this machine's cost of a forward
    (hardware/shapes.py, hardware/calibration.py: measured once per machine fingerprint).
 The measurement is cached under `$BPDBENCH_CACHE/shapes/<fingerprint>/<model>-<dtype>-<task>-<label>.json` with
@@ -44,7 +43,7 @@ from ..methods.search import Replayed, choose, plans
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
-VERSION = 2          # 2: drafts that run a network per token are timed with a target forward between steps
+VERSION = 1
 
 
 def cost_model(s) -> shapes.CostModel:
@@ -61,8 +60,7 @@ class _Recorder:
     """A replay seen step by step (an `engine.StepEvent` observer): the draft trie's nodes per depth, drafting
     time, and the greedy token's rank per depth in the lattice."""
 
-    def __init__(self, between: Any = None):
-        self.between = between          # called after each step, outside the drafting time (`_verify_between`)
+    def __init__(self):
         self.nodes: list[list[int]] = []
         self.ranks: list[tuple[list[int], int]] = []      # (rank of the greedy token per depth, k)
         self.seconds, self.drafted, self.truth, self.start = 0.0, 0, None, 0
@@ -86,25 +84,6 @@ class _Recorder:
             truth = self.truth[m: m + len(ids)]
             self.ranks.append(([row.index(t) if t in row else len(row) for row, t in zip(ids, truth)],
                                len(ids[0])))
-        if self.between is not None:
-            self.between(ev)
-
-
-def _verify_between(model: Any):
-    """A forward of the target over the step's tree between two replayed drafts, outside the drafting time.
-
-    Why: real decoding runs the verify between two drafts and a replay does not, and a draft that runs a network per
-    token drafts slower right after the target ran. Measured on an AVX512-BF16 EPYC: llama.cpp's first draft token
-    after a 12-token target verify took 23.5 ms against 16.6 ms after another draft token, and real decoding spent
-    about 35% more per drafted token than the replay had timed, so `auto` priced the GGUF draft too cheap (predicted
-    1.79x at length 11; speed measured 1.04-1.25x). Without a KV cache: what it disturbs is the weights' and the
-    threads' state, not the attention."""
-    import torch
-
-    def run(ev: StepEvent) -> None:
-        with torch.inference_mode():
-            model(input_ids=torch.tensor([ev.tree.tokens], device=model.device), use_cache=False)
-    return run
 
 
 def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
@@ -185,7 +164,7 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     found = search(method)
     per_token = found is not None and found.per_token(drafter)
     inputs = takes(drafter, method)
-    rec = _Recorder(_verify_between(s.model) if per_token else None)
+    rec = _Recorder()
     total = None
     for ex, prompt in examples:
         greedy, _ = s.reference.get(prompt, s.limits)

@@ -300,21 +300,3 @@ def test_medusa_nodes_takes_the_trees_first_nodes(session_for):
     assert d.rescorer.choices == MC_SIM_7B_63[:5] and s.env.resolved["medusa:nodes=5"]["nodes"] == 5
     prompt = s.prompt(s.examples[0])
     assert s.decode(d, prompt).tokens == s.reference.get(prompt, s.limits)[0]
-
-
-def test_a_draft_per_token_is_timed_with_the_target_between_its_steps(session_for, tiny_model_dir, monkeypatch):
-    """Real decoding verifies between two drafts; a replay that sizes a draft running a network per token (sps,
-    qdraft, layerskip) runs a target forward there too, outside the drafting time, and one of a lookup does not."""
-    from bpdbench.experiments import autoshape
-    s, (sps, pld), logs, _ = session_for(f"sps:model={tiny_model_dir},gamma=auto,pld:tokens=auto")
-    calls: list[str] = []
-    real = autoshape._verify_between
-
-    def counted(model):
-        run = real(model)
-        return lambda ev: (calls.append(ev.tree.tokens[0]), run(ev))
-    monkeypatch.setattr(autoshape, "_verify_between", counted)
-    s.drafter(pld)
-    assert calls == []
-    s.drafter(sps)
-    assert calls, "no target forward between the replayed drafts of sps"
