@@ -146,9 +146,7 @@ def _heads_path(a: Artefact) -> Path:
 
 
 def _make_heads(a: Artefact, auto_train: bool, log: Log) -> None:
-    from .heads import heads_need
-    heads_need(a.model, a.detail).build(auto_train, lambda: builder("heads")(a.model, a.detail, log=log), log,
-                                        _heads_path(a))
+    _heads_need(a).build(auto_train, lambda: builder("heads")(a.model, a.detail, log=log), log, _heads_path(a))
 
 
 def _rescorer(a: Artefact):
@@ -196,22 +194,26 @@ def _make_method(a: Artefact, auto_train: bool, log: Log) -> None:
     """Build the method once on one example's session (the registered "method" builder): its first use trains or
     builds what it needs."""
     cfg, method = a.build_with
-    builder("method")(cfg, method.label, a.detail, log)
+    builder("method")(cfg, method, a.detail, log)
 
 
-def _rescorer_minutes(a: Artefact) -> float:
-    return 0.25 if a.detail.startswith("ngram") else 15
+def _heads_need(a: Artefact):
+    from .heads import heads_need
+    return heads_need(a.model, a.detail)
+
+
+def _rescorer_need(a: Artefact):
+    from .rescorers import need
+    return need(_rescorer(a), a.model)
 
 
 KINDS: dict[str, KindSpec] = {
     "model": KindSpec(0, _model_path, lambda a: (_model_path(a) / "config.json").exists(), _make_model,
                       lambda a: 1, lambda a: f"any command on {a.model} (converted from its GGUF package on first load)"),
     "heads": KindSpec(1, _heads_path, lambda a: (_heads_path(a) / "config.json").exists(), _make_heads,
-                      lambda a: MINUTES.get(a.detail, 10), lambda a: f"bpdbench train-heads --profile {a.detail}"),
+                      lambda a: _heads_need(a).minutes, lambda a: _heads_need(a).command),
     "rescorer": KindSpec(2, lambda a: None, lambda a: all(ok for _, ok in _ready(a)), _make_rescorer,
-                         _rescorer_minutes, lambda a: "bpdbench train-rescorer " + (
-                             f"ngram --order {a.detail[5:]}" if a.detail.startswith("ngram")
-                             else f"neural --size {a.detail.split('-', 1)[1]}")),
+                         lambda a: _rescorer_need(a).minutes, lambda a: _rescorer_need(a).command),
     "network": KindSpec(3, _network_path, _network_present, _make_network,
                         lambda a: MINUTES.get(a.build_with[1], 10),
                         lambda a: f"bpdbench train-network {a.build_with[0]} --profile {a.build_with[1]}",

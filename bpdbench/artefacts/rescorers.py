@@ -22,6 +22,14 @@ def ready(spec: refine.RescorerSpec, model: str) -> list[tuple[str, bool]]:
     return [] if tag is None else [(tag, path.exists())]
 
 
+def need(spec: refine.RescorerSpec, model: str) -> Need:
+    """What building the rescorer's artefact is: said by its first use and by the sweep's dry run alike."""
+    if spec.kind == "ngram":
+        return Need(f"ngram{spec.order} for {model}", f"bpdbench train-rescorer ngram --order {spec.order}", 0.25,
+                    spec.name)
+    return Need(f"neural-{spec.size} for {model}", f"bpdbench train-rescorer neural --size {spec.size}", 15, spec.name)
+
+
 def ensure(spec: refine.RescorerSpec, cfg: RunConfig, tok, log) -> None:
     tag, path = _path(spec, cfg.model)
     if tag is None or path.exists():
@@ -30,10 +38,10 @@ def ensure(spec: refine.RescorerSpec, cfg: RunConfig, tok, log) -> None:
         from ..refine.ngram import train_ngram
         from tasks import corpus_files
         log(f"{spec.name} needs a {spec.order}-gram for {cfg.model}: building it now (about 15 s; "
-            f"`bpdbench train-rescorer ngram --order {spec.order}`)")
+            f"`{need(spec, cfg.model).command}`)")
         corpus = corpus_files(Path(cfg.data_dir) if cfg.data_dir else None)
         train_ngram(spec.order, lambda s: tok(s, add_special_tokens=False)["input_ids"], corpus, path.parent,
                     discount_fallback=True)   # only used when the corpus is too small to estimate discounts
         return
-    need = Need(f"{tag} for {cfg.model}", f"bpdbench train-rescorer neural --size {spec.size}", 15, spec.name)
-    need.build(cfg.auto_train, lambda: builder("neural-rescorer")(spec.size, cfg.model, 15.0, log), log, path)
+    need(spec, cfg.model).build(cfg.auto_train, lambda: builder("neural-rescorer")(spec.size, cfg.model, 15.0, log),
+                                log, path)

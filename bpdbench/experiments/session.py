@@ -165,17 +165,12 @@ def register_builders() -> None:
     register("method", build_method_once)
 
 
-def build_method_once(cfg: RunConfig, label: str, need: str, log: Log = print) -> bool:
-    """Build `need` through one first use of the method `label` on a one-example session; False when it is there."""
-    from ..methods import parse
+def build_method_once(cfg: RunConfig, method: Method, need: str, log: Log = print) -> None:
+    """Build `need` through one first use of `method` on a one-example session (the graph checked it is missing)."""
     from .plan import prepare
-    method = parse(label)
-    if all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == need):
-        return False
-    log(f"{need} for {cfg.model}: building it through {label}'s first use")
+    log(f"{need} for {cfg.model}: building it through {method.label}'s first use")
     plan = prepare(cfg.replace(limit=1, resume=False, out=None), "replay", [method], log=log)
     open_session(plan, log).drafter(method)
-    return True
 
 
 def open_session(plan: Plan, log: Log = print) -> Session:
