@@ -57,15 +57,25 @@ test-heavy: install kenlm
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow"
 
-# For a machine with a CUDA GPU (and a CUDA build of torch: `make install TORCH=torch==2.13.0` from PyPI), a few
-# minutes: the engine's tests on the GPU beside the CPU (tests/unit/test_device.py; the tokens must be the CPU's), then a
-# short speed run on the GPU into results/gpu-check/ (git-ignored: a check, not a committed number; its config.json
-# names the GPU). Refuses in one line without CUDA.
-gpu-check: install
-	@$(BIN)/python -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' + torch.__version__ + ' sees no CUDA device; run it where a GPU and a CUDA build of torch are')"
-	BPDBENCH_TEST_DEVICES=cpu,cuda $(BIN)/python -m pytest -q tests/unit/test_device.py
-	$(BIN)/bpdbench speed --task mt_bench --limit 2 --repeats 2 --max-new-tokens 64 --device cuda --dtype bfloat16 \
-		--methods ar,pld,bpd,recycling --out results/gpu-check
+# For a machine with a CUDA GPU, a few minutes: the engine's tests on the GPU beside the CPU (the tokens must be the
+# CPU's; the preallocated cache's own), the two KV caches decoding the same prompts (ms per token; tokens equal or
+# certified near-ties) and the forward cost curve on the GPU (experiments/devicecheck.py), then a short speed run,
+# all into results/gpu-check/ (git-ignored: a check, not a committed number; its files name the GPU). It needs a CUDA
+# build of torch: `make install TORCH=torch==2.13.0` from PyPI, or GPU_PY=python3 where one is installed. Where the
+# weights cannot be had, GPU_SHAPES=<folder with config.json and tokenizer> measures the same shapes with random
+# weights (costs stand; acceptance and speedups do not). Refuses in one line without CUDA.
+GPU_PY     ?= $(BIN)/python
+GPU_MODEL  ?= qwen2.5-coder-0.5b
+GPU_SHAPES ?=
+GPU_OUT    ?= results/gpu-check
+GPU_LOADS   = $(if $(GPU_SHAPES),$(BPDBENCH_CACHE)/random-weights,$(GPU_MODEL))
+gpu-check:
+	@$(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' + torch.__version__ + ' sees no CUDA device; run it where a GPU and a CUDA build of torch are')"
+	BPDBENCH_TEST_DEVICES=cpu,cuda $(GPU_PY) -m pytest -q -p no:cacheprovider tests/unit/test_device.py tests/unit/test_cache.py
+	$(GPU_PY) -m bpdbench.experiments.devicecheck --out $(GPU_OUT) \
+		$(if $(GPU_SHAPES),--random-weights $(GPU_SHAPES) --save $(GPU_LOADS),--model $(GPU_MODEL))
+	$(GPU_PY) -m bpdbench.cli speed --task mt_bench --limit 2 --repeats 2 --max-new-tokens 64 --device cuda \
+		--dtype bfloat16 --model $(GPU_LOADS) --methods ar,pld,lookahead,recycling --out $(GPU_OUT)/speed
 
 # CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
 # `make regress BASELINE=other.json` checks against another file (tests/integration/test_regress.py shows a failing one).

@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import GREEDY, Acceptance, Decision
+from .cache import new_cache
 from .counters import Counters
 from .events import OnStep, StepEvent
 from .tree import Tree, build_tree, compact_cache, inner_nodes, is_chain, model_inputs
@@ -77,16 +78,21 @@ class Verified:
     topk: torch.Tensor | None = None   # [n_nodes, k] the base's top-k ids per node, for drafters with feedback_k
 
 
-def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None) -> State:
+TREE_ROWS = 256     # cache rows beyond prompt + new tokens that a preallocated cache reserves for a verify's tree
+
+
+def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None,
+            new_tokens: int = 0) -> State:
     """The prompt's forward and the first token. With a `memo` (many sampled decodes of one prompt, as `certify`
     runs) the forward is computed once and its cache copied per decode: same numbers, one serial call counted.
-    Every prompt position's hidden state is kept (`State.fresh`) for drafters that run over the base's features."""
+    Every prompt position's hidden state is kept (`State.fresh`) for drafters that run over the base's features.
+    `new_tokens`: sizes a preallocated cache (cache.py) so no step reallocates it."""
     key = ("prefill", tuple(prompt_ids))
     if memo is not None and key in memo:
         cache, hidden, logits = memo[key]
         cache = copy.deepcopy(cache)
     else:
-        cache = DynamicCache()
+        cache = new_cache(model.device, len(prompt_ids) + new_tokens + TREE_ROWS)
         x = torch.tensor([prompt_ids], device=model.device)
         hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0]
         logits = model.lm_head(hidden[-1:])
@@ -220,7 +226,7 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     gen = Generation([], counters)
     clock = time.perf_counter()
     drafter.reset(list(prompt_ids))
-    state = prefill(model, prompt_ids, acceptance, memo)
+    state = prefill(model, prompt_ids, acceptance, memo, limits.max_new_tokens)
     counters.serial_calls += 1
     gen.seconds["prefill"], clock = _lap(clock)
     out = [state.context[-1]]

@@ -184,7 +184,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     cost is the median of its samples each divided by its own round's 1-token step (forward_timing.costs). 0.5B
     float32 on 2 AVX2 cores: about a minute on an idle machine."""
     import torch
-    from transformers import DynamicCache
+    from ..engine.cache import new_cache
 
     from .timing import timed
 
@@ -201,7 +201,7 @@ def measure(model, model_name: str, dtype: str, device: str, threads: int,
     meter = contention.Meter()
     try:
         with torch.inference_mode(), meter:
-            cache = DynamicCache()
+            cache = new_cache(model.device, contexts[0] + 1024)    # the kind decoding uses there
             x = torch.tensor([ids[:-1]], device=model.device)
             secs, out = timed(lambda: model.model(input_ids=x, past_key_values=cache, use_cache=True), device)
             prefill, hidden = contexts[0] / secs, out.last_hidden_state[0, -1]
