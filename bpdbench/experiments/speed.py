@@ -348,6 +348,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     config = s.meta(chosen, repeats=repeats, per_category=per_category)
     config["config"], config["methods"] = args, list(fns)
     config["resolved"]["skipped"] = skipped
+    config["prompts"] = [ex.id for ex in s.examples]     # what "finished" means: the sweep checks the JSONL has all
     config = json.loads(json.dumps(config, default=str))
     records = _resumable(out, config, resume, jsonl)
     if not resume:

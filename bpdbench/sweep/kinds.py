@@ -254,9 +254,23 @@ def finished(cell, root: Path) -> bool:
         elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns:
             return False
         meta = json.loads(conf.read_text())
+        if cell.kind == "speed" and not _all_prompts(out, meta):
+            return False
     except (OSError, ValueError):
         return False
     return _matches(cell, meta)
+
+
+def _all_prompts(out: Path, meta: dict) -> bool:
+    """A speed run rewrites speed.csv after every prompt (a run stopped in its 10th hour still reports), so a newer
+    summary does not mean a whole one: every prompt its config.json selected must have its records. A folder from
+    before config.json listed them is judged by the summary alone."""
+    if "prompts" not in meta:
+        return True
+    ids = {str(i) for i in meta["prompts"]}
+    with open(out / "speed.jsonl") as f:
+        seen = {str(json.loads(line).get("id")) for line in f if line.strip()}
+    return ids <= seen
 
 
 def lost(cell, root: Path) -> int:

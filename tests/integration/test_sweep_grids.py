@@ -47,6 +47,31 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     assert "sweep" not in json.loads((first.results / pld.rel / "config.json").read_text())   # a command line's own
 
 
+def test_a_speed_cell_cut_after_a_prompt_is_not_finished(tiny_model_dir, data, tmp_path, monkeypatch):
+    """speed.csv is rewritten after every prompt, so a run killed after its first prompt leaves a summary newer
+    than its config.json: the cell must still be run (and resumes), not reported finished."""
+    from bpdbench.sweep import cells, grid, kinds
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "g.toml"
+    path.write_text("\n".join([
+        "[sweep]", f'results = "{tmp_path / "res"}"', "", "[[speed]]", 'tasks = ["mt_bench"]',
+        'methods = ["ar", "pld"]', f'model = "{tiny_model_dir}"', 'dtype = "float32"', "repeats = 1", "limit = 2",
+        "max_new_tokens = 4"]))
+    plan = grid.load(path, data=str(data))
+    monkeypatch.setenv("BPDBENCH_RESULTS", str(plan.results))
+    monkeypatch.setenv("BPDBENCH_DATA", str(data))
+    (cell,) = plan.cells
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
+    out = plan.results / cell.rel
+    rows = (out / "speed.jsonl").read_text().splitlines()
+    first = json.loads(rows[0])["id"]
+    (out / "speed.jsonl").write_text("".join(r + "\n" for r in rows if json.loads(r)["id"] == first))
+    (out / "speed.csv").write_text((out / "speed.csv").read_text())       # the summary of that prompt, newer
+    assert not kinds.finished(cell, plan.results)
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
+    assert len((out / "speed.jsonl").read_text().splitlines()) == len(rows)
+
+
 def test_a_folder_decoded_with_heads_of_another_recipe_is_not_finished(tiny_model_dir, data, tmp_path, monkeypatch):
     """Heads retrained by another `train-heads` recipe give other numbers, so a folder made with them is not the
     cell's result; heads without a recorded recipe were made by the first one, and untrained heads have none."""
