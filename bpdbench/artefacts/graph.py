@@ -39,12 +39,21 @@ class Artefact:
         prefix = "" if self.kind in ("rescorer", "method") else self.kind + "-"
         return f"{prefix}{self.detail}:{self.model}"
 
+    @property
+    def label(self) -> str:
+        """The words `bpdbench methods` uses for it, the model being said once above."""
+        return {"model": f"{self.model} ({self.detail})", "heads": f"heads ({self.detail})"}.get(self.kind, self.detail)
+
 
 def artefacts_for(cell, methods: list[Method], heads_dtype: HeadsDtype) -> list[Artefact]:
     """The artefacts one cell needs, each with the artefacts it is itself built from. `heads_dtype` is the training
     profile's fact (the sweep passes it: decoding code never reads a trainer's profiles)."""
+    return nodes(cell.config, methods, heads_dtype)
+
+
+def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> list[Artefact]:
+    """The artefacts a run of `methods` with `cfg` needs (a sweep cell's, or `bpdbench methods`' per method)."""
     from .. import models
-    cfg: RunConfig = cell.config
     out: dict[str, Artefact] = {}
 
     def model(name: str, dtype: str) -> list[str]:

@@ -176,4 +176,6 @@ def test_methods_lists_every_registered_method():
     assert code == 0, text
     for name in REGISTRY:
         assert f"\n{name} " in "\n" + text
-    assert "needs: heads (quick)" in text and "ngram4 " in text
+    assert "needs: heads (quick) " in text and "ngram4 " in text
+    bpd = text.split("\nbpd ")[1].splitlines()[1]          # the graph's answer: there, or cost and command
+    assert "heads (quick) present" in bpd or "heads (quick) to build, about" in bpd, bpd
