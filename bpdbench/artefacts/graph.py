@@ -26,10 +26,10 @@ HeadsDtype = Callable[[str], str]     # a heads profile -> the dtype its trainin
 
 @dataclass(frozen=True)
 class Artefact:
-    kind: str                   # model | heads | rescorer | method | network
+    kind: str                   # model | heads | rescorer | method | network | calibration
     model: str
     detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need;
-                                # network: its cache name and profile (koala-adv-quick)
+                                # network: its cache name and profile (koala-adv-quick); calibration: dtype-device-threads
     needs: tuple[str, ...] = ()
     build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, parsed Method) to build;
                                                                     # network: (name, profile, reports folder)
@@ -42,13 +42,20 @@ class Artefact:
     @property
     def label(self) -> str:
         """The words `bpdbench methods` uses for it, the model being said once above."""
-        return {"model": f"{self.model} ({self.detail})", "heads": f"heads ({self.detail})"}.get(self.kind, self.detail)
+        return {"model": f"{self.model} ({self.detail})", "heads": f"heads ({self.detail})",
+                "calibration": f"cost curve ({self.detail})"}.get(self.kind, self.detail)
 
 
 def artefacts_for(cell, methods: list[Method], heads_dtype: HeadsDtype) -> list[Artefact]:
     """The artefacts one cell needs, each with the artefacts it is itself built from. `heads_dtype` is the training
     profile's fact (the sweep passes it: decoding code never reads a trainer's profiles)."""
-    return nodes(cell.config, methods, heads_dtype)
+    out = nodes(cell.config, methods, heads_dtype)
+    if cell.kind == "speed":        # timed: its cost curve is measured before the cell, not on the cell's clock
+        cfg = cell.config
+        model = tuple(a.id for a in out if a.kind == "model" and a.model == cfg.model and a.detail == cfg.dtype)
+        out.append(Artefact("calibration", cfg.model, f"{cfg.dtype}-{cfg.device}-{cell.threads}t", model,
+                            (cfg.dtype, cfg.device, cell.threads)))
+    return sorted(out, key=lambda a: RANK[a.kind])
 
 
 def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> list[Artefact]:
@@ -103,8 +110,8 @@ def with_trainings(cells: list, artefacts: list[Artefact], networks: list[Artefa
     ids = tuple(a.id for a in networks)
     converted = {m: tuple(a.id for a in artefacts if a.kind == "model" and a.model == m) for m in last}
     networks = [replace(a, needs=a.needs + converted[a.model]) if not a.needs else a for a in networks]
-    later = [replace(a, needs=a.needs + (last[a.model],)) if a.kind == "method" and a.model in last else a
-             for a in artefacts]
+    later = [replace(a, needs=a.needs + (last[a.model],)) if a.kind in ("method", "calibration") and a.model in last
+             else a for a in artefacts]
     return [replace(c, needs=c.needs + ids) for c in cells], sorted(later + networks, key=lambda a: RANK[a.kind])
 
 
@@ -121,6 +128,10 @@ def collect(cells: list, heads_dtype: HeadsDtype) -> list[Artefact]:
             if a.model in last:
                 seen[key] = replace(a, needs=a.needs + (last[a.model],))
             last[a.model] = a.id
+    builds = tuple(k for k, a in seen.items() if a.kind != "calibration")
+    for key, a in list(seen.items()):       # a cost curve is timed: after every build, on a machine they left quiet
+        if a.kind == "calibration":
+            seen[key] = replace(a, needs=tuple(dict.fromkeys(a.needs + builds)))
     return sorted(seen.values(), key=lambda a: RANK[a.kind])
 
 
@@ -216,6 +227,28 @@ def _rescorer_need(a: Artefact):
     return need(_rescorer(a), a.model)
 
 
+def _calibration_present(a: Artefact) -> bool:
+    from ..hardware import calibration
+    dtype, device, threads = a.build_with
+    cal = calibration.cached(a.model, dtype, device, threads)
+    return cal is not None and not cal.busy         # a curve measured beside other work is measured again
+
+
+def _make_calibration(a: Artefact, auto_train: bool, log: Log) -> None:
+    """Measured alone: the driver gives this task the cores of the grid's widest cell, as it does a timed cell."""
+    from .. import models
+    from ..hardware import calibration
+    dtype, device, threads = a.build_with
+    calibration.ensure(a.model, dtype, device, threads, log=log,
+                       loader=lambda dt, dev: models.load(a.model, dt, dev)[0])
+
+
+def _calibration_path(a: Artefact) -> Path:
+    from ..hardware import calibration
+    dtype, device, threads = a.build_with
+    return calibration.cache_path(a.model, dtype, device, threads)
+
+
 KINDS: dict[str, KindSpec] = {
     "model": KindSpec(0, _model_path, lambda a: (_model_path(a) / "config.json").exists(), _make_model,
                       lambda a: 1, lambda a: f"any command on {a.model} (converted from its GGUF package on first load)"),
@@ -229,6 +262,9 @@ KINDS: dict[str, KindSpec] = {
                         _copy_report),
     "method": KindSpec(4, lambda a: None, _method_present, _make_method, lambda a: None,
                        lambda a: f"any command with --methods {a.build_with[1].label} (built on its first use)"),
+    "calibration": KindSpec(5, _calibration_path, _calibration_present, _make_calibration, lambda a: 1.5,
+                            lambda a: f"bpdbench calibrate --model {a.model} --dtype {a.build_with[0]} --device "
+                                      f"{a.build_with[1]} --threads {a.build_with[2]}"),
 }
 RANK = {kind: spec.rank for kind, spec in KINDS.items()}
 

@@ -111,7 +111,8 @@ def test_sweep_equals_serial_recovers_a_killed_worker_and_reruns_nothing(tiny_mo
     path = tmp_path / "grid.toml"
     path.write_text(grid_text(tiny_model_dir, tmp_path / "results", data, tmp_path / "cache"))
     plan = grid.load(path)
-    assert len(plan.cells) == 11 and not plan.artefacts     # 8 run + replay + oracle + speed; init heads, a folder
+    assert len(plan.cells) == 11     # 8 run + replay + oracle + speed; init heads, a folder: only the timed cell's
+    assert [(a.kind, a.detail) for a in plan.artefacts] == [("calibration", "float32-cpu-1t")]     # cost curve
     once = tmp_path / "worker-died"
     victim = next(c for c in plan.cells if c.id.startswith("runs/xsum") and c.config.method == "bpd")
     plan.cells[plan.cells.index(victim)] = dataclasses.replace(victim, hooks={"exit_after_examples": 1,
@@ -220,7 +221,10 @@ def test_reference_grid_plans_the_reproduction(tmp_path):
     from bpdbench.train.pacing import resolve_dtype
     gen = resolve_dtype("auto", log=lambda s: None)[0]     # the heads generate in this machine's fast dtype
     assert {a.id for a in plan.artefacts} == {f"model-bfloat16:{m}", f"heads-quick:{m}", f"ngram2:{m}",
-                                              f"ngram4:{m}", f"neural-m:{m}", f"model-{gen}:{m}"}
+                                              f"ngram4:{m}", f"neural-m:{m}", f"model-{gen}:{m}",
+                                              f"calibration-bfloat16-cpu-2t:{m}"}      # the speed cell's, timed last
+    curve = next(a for a in plan.artefacts if a.kind == "calibration")
+    assert set(curve.needs) == {a.id for a in plan.artefacts} - {curve.id} and plan.artefacts[-1] == curve
     neural = next(a for a in plan.artefacts if a.detail == "neural-m")
     assert set(neural.needs) == {f"heads-quick:{m}", f"model-bfloat16:{m}"}
     replay = next(c for c in plan.cells if c.id == "replay/xsum")

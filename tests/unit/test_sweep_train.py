@@ -99,8 +99,8 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     that builds it alone; a node that is there says so."""
     from bpdbench import paths
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
-    assert set(graph.KINDS) == {"model", "heads", "rescorer", "network", "method"}
-    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "heads", "rescorer", "network", "method"]
+    assert set(graph.KINDS) == {"model", "heads", "rescorer", "network", "method", "calibration"}
+    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "heads", "rescorer", "network", "method", "calibration"]
     heads = graph.Artefact("heads", "tiny/m", "quick")
     assert graph.describe(heads) == (f"to build, about 10 min (bpdbench train-heads --profile quick) into "
                                      f"{paths.heads_dir('tiny/m', 'quick')}")
@@ -110,3 +110,6 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     (net,) = trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g", str(tmp_path / "res"))
     assert graph.describe(net).startswith("to build, about 1 min (bpdbench train-network koala-adv --profile ci) into ")
     assert "ngram --order 4" in graph.describe(graph.Artefact("rescorer", "tiny/m", "ngram4"))
+    curve = graph.Artefact("calibration", "tiny/m", "float32-cpu-1t", (), ("float32", "cpu", 1))
+    assert graph.describe(curve).startswith("to build, about 1.5 min (bpdbench calibrate --model tiny/m --dtype "
+                                            "float32 --device cpu --threads 1) into ")
