@@ -18,7 +18,7 @@ from typing import Callable
 from ..config import RunConfig
 from ..methods import Method, contract
 from ..methods.contract import Kind
-from .policy import MINUTES, builder
+from .policy import builder, network_need
 
 Log = Callable[[str], None]
 HeadsDtype = Callable[[str], str]     # a heads profile -> the dtype its training generates in, on this machine
@@ -147,6 +147,7 @@ class KindSpec:
     minutes: Callable[[Artefact], float | None]     # expected minutes on 2 CPU cores (None: the first use says)
     command: Callable[[Artefact], str]              # what builds it alone
     finish: Callable[[Artefact], None] = lambda a: None     # after it is there, built or not
+    gpus: Callable[[Artefact], float] = lambda a: 0         # GPUs its task asks for (Ray hides the rest from it)
 
 
 def _model_path(a: Artefact) -> Path:
@@ -257,14 +258,14 @@ KINDS: dict[str, KindSpec] = {
     "rescorer": KindSpec(2, lambda a: None, lambda a: all(ok for _, ok in _ready(a)), _make_rescorer,
                          lambda a: _rescorer_need(a).minutes, lambda a: _rescorer_need(a).command),
     "network": KindSpec(3, _network_path, _network_present, _make_network,
-                        lambda a: MINUTES.get(a.build_with[1], 10),
-                        lambda a: f"bpdbench train-network {a.build_with[0]} --profile {a.build_with[1]}",
-                        _copy_report),
+                        lambda a: network_need(a.model, *a.build_with[:2]).minutes,
+                        lambda a: network_need(a.model, *a.build_with[:2]).command, _copy_report),
     "method": KindSpec(4, lambda a: None, _method_present, _make_method, lambda a: None,
                        lambda a: f"any command with --methods {a.build_with[1].label} (built on its first use)"),
     "calibration": KindSpec(5, _calibration_path, _calibration_present, _make_calibration, lambda a: 1.5,
                             lambda a: f"bpdbench calibrate --model {a.model} --dtype {a.build_with[0]} --device "
-                                      f"{a.build_with[1]} --threads {a.build_with[2]}"),
+                                      f"{a.build_with[1]} --threads {a.build_with[2]}",
+                            gpus=lambda a: 1 if str(a.build_with[1]).startswith("cuda") else 0),
 }
 RANK = {kind: spec.rank for kind, spec in KINDS.items()}
 

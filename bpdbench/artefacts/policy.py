@@ -65,6 +65,13 @@ class Need:
         make()
 
 
+def network_need(model: str, name: str, profile: str, label: str = "") -> Need:
+    """A trained draft network (`name` as saved, e.g. koala-adv) of a profile: what a method's first use and the
+    artefact graph's network node both say and check."""
+    return Need(f"'{profile}' {name} drafter for {model}", f"bpdbench train-network {name} --profile {profile}",
+                MINUTES[profile], label)
+
+
 def warn_use(warning: str | None, where: str, log: Callable[[str], None]) -> None:
     """A run that loads a flagged artefact (held-out quality under its floor) says so: never used silently (loading
     happens once per run: Env caches it)."""

@@ -27,14 +27,14 @@ import torch
 
 from .. import refine
 from .. import paths
-from ..artefacts import MINUTES, Need, builder
+from ..artefacts import Need, builder
 from ..config import RunConfig
 from ..nets.base import DraftModel, NetworkFileError
 from ..nets.checkpoint import load as load_drafter, read_config
 from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
 from ..store import seal
-from ..artefacts.policy import warn_use
+from ..artefacts.policy import network_need, warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
 from .contract import Input, Kind, Reads, need_names
 from .dynamic import BUDGETS, DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree, is_dynamic
@@ -335,5 +335,4 @@ def spec(name: str, description: str, trained_name, drafter_type, extra: tuple[P
 
 
 def drafter_need(method: Method, model: str, trained_name: str, profile: str) -> Need:
-    return Need(f"'{profile}' {trained_name} drafter for {model}",
-                f"bpdbench train-network {trained_name} --profile {profile}", MINUTES[profile], method.label)
+    return network_need(model, trained_name, profile, method.label)
