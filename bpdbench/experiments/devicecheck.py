@@ -95,6 +95,30 @@ def gpu_busy(model, prompt: list[int], n: int) -> dict:
             "gpu_busy_share": kernels_us / 1000 / n / ms}
 
 
+def hf_loop(model, prompt: list[int], n: int, repeats: int = 3) -> dict:
+    """transformers' own generate on the same prompt: eagerly with its concatenating cache, then with its static
+    cache, which it compiles into CUDA graphs on a GPU (torch.compile, reduce-overhead). How far a captured step
+    could take a host-bound decode, before building one into our loop."""
+    from transformers import GenerationConfig
+    ids = torch.tensor([prompt], device=model.device)
+    out = {}
+    for name, extra in (("eager", {}), ("static_compiled", {"cache_implementation": "static"})):
+        config = GenerationConfig(max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, **extra)
+        times = []
+        for r in range(repeats + 2):                    # two warm-ups: the compile, then its first replay
+            synchronize(model.device)
+            t0 = time.perf_counter()
+            model.generate(ids, generation_config=config)
+            synchronize(model.device)
+            times.append((time.perf_counter() - t0) * 1000 / n) if r >= 2 else None
+        out[f"hf_{name}_ms_per_token"] = statistics.median(times)
+        print(json.dumps({name: out[f"hf_{name}_ms_per_token"]}), flush=True)
+    return out
+
+
+PARTS = ("caches", "profile", "calibration", "hf")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
@@ -104,10 +128,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, nargs="+", default=[128, 1024, 4096])
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--parts", default="caches,profile,calibration",
+                    help=f"what to measure, of {','.join(PARTS)} (hf: transformers' generate, eager and compiled "
+                         f"into CUDA graphs; its compile takes minutes)")
     ap.add_argument("--out", default="results/gpu-check")
     ap.add_argument("--save", metavar="DIR", help="with --random-weights: save that model (and DIR's tokenizer) here, "
                     "so `bpdbench speed --model DIR` runs every method's code path on the device")
     a = ap.parse_args(argv)
+    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    if set(parts) - set(PARTS):
+        sys.exit(f"devicecheck: --parts {a.parts!r}: choose from {', '.join(PARTS)}")
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit(f"gpu-check: torch {torch.__version__} sees no CUDA device; run it where a GPU and a CUDA build of "
                  f"torch are")
@@ -124,20 +154,31 @@ def main(argv: list[str] | None = None) -> int:
               "machine": current(torch.get_num_threads(), a.device).to_dict(),
               "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
               "decode": []}
-    for ctx in a.context:
-        prompt = torch.randint(0, model.config.vocab_size, (ctx,), generator=g).tolist()
+    prompts = {ctx: torch.randint(0, model.config.vocab_size, (ctx,), generator=g).tolist() for ctx in a.context}
+    first = prompts[a.context[0]]
+
+    def write() -> None:       # after each part: a run cut by its time limit keeps what it measured
+        (out / "devicecheck.json").write_text(json.dumps(report, indent=2, default=str))
+    for ctx, prompt in (prompts.items() if "caches" in parts else ()):
         row = compare_caches(model, prompt, a.new_tokens, a.repeats, a.dtype)
         report["decode"].append(row)
         print(json.dumps(row), flush=True)
-    if a.device.startswith("cuda"):
-        report["profile"] = gpu_busy(model, prompt, 32)
+        write()
+    if "profile" in parts and a.device.startswith("cuda"):
+        report["profile"] = gpu_busy(model, first, 32)
         print(json.dumps(report["profile"]), flush=True)
-    cal = measure(model, name, a.dtype, a.device, torch.get_num_threads(), log=print)
-    report["calibration"] = cal.to_dict()
-    save(cal)                   # `bpdbench speed --model <name>` on this device reads it instead of measuring again
-    (out / "devicecheck.json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"one step {cal.step_ms:.2f} ms; 8 tokens {cal.cost(8):.2f}, 16 {cal.cost(16):.2f}, 64 {cal.cost(64):.2f} "
-          f"steps; {out / 'devicecheck.json'}")
+        write()
+    if "hf" in parts:
+        report["hf"] = hf_loop(model, first, a.new_tokens)
+        write()
+    if "calibration" in parts:
+        cal = measure(model, name, a.dtype, a.device, torch.get_num_threads(), log=print)
+        report["calibration"] = cal.to_dict()
+        save(cal)               # `bpdbench speed --model <name>` on this device reads it instead of measuring again
+        write()
+        print(f"one step {cal.step_ms:.2f} ms; 8 tokens {cal.cost(8):.2f}, 16 {cal.cost(16):.2f}, 64 "
+              f"{cal.cost(64):.2f} steps")
+    print(f"wrote {out / 'devicecheck.json'}")
     # a loss is a divergence the dtype's rounding does not explain; where greedy decoding does not even reproduce
     # its own tokens (random weights' near-flat logits, kernels chosen per shape), it is recorded, not failed
     lost = [r for r in report["decode"] if r.get("certificate") == "lost" and r.get("reference_reproduced", True)]
