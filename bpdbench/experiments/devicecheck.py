@@ -2,9 +2,11 @@
 
 Why its own module: CI and most sessions have CPUs only, so the accelerator path (the KV cache, the tree buffers
 kept on the device, the synchronised clocks) is measured only when a session has a GPU, in one short run that writes
-everything it saw to one folder. It decodes the same prompts with the concatenating cache and with the preallocated
-one (engine/cache.py: tokens equal or certified near-ties; the ms per token choose `SLOT_DEVICES`), then measures
-the forward cost curve the cost model reads (hardware/calibration.py) with the cache decoding uses there.
+everything it saw to one folder (`--parts`). `caches`: the same prompts decoded with the concatenating cache and the
+preallocated one (engine/cache.py: tokens equal or certified near-ties; the ms per token choose `SLOT_DEVICES`).
+`profile`: the share of a step the GPU spends in kernels. `calibration`: the forward cost curve the cost model reads
+(hardware/calibration.py), with the cache decoding uses there. `hf` (not by default: it compiles for minutes):
+transformers' generate, eager and compiled into CUDA graphs, the bound a captured step would reach.
 
 `--random-weights DIR`: a machine that cannot have the weights (no registry, no Hub) builds the model of DIR's
 config.json with random weights. Costs depend on shapes, not on values, so the step costs stand; acceptance and
@@ -71,7 +73,8 @@ def compare_caches(model, prompt: list[int], n: int, repeats: int, dtype: str) -
     for r in range(repeats + 1):
         for k, make in kinds.items():
             tokens[k], ms = decode(model, make, prompt, n)
-            times[k].append(ms) if r else None
+            if r:                               # the first round is the warm-up
+                times[k].append(ms)
     row = {"context": len(prompt), "new_tokens": n, **{f"{k}_ms_per_token": statistics.median(v) for k, v in
                                                        times.items()}, "same_tokens": tokens["concat"] == tokens["slots"]}
     if not row["same_tokens"]:
@@ -110,7 +113,8 @@ def hf_loop(model, prompt: list[int], n: int, repeats: int = 3) -> dict:
             t0 = time.perf_counter()
             model.generate(ids, generation_config=config)
             synchronize(model.device)
-            times.append((time.perf_counter() - t0) * 1000 / n) if r >= 2 else None
+            if r >= 2:
+                times.append((time.perf_counter() - t0) * 1000 / n)
         out[f"hf_{name}_ms_per_token"] = statistics.median(times)
         print(json.dumps({name: out[f"hf_{name}_ms_per_token"]}), flush=True)
     return out
