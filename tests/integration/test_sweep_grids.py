@@ -196,3 +196,29 @@ def test_a_certify_cell_runs_and_is_then_finished(tiny_model_dir, data, tmp_path
     assert kinds.finished(cell, plan.results)
     meta = json.loads((plan.results / cell.rel / "certify.json").read_text())
     assert meta["methods"] == ["pld"] and meta["sweep"]["cell"] == cell.rel
+
+
+def test_reference_grid_plans_the_reproduction(tmp_path):
+    """grids/reference.toml is the reproduction script of the time as a grid: what it runs and what waits for what."""
+    from bpdbench.sweep import grid
+    ref = Path(__file__).resolve().parents[2] / "grids" / "reference.toml"
+    if not (Path(__file__).resolve().parents[3] / "shared" / "data" / "xsum").is_dir():
+        pytest.skip("needs ../shared/data")
+    plan = grid.load(ref, results=str(tmp_path / "results"), limit=2)
+    kinds = {k: sum(c.kind == k for c in plan.cells) for k in ("tune", "replay", "oracle", "analyze", "speed")}
+    assert kinds == {"tune": 18, "replay": 6, "oracle": 6, "analyze": 6, "speed": 1}
+    m = "qwen2.5-coder-0.5b"
+    from bpdbench.train.pacing import resolve_dtype
+    gen = resolve_dtype("auto", log=lambda s: None)[0]     # the heads generate in this machine's fast dtype
+    assert {a.id for a in plan.artefacts} == {f"model-bfloat16:{m}", f"heads-quick:{m}", f"ngram2:{m}",
+                                              f"ngram4:{m}", f"neural-m:{m}", f"model-{gen}:{m}",
+                                              f"calibration-bfloat16-cpu-2t:{m}"}      # the speed cell's, timed last
+    curve = next(a for a in plan.artefacts if a.kind == "calibration")
+    assert set(curve.needs) == {a.id for a in plan.artefacts} - {curve.id} and plan.artefacts[-1] == curve
+    neural = next(a for a in plan.artefacts if a.detail == "neural-m")
+    assert set(neural.needs) == {f"heads-quick:{m}", f"model-bfloat16:{m}"}
+    replay = next(c for c in plan.cells if c.id == "replay/xsum")
+    assert {f"tune:{m}/xsum/{r}" for r in ("ngram4", "16best-ngram4", "neural-m")} <= set(replay.needs)
+    assert replay.config.limit == 2 and len(replay.options["methods"].split(",")) == 14
+    code, text = cli("sweep", ref, "--results", tmp_path / "results", "--dry-run")
+    assert code == 0 and "37 cells (0 finished, 37 to run)" in text, text
