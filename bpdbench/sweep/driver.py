@@ -151,7 +151,8 @@ def _submit(ray, plan: SweepPlan, todo: list) -> dict:
     by_id: dict = {}
     for a in _needed(plan, todo):
         ref = art.options(num_cpus=threads, num_gpus=KINDS[a.kind].gpus(a), max_retries=plan.retries,
-                          retry_exceptions=False, runtime_env=env, name=a.id).remote(a, auto_train, threads, plan.retries, state, commit,
+                          retry_exceptions=False, runtime_env=env,
+                          name=a.id).remote(a, auto_train, threads, plan.retries, state, commit,
                                             *[by_id[n] for n in a.needs if n in by_id])
         refs[ref], by_id[a.id] = ("artefact", a), ref
     for c in sorted(todo, key=lambda c: c.kind != "tune"):
