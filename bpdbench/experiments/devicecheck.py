@@ -75,8 +75,8 @@ def compare_caches(model, prompt: list[int], n: int, repeats: int, dtype: str) -
             tokens[k], ms = decode(model, make, prompt, n)
             if r:                               # the first round is the warm-up
                 times[k].append(ms)
-    row = {"context": len(prompt), "new_tokens": n, **{f"{k}_ms_per_token": statistics.median(v) for k, v in
-                                                       times.items()}, "same_tokens": tokens["concat"] == tokens["slots"]}
+    medians = {f"{k}_ms_per_token": statistics.median(v) for k, v in times.items()}
+    row = {"context": len(prompt), "new_tokens": n, **medians, "same_tokens": tokens["concat"] == tokens["slots"]}
     if not row["same_tokens"]:
         from .certificate import certify_output
         cert = certify_output(model, prompt, tokens["slots"], tokens["concat"], dtype, 1)
