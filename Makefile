@@ -22,11 +22,10 @@ kenlm: install
 	VENV=$(VENV) bash scripts/install_kenlm.sh
 
 # llama.cpp for `qdraft:runtime=gguf` (the target's own GGUF file as its draft): llama-cpp-python compiled for this
-# CPU (about 10 min on 2 cores, once; optional: without it the method says this command in one line).
-LLAMACPP_CMAKE = -DGGML_NATIVE=ON -DGGML_OPENMP=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
+# CPU's instruction sets without AMX (scripts/install_llamacpp.sh says why; about 10 min on 2 cores, once, and again
+# when the CPU's flags change; optional: without it the method says this command in one line).
 llamacpp: install
-	$(BIN)/python -c "import llama_cpp" 2>/dev/null || CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) CMAKE_ARGS="$(LLAMACPP_CMAKE)" \
-		$(PIP) install -q "llama-cpp-python==0.3.36"
+	VENV=$(VENV) bash scripts/install_llamacpp.sh
 
 # Headless Chromium (Debian's package), which the leaderboard page's test opens; `-`: a machine where apt-get cannot
 # run still tests the rest (the page's test then skips, and fails under CI).
