@@ -14,6 +14,7 @@ import torch
 from .. import paths
 from ..engine import Counters, DraftContext, ratios
 from ..methods import parse
+from ..refine import SAW
 from .figures import plot_entropy
 from ..store import update_json, write_atomic
 from .replay import replay_one, trajectories
@@ -79,7 +80,8 @@ def analyze(s: Session, out: Path) -> dict:
 
 
 def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
-    """Pick alpha maximising replayed block efficiency on the held-out slice; store it in the alpha table."""
+    """Pick alpha maximising replayed block efficiency on the tune split; store it, and the examples it saw, in the
+    alpha table."""
     method = parse(rescorer)
     if "alpha" not in {p.name for p in method.spec.params}:
         raise ValueError(f"{rescorer} has no alpha to tune; methods with one: ngram2, ngram4, 16best-ngram4, "
@@ -99,5 +101,8 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
         s.log(f"  alpha {alpha}: block efficiency {scores[alpha]:.4f}")
     best = max(scores, key=lambda a: (scores[a], -a))
     path = Path(s.cfg.alpha_file) if s.cfg.alpha_file else paths.alpha_file()
-    update_json(path, lambda table: {**table, f"{s.cfg.model}/{s.cfg.task}/{method.name}": best})
+    key = f"{s.cfg.model}/{s.cfg.task}/{method.name}"
+    saw = {"split": "tune", "examples": sorted(str(t[0].id) for t in trajs)}
+    update_json(path, lambda table: {**table, key: best, SAW: {**table.get(SAW, {}), key: saw}})
     return {"alpha": best, "scores": scores, "n_examples": len(trajs), "file": str(path)}
+

@@ -76,6 +76,15 @@ def tuned_alpha(table: Path, task: str, rescorer: str, model_name: str) -> float
     return json.loads(table.read_text()).get(f"{model_name}/{task}/{rescorer}")
 
 
+SAW = "_saw"    # the alpha table's record of what each alpha was tuned on: {key: {"split", "examples"}}
+
+
+def tuned_on_tune_split(table: dict, key: str) -> bool:
+    """An alpha counts as tuned only if the table records that `tune` picked it on the tune split: entries from
+    before the splits (picked on the evaluated slice) are tuned again by the sweep."""
+    return key in table and (table.get(SAW) or {}).get(key, {}).get("split") == "tune"
+
+
 def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, device: str = "cpu",
           log=print, heads_meta: dict | None = None, dtype: str = "float32") -> Rescorer | None:
     """Instantiate a rescorer; a missing artefact is a one-line error naming the command that makes it.

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 from ..config import ConfigError, RunConfig
 from ..experiments.plan import Plan
 from ..methods import Method, parse
+from ..refine import tuned_on_tune_split
 
 Log = Callable[[str], None]
 
@@ -348,6 +349,6 @@ def _tuned(cell, root: Path) -> bool:
     c = cell.config
     table = Path(c.alpha_file) if c.alpha_file else root / "alpha.json"
     try:
-        return f"{c.model}/{c.task}/{cell.methods[0].name}" in json.loads(table.read_text())
+        return tuned_on_tune_split(json.loads(table.read_text()), f"{c.model}/{c.task}/{cell.methods[0].name}")
     except (OSError, ValueError):
         return False

@@ -192,7 +192,9 @@ def test_artefacts_once_then_tune_then_the_replay_reading_its_alpha(tiny_model_d
     assert f"tune:{tiny_model_dir}/xsum/ngram2" in replay.needs
     report = driver.run(plan, "local", cpus=2, log=print)
     assert driver.exit_code(report) == 0 and [a["status"] for a in report["artefacts"]] == ["built"] * 2, report
-    alpha = json.loads((plan.results / "alpha.json").read_text())[f"{tiny_model_dir}/xsum/ngram2"]
+    table = json.loads((plan.results / "alpha.json").read_text())
+    alpha, saw = table[f"{tiny_model_dir}/xsum/ngram2"], table["_saw"][f"{tiny_model_dir}/xsum/ngram2"]
+    assert saw["split"] == "tune" and 0 < len(saw["examples"]) <= 2      # what the alpha was picked on
     resolved = json.loads((plan.results / "replay" / "xsum" / "config.json").read_text())["resolved"]["methods"]
     assert resolved["ngram2"]["alpha"] == alpha and resolved["ngram2"]["alpha_source"].endswith("alpha.json")
     assert (plan.results / "analysis" / "xsum" / "entropy.csv").exists()
@@ -318,6 +320,16 @@ def _tune_like_writer(args: tuple) -> None:
     path, who = args
     for i in range(25):
         update_json(Path(path), lambda t, i=i: {**t, f"{who}/{i}": i})
+
+
+def test_an_alpha_without_its_split_is_tuned_again():
+    """alpha.json entries from before the splits were picked on the evaluated slice: the sweep tunes them again."""
+    from bpdbench.refine import tuned_on_tune_split
+    old = {"m/xsum/ngram2": 0.5}
+    assert not tuned_on_tune_split(old, "m/xsum/ngram2")
+    assert tuned_on_tune_split({**old, "_saw": {"m/xsum/ngram2": {"split": "tune", "examples": ["3"]}}},
+                               "m/xsum/ngram2")
+    assert not tuned_on_tune_split({**old, "_saw": {"m/xsum/ngram2": {"split": "eval"}}}, "m/xsum/ngram2")
 
 
 def test_alpha_table_writers_side_by_side_keep_every_entry(tmp_path):
