@@ -56,14 +56,17 @@ def sweep(grid: Annotated[str, typer.Argument(help="grid file (TOML), e.g. grids
           data: Annotated[Optional[str], typer.Option(help="data root for every worker (default: the grid's, else "
                                                            "each worker's $BPDBENCH_DATA or ../shared/data)")] = None,
           dry_run: Annotated[bool, typer.Option("--dry-run", help="list the cells, what is finished and what each "
-                                                                  "waits for; run nothing")] = False) -> None:
+                                                                  "waits for; run nothing")] = False,
+          only: Annotated[Optional[list[str]], typer.Option(help="run only the cells whose id matches (shell "
+                                                                 "wildcards, repeatable: --only 'tune:*'), with what "
+                                                                 "they wait for")] = None) -> None:
     """Run a grid of run/replay/oracle/analyze/tune/speed/alpha_law/certify cells as Ray tasks; finished cells and examples are kept,
     failed cells are retried and reported (exit 1), results land in one tree that `bpdbench tables` reads."""
     from ..sweep import driver, grid as grid_lib
     if cpus is not None and cpus < 1:
         raise ValueError(f"--cpus must be >= 1, got {cpus}")
     driver.check_address(address)
-    plan = grid_lib.load(Path(grid), results, cache, data, threads, limit)
+    plan = grid_lib.only(grid_lib.load(Path(grid), results, cache, data, threads, limit), only or [])
     if dry_run:
         driver.show(plan)
         return

@@ -186,6 +186,28 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
                 grid.parent), data_root, retries, sweep.get("tables", False), cells, artefacts)
 
 
+def only(plan: SweepPlan, patterns: list[str]) -> SweepPlan:
+    """The cells whose id matches one of `patterns` (shell wildcards, as `--dry-run` prints ids: 'tune:*'), with
+    the artefacts and cells they wait for. Why: one recipe re-made alone (the tuned alphas) without re-running the
+    rest of its grid. The tables are not rendered for a part of a grid."""
+    from fnmatch import fnmatchcase
+    if not patterns:
+        return plan
+    deps = {c.id: c.needs for c in plan.cells} | {a.id: a.needs for a in plan.artefacts}
+    keep = {c.id for c in plan.cells if any(fnmatchcase(c.id, p) for p in patterns)}
+    if not keep:
+        raise GridError(f"--only {' '.join(patterns)}: no cell of {plan.grid} has a matching id; "
+                        f"`bpdbench sweep {plan.grid} --dry-run` lists them (e.g. {plan.cells[0].id})")
+    todo = list(keep)
+    while todo:
+        for d in deps.get(todo.pop(), ()):
+            if d not in keep:
+                keep.add(d)
+                todo.append(d)
+    return dataclasses.replace(plan, cells=[c for c in plan.cells if c.id in keep], tables=False,
+                               artefacts=[a for a in plan.artefacts if a.id in keep])
+
+
 def shown(grid: Path) -> str:
     """The grid as a result records it: relative to the checkout when inside it (grids/field.toml), so the name
     means the same file in every clone; otherwise its absolute path."""

@@ -222,3 +222,12 @@ def test_reference_grid_plans_the_reproduction(tmp_path):
     assert replay.config.limit == 2 and len(replay.options["methods"].split(",")) == 14
     code, text = cli("sweep", ref, "--results", tmp_path / "results", "--dry-run")
     assert code == 0 and "37 cells (0 finished, 37 to run)" in text, text
+    tuned = grid.only(plan, ["tune:*"])     # the tuned alphas re-made alone: their cells and what they wait for
+    assert {c.kind for c in tuned.cells} == {"tune"} and len(tuned.cells) == 18 and not tuned.tables
+    assert {a.id for a in tuned.artefacts} == {f"model-bfloat16:{m}", f"heads-quick:{m}", f"ngram4:{m}",
+                                               f"neural-m:{m}", f"model-{gen}:{m}"} & {a.id for a in plan.artefacts}
+    just_replay = grid.only(plan, ["replay/xsum"])
+    assert {c.id for c in just_replay.cells} == {"replay/xsum"} | {f"tune:{m}/xsum/{r}" for r in
+                                                                   ("ngram4", "16best-ngram4", "neural-m")}
+    code, text = cli("sweep", ref, "--results", tmp_path / "results", "--dry-run", "--only", "nothing*")
+    assert code != 0 and "no cell of" in text and "--dry-run` lists them" in text, text
