@@ -20,6 +20,8 @@ both caches on every GPU session, so the default can follow the numbers.
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -86,6 +88,9 @@ class SlotCache(DynamicCache):
 
     def _layer(self) -> SlotLayer:
         return SlotLayer(self.capacity)
+
+
+CacheFactory = Callable[[Any, int], DynamicCache]     # (device, capacity) -> the base model's cache
 
 
 def uses_slots(device) -> bool:

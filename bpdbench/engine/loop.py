@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from .acceptance import GREEDY, Acceptance, Decision
-from .cache import new_cache
+from .cache import CacheFactory, new_cache
 from .counters import Counters
 from .events import OnStep, StepEvent
 from .tree import Tree, build_tree, compact_cache, inner_nodes, is_chain, model_inputs
@@ -82,17 +82,18 @@ TREE_ROWS = 256     # cache rows beyond prompt + new tokens that a preallocated 
 
 
 def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None,
-            new_tokens: int = 0) -> State:
+            new_tokens: int = 0, cache: CacheFactory | None = None) -> State:
     """The prompt's forward and the first token. With a `memo` (many sampled decodes of one prompt, as `certify`
     runs) the forward is computed once and its cache copied per decode: same numbers, one serial call counted.
     Every prompt position's hidden state is kept (`State.fresh`) for drafters that run over the base's features.
-    `new_tokens`: sizes a preallocated cache (cache.py) so no step reallocates it."""
+    `new_tokens`: sizes a preallocated cache (cache.py) so no step reallocates it. `cache`: makes the base's cache
+    from (device, capacity) instead of the device's choice (`new_cache`): how a measurement compares two kinds."""
     key = ("prefill", tuple(prompt_ids))
     if memo is not None and key in memo:
         cache, hidden, logits = memo[key]
         cache = copy.deepcopy(cache)
     else:
-        cache = new_cache(model.device, len(prompt_ids) + new_tokens + TREE_ROWS)
+        cache = (cache or new_cache)(model.device, len(prompt_ids) + new_tokens + TREE_ROWS)
         x = torch.tensor([prompt_ids], device=model.device)
         hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0]
         logits = model.lm_head(hidden[-1:])
@@ -217,16 +218,16 @@ def step_decision(tree: Tree, targets: list[int], proposal: Proposal, limits: Li
 @torch.inference_mode()
 def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limits,
              acceptance: Acceptance = GREEDY, on_step: OnStep | None = None,
-             memo: dict | None = None) -> Generation:
+             memo: dict | None = None, cache: CacheFactory | None = None) -> Generation:
     """Decode one prompt with one drafter. Stops at EOS (kept) or max_new_tokens, identically for every method.
     `on_step`: called once per verify step with its `StepEvent` (replay calls it at the same point).
-    `memo`: see `prefill`."""
+    `memo`, `cache`: see `prefill`."""
     drafter = drafter or EmptyDrafter()
     counters = Counters()
     gen = Generation([], counters)
     clock = time.perf_counter()
     drafter.reset(list(prompt_ids))
-    state = prefill(model, prompt_ids, acceptance, memo, limits.max_new_tokens)
+    state = prefill(model, prompt_ids, acceptance, memo, limits.max_new_tokens, cache)
     counters.serial_calls += 1
     gen.seconds["prefill"], clock = _lap(clock)
     out = [state.context[-1]]

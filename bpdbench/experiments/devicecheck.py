@@ -51,17 +51,11 @@ def save_with_tokenizer(model, source: str, folder: str) -> None:
 
 def decode(model, cache_kind, prompt: list[int], n: int) -> tuple[list[int], float]:
     """(tokens, ms per new token) of one AR decode with `cache_kind` in place of the engine's choice."""
-    from ..engine import loop
-    chosen = loop.new_cache
-    loop.new_cache = lambda device, capacity=256: cache_kind(capacity)      # noqa: E731
-    try:
-        synchronize(model.device)
-        t0 = time.perf_counter()
-        tokens = generate(model, None, prompt, Limits(n)).tokens
-        synchronize(model.device)
-        return tokens, (time.perf_counter() - t0) * 1000 / n
-    finally:
-        loop.new_cache = chosen
+    synchronize(model.device)
+    t0 = time.perf_counter()
+    tokens = generate(model, None, prompt, Limits(n), cache=lambda device, capacity: cache_kind(capacity)).tokens
+    synchronize(model.device)
+    return tokens, (time.perf_counter() - t0) * 1000 / n
 
 
 def compare_caches(model, prompt: list[int], n: int, repeats: int, dtype: str) -> dict:

@@ -72,3 +72,19 @@ def test_a_deep_copy_is_independent_and_still_writes_its_own_buffer():
     assert cache.get_seq_length() == 3 and twin.get_seq_length() == 4
     layer = twin.layers[0]
     assert layer.keys.data_ptr() == layer.key_buffer.data_ptr() and float(layer.keys[..., 3, :].sum()) == 0
+
+
+def test_generate_takes_a_cache_factory_in_place_of_the_devices_choice():
+    """How a measurement compares two kinds of cache on one device (experiments/devicecheck.py): no patching."""
+    from bpdbench.engine import Limits, generate
+    model, made = make_tiny_model(), []
+
+    def slots(device, capacity):
+        made.append((str(device), capacity))
+        return kv.SlotCache(capacity)
+    ref = generate(model, None, list(PROMPT), Limits(12, frozenset())).tokens
+    assert generate(model, None, list(PROMPT), Limits(12, frozenset()), cache=slots).tokens == ref
+    assert made == [("cpu", len(PROMPT) + 12 + loop.TREE_ROWS)]
+    from bpdbench.experiments.devicecheck import decode
+    assert decode(model, kv.SlotCache, list(PROMPT), 12)[0] == decode(model, lambda c: DynamicCache(), list(PROMPT),
+                                                                        12)[0] == ref
