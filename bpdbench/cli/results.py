@@ -130,9 +130,10 @@ def audit(results: Annotated[Optional[str], typer.Option(help="results directory
         if "error" in a:
             print(f"{rel:58} {a['task']:14} {'-':>5} {'-':>6} {'-':>5} {'-':>9}  unknown ({a['error']})")
             continue
-        seen = sum(x["overlap"] for x in a["artefacts"].values())
-        print(f"{rel:58} {a['task']:14} {a['evaluated']:5d} {a['in_train']:6d} {a['in_tune']:5d} {seen:9d}  "
-              f"{'clean' if a['clean'] else 'OVERLAP'}")
+        unknown = [x["why"] for x in a["artefacts"].values() if x["overlap"] is None]
+        seen = "?" if unknown else str(sum(x["overlap"] for x in a["artefacts"].values()))
+        print(f"{rel:58} {a['task']:14} {a['evaluated']:5d} {a['in_train']:6d} {a['in_tune']:5d} {seen:>9}  "
+              f"{'clean' if a['clean'] else 'OVERLAP'}{f' (unknown: {unknown[0]})' if unknown else ''}")
     dirty = [r for r, a in found.items() if not a["clean"]]
     print(f"{len(found)} folders, {len(found) - len(dirty)} clean, {len(dirty)} with overlap ({audits.RULE})")
     if strict and dirty:

@@ -46,9 +46,13 @@ def overlap(task: str, ids: list[str] | set[str], artefacts: dict[str, dict] | N
     out = {"rule": RULE, "evaluated": len(ids), "in_train": counts["train"], "in_tune": counts["tune"],
            "not_in_data": counts["unknown"], "artefacts": {}}
     for name, seen in (artefacts or {}).items():
+        if seen.get("unrecorded"):
+            out["artefacts"][name] = {"sha256": None, "overlap": None, "why": seen["unrecorded"]}
+            continue
         saw = set((seen.get("ids") or {}).get(task, []))
         out["artefacts"][name] = {"sha256": seen.get("sha256"), "overlap": len(ids & saw)}
-    out["clean"] = not (out["in_train"] or out["in_tune"] or any(a["overlap"] for a in out["artefacts"].values()))
+    out["clean"] = not (out["in_train"] or out["in_tune"] or
+                        any(a["overlap"] is None or a["overlap"] for a in out["artefacts"].values()))
     return out
 
 
@@ -62,13 +66,16 @@ def record(cfg, examples, resolved: dict) -> dict | None:
 
 
 def artefacts_seen(resolved: dict) -> dict[str, dict]:
-    """`seen` records of the artefacts a result's config.json names (heads, drafters, histories), by name."""
+    """`seen` records of the artefacts a result's config.json names (heads, drafters, histories, tuned alphas), by
+    name; a tuned alpha that recorded nothing is `unrecorded` (its overlap is unknown, so the folder is not clean)."""
     found: dict[str, dict] = {}
 
     def walk(node, path: str) -> None:
         if isinstance(node, dict):
             if isinstance(node.get("seen"), dict) and "ids" in node["seen"]:
                 found[path or "artefact"] = node["seen"]
+            elif path.endswith("alpha_table") and node.get("split") != "tune":
+                found[path] = {"unrecorded": "an alpha tuned before the splits (on the evaluated slice)"}
             for k, v in node.items():
                 if k != "seen":
                     walk(v, f"{path}.{k}" if path else str(k))

@@ -43,6 +43,14 @@ def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[floa
     return spec.default_alpha, "default (not tuned)"
 
 
+def alpha_table(env: Env, spec: refine.RescorerSpec, source: str) -> dict:
+    """`alpha_table`, what the tuned alpha saw (refine.tuned_on), where the alpha came from the table."""
+    table = Path(env.cfg.alpha_file) if env.cfg.alpha_file else paths.alpha_file()
+    if source != str(table):
+        return {}
+    return {"alpha_table": refine.tuned_on(table, env.cfg.task, spec.name, env.cfg.model)}
+
+
 def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
     heads, meta = env.heads()
     if method.get("tree") == "auto":
@@ -68,7 +76,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
                              dtype=env.cfg.dtype)
     k = k if stage is not None else 1      # plain BPD drafts the top-1 path: no wider lattice to compute
     env.resolved[method.label] = {"n_heads": n, "k": k, "threshold": threshold, "rescorer": spec.name, "p": spec.p,
-                                  "alpha": alpha, "alpha_source": source}
+                                  "alpha": alpha, "alpha_source": source, **alpha_table(env, spec, source)}
     if method.get("tree") == "dynamic":             # EAGLE-2's rerank over the lattice replaces the fixed tree
         from .dynamic import LatticeTree
         from .dynamic import DYNAMIC_NODES

@@ -254,7 +254,7 @@ def build(env: Env, method: Method, trained_name: str, drafter_type: str, longes
     rescorer, alpha, source = None, None, "n/a"
     if stage:
         from ..artefacts.rescorers import ensure
-        from .heads import alpha_for
+        from .heads import alpha_for, alpha_table
         spec = refine.get_rescorer(stage)
         alpha, source = alpha_for(env, method, spec)
         ensure(spec, env.cfg, env.tok, env.log)
@@ -262,7 +262,8 @@ def build(env: Env, method: Method, trained_name: str, drafter_type: str, longes
     training = config.get("training") or {}
     env.resolved[method.label] = {"drafter": drafter_type, "name": config.get("name"), "path": str(folder(
         method, env.cfg, trained_name)), "depth": depth, "tree": tree, "k": k, "threshold": threshold,
-        "refine": stage, "alpha": alpha, "alpha_source": source, "shortlist": len(model.proj),
+        "refine": stage, "alpha": alpha, "alpha_source": source, **(alpha_table(env, spec, source) if stage else {}),
+        "shortlist": len(model.proj),
         "trainable_parameters": config.get("trainable_parameters"), "profile": training.get("profile"),
         "heldout": training.get("heldout"), "seen": training.get("seen")}
     if training.get("quality_warning"):

@@ -79,6 +79,18 @@ def tuned_alpha(table: Path, task: str, rescorer: str, model_name: str) -> float
 SAW = "_saw"    # the alpha table's record of what each alpha was tuned on: {key: {"split", "examples"}}
 
 
+def tuned_on(table: Path, task: str, rescorer: str, model_name: str) -> dict:
+    """What a result states of an alpha read from `table` (resolved.<method>.alpha_table): the file, the split it
+    was tuned on and, as an artefact's `seen` record that `bpdbench audit` counts, the examples. An entry tuned
+    before the splits says split null: it was picked on the evaluated slice, and nothing lists what it saw."""
+    try:
+        saw = (json.loads(table.read_text()).get(SAW) or {}).get(f"{model_name}/{task}/{rescorer}")
+    except (OSError, ValueError):
+        saw = None
+    return {"file": str(table), "split": saw.get("split") if saw else None,
+            "seen": {"ids": {task: list(saw.get("examples", []))}} if saw else None}
+
+
 def tuned_on_tune_split(table: dict, key: str) -> bool:
     """An alpha counts as tuned only if the table records that `tune` picked it on the tune split: entries from
     before the splits (picked on the evaluated slice) are tuned again by the sweep."""
