@@ -75,7 +75,9 @@ def artefacts_seen(resolved: dict) -> dict[str, dict]:
             if isinstance(node.get("seen"), dict) and "ids" in node["seen"]:
                 found[path or "artefact"] = node["seen"]
             elif path.endswith("alpha_table") and node.get("split") != "tune":
-                found[path] = {"unrecorded": "an alpha tuned before the splits (on the evaluated slice)"}
+                found[path] = {"unrecorded": "an alpha tuned before the splits"}
+            elif str(node.get("alpha_source", "")).endswith(".json") and "alpha_table" not in node:
+                found[f"{path}.alpha_table"] = {"unrecorded": "an alpha read from a table that recorded nothing"}
             for k, v in node.items():
                 if k != "seen":
                     walk(v, f"{path}.{k}" if path else str(k))

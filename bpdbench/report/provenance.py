@@ -50,8 +50,10 @@ def overlap(f: load.ResultFolder) -> str:
     if a is None or a.get("error"):
         return f"not audited ({(a or {}).get('error', 'no per-example ids')})"
     if not a["clean"]:
-        seen = sum(x["overlap"] for x in a["artefacts"].values())
-        return f"overlap: {a['in_train']} train, {a['in_tune']} tune, {seen} seen by artefacts (bpdbench audit)"
+        unknown = [x["why"] for x in a["artefacts"].values() if x["overlap"] is None]
+        seen = "unknown" if unknown else sum(x["overlap"] for x in a["artefacts"].values())
+        return f"overlap: {a['in_train']} train, {a['in_tune']} tune, {seen} seen by artefacts (bpdbench audit)" \
+               + (f": {unknown[0]}" if unknown else "")
     return ""
 
 

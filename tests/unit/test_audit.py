@@ -35,10 +35,12 @@ def test_audit_flags_train_tune_and_artefact_overlap(tmp_path):
     _folder(res, "alpha-tuned", ["0", "1"], data, {"ngram4": {"alpha": 0.5, "alpha_table": tuned}})
     _folder(res, "alpha-unknown", ["0", "1"], data, {"ngram4": {"alpha": 0.5, "alpha_table": {
         "file": "alpha.json", "split": None, "seen": None}}})          # tuned before the splits: saw unknown
+    _folder(res, "alpha-old", ["0"], data, {"ngram4": {"alpha": 0.5, "alpha_source": "results/alpha.json"}})
     found = audit.tree(res)
     assert found["alpha-tuned"]["clean"] and found["alpha-tuned"]["artefacts"]["ngram4.alpha_table"]["overlap"] == 0
     assert not found["alpha-unknown"]["clean"]
     assert found["alpha-unknown"]["artefacts"]["ngram4.alpha_table"]["overlap"] is None
+    assert not found["alpha-old"]["clean"] and found["alpha-old"]["artefacts"]["ngram4.alpha_table"]["overlap"] is None
     assert found["clean"]["clean"] and found["clean"]["evaluated"] == 3
     assert not found["trained-on"]["clean"] and found["trained-on"]["in_train"] == 1
     assert not found["tuned-on"]["clean"] and found["tuned-on"]["in_tune"] == 1
