@@ -10,7 +10,8 @@ seen. Machine effects (caches, clocks) hit AR alike, so a method's own drift is 
 
 A drift below 0.95 (later repeats 5% faster than the first beyond what AR's are) is logged as a warning. The
 deterministic twin of the check is in the records: `repeat_serial_calls` and `repeat_accepted` per repeat, equal
-in every repeat when nothing leaks (greedy, or T > 0 with the seeded generator).
+in every repeat when nothing leaks (greedy, or T > 0 with the seeded generator); `repeat_same_decisions` is the
+share of prompts where they are, and the warning says which of the two it is.
 """
 from __future__ import annotations
 
@@ -30,16 +31,29 @@ def repeat_ratio(times) -> float:
     return median(list(times[1:])) / times[0]
 
 
+def same_decisions(record) -> float:
+    """1.0 when every repeat of one prompt made the same decisions (serial calls and tokens accepted per repeat),
+    0.0 when one differed, NaN where the record does not say (transformers' loops, older records)."""
+    calls, accepted = record.get("repeat_serial_calls"), record.get("repeat_accepted")
+    if not isinstance(calls, list) or len(calls) < 2:
+        return float("nan")
+    same = len(set(calls)) == 1 and (not isinstance(accepted, list) or len({str(a) for a in accepted}) == 1)
+    return float(same)
+
+
 def with_drift(summary: pd.DataFrame, records: pd.DataFrame, keys: tuple[str, ...]) -> pd.DataFrame:
     """`repeat_ratio` and `repeat_drift` columns on a summary grouped by `keys` (AR's ratio from AR's row in the
-    same group of the other keys, e.g. the same category)."""
+    same group of the other keys, e.g. the same category), and `repeat_same_decisions`: the share of prompts whose
+    repeats decided alike, which tells a drafter's state reaching its decisions from a timing effect."""
     ratios = (records["times"].map(repeat_ratio) if "times" in records
               else pd.Series(float("nan"), index=records.index))
-    per = records.assign(_ratio=ratios.astype(float)).groupby(list(keys), sort=False, dropna=False)["_ratio"]
-    table = per.median()
+    same = pd.Series([same_decisions(r) for r in records.to_dict("records")], index=records.index, dtype=float)
+    grouped = records.assign(_ratio=ratios.astype(float), _same=same).groupby(list(keys), sort=False, dropna=False)
+    table, agree = grouped["_ratio"].median(), grouped["_same"].mean()
     out = summary.copy()
-    out["repeat_ratio"] = [float(table.get(tuple(r) if len(keys) > 1 else r[0], float("nan")))
-                           for r in out[list(keys)].itertuples(index=False)]
+    at = [tuple(r) if len(keys) > 1 else r[0] for r in out[list(keys)].itertuples(index=False)]
+    out["repeat_ratio"] = [float(table.get(k, float("nan"))) for k in at]
+    out["repeat_same_decisions"] = [float(agree.get(k, float("nan"))) for k in at]
     ar = out["repeat_ratio"].where(out["method"] == "ar")
     other = [k for k in keys if k != "method"]
     if other:
@@ -58,9 +72,14 @@ def warn_drift(summary: pd.DataFrame, log: Callable[[str], None], threshold: flo
     for row in summary.itertuples():
         if row.method != "ar" and row.repeat_drift < threshold:
             warned.append(row.method)
+            same = getattr(row, "repeat_same_decisions", float("nan"))
+            why = ("its repeats decided alike on every prompt (serial calls and tokens accepted), so no drafter state "
+                   "reached its decisions: a timing effect (warm caches, or a machine whose speed varies: see "
+                   "median_spread)" if same == 1.0 else
+                   "state kept between repeats makes its median time a prompt it has already seen"
+                   + (f" (repeats decided alike on {same:.0%} of prompts)" if same == same else ""))
             log(f"WARNING: {row.method} gets faster with repeats: repeats 2..n take {row.repeat_ratio:.3f} of the "
-                f"first (median over prompts), ar's {ar_ratio:.3f} (repeat_drift {row.repeat_drift:.3f}); state "
-                f"kept between repeats makes its median time a prompt it has already seen")
+                f"first (median over prompts), ar's {ar_ratio:.3f} (repeat_drift {row.repeat_drift:.3f}); {why}")
     return warned
 
 

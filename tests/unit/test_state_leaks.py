@@ -205,6 +205,24 @@ def test_repeat_drift_is_the_methods_repeat_ratio_over_ars():
     assert one.repeat_drift.isna().all() and not drift.warn_drift(one, logs.append)   # repeats < 2: NaN, no warning
 
 
+def test_the_drift_warning_tells_a_state_leak_from_a_timing_effect():
+    """A leak changes what later repeats decide (fewer serial calls); a warm cache or a noisy machine does not."""
+    from bpdbench.experiments.speed import summarize
+    times = {("a", "x", "ar"): [1.0, 1.0], ("b", "x", "ar"): [2.0, 2.0],
+             ("a", "x", "m"): [1.0, 0.5], ("b", "x", "m"): [2.0, 1.0]}
+    decided = {"ar": ([10, 10], [0, 0]), "m": ([10, 10], [5, 5])}
+    timing = [{**r, "repeat_serial_calls": decided[r["method"]][0], "repeat_accepted": decided[r["method"]][1]}
+              for r in _records(times)]
+    leak = [{**r, "repeat_serial_calls": [10, 6], "repeat_accepted": [5, 9]} if r["method"] == "m" else r
+            for r in timing]
+    for records, same, words in ((timing, 1.0, "no drafter state reached its decisions"),
+                                 (leak, 0.0, "state kept between repeats")):
+        df = summarize(records)
+        logs: list[str] = []
+        assert drift.warn_drift(df, logs.append) == ["m"] and words in logs[0], logs
+        assert df.set_index("method").loc["m", "repeat_same_decisions"] == same
+
+
 def test_a_prompt_timed_on_a_busy_machine_is_timed_again_from_the_same_state(tiny_model_dir, tmp_path, monkeypatch):
     """The leaderboard is accumulated over sittings: a prompt that another process slowed is timed again (the
     contention meter says busy for the first try of the second prompt here), from the state it started from, so
