@@ -189,3 +189,25 @@ def _probe_linear_once():
 def _private_results(tmp_path_factory, monkeypatch):
     """Tests never write into the checkout's results/ (the committed reference results)."""
     monkeypatch.setenv("BPDBENCH_RESULTS", str(tmp_path_factory.mktemp("results")))
+
+
+SIGINT_FOUND: list[str] = []     # tests that started with Ctrl-C not raising KeyboardInterrupt, and what it was
+
+
+@pytest.fixture(autouse=True)
+def _ctrl_c_interrupts(request):
+    """Every test starts with Ctrl-C raising KeyboardInterrupt, as in a terminal. Why: a process that finds SIGINT
+    ignored passes that on to every child it starts (Python keeps an inherited SIG_IGN), and something earlier in
+    a test worker left it ignored on an Intel Xeon with AMX: the two tests that interrupt a run and a build then saw
+    exit 0 and a child that would not stop. Which test left it is recorded (pytest -s prints them at the end)."""
+    import signal
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        SIGINT_FOUND.append(f"{request.node.nodeid}: {signal.getsignal(signal.SIGINT)}")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if SIGINT_FOUND:
+        print(f"\nSIGINT was not the default handler when {len(SIGINT_FOUND)} test(s) started (reset for each); "
+              f"first: {SIGINT_FOUND[0]}")
