@@ -105,4 +105,3 @@ def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
     saw = {"split": "tune", "examples": sorted(str(t[0].id) for t in trajs)}
     update_json(path, lambda table: {**table, key: best, SAW: {**table.get(SAW, {}), key: saw}})
     return {"alpha": best, "scores": scores, "n_examples": len(trajs), "file": str(path)}
-

@@ -81,8 +81,8 @@ SAW = "_saw"    # the alpha table's record of what each alpha was tuned on: {key
 
 def tuned_on(table: Path, task: str, rescorer: str, model_name: str) -> dict:
     """What a result states of an alpha read from `table` (resolved.<method>.alpha_table): the file, the split it
-    was tuned on and, as an artefact's `seen` record that `bpdbench audit` counts, the examples. An entry tuned
-    before the splits says split null: it was picked on the evaluated slice, and nothing lists what it saw."""
+    was tuned on and, as an artefact's `seen` record that `bpdbench audit` counts, the examples. An entry written
+    before tables recorded this says split null: nothing lists what it was tuned on."""
     try:
         saw = (json.loads(table.read_text()).get(SAW) or {}).get(f"{model_name}/{task}/{rescorer}")
     except (OSError, ValueError):
@@ -93,7 +93,7 @@ def tuned_on(table: Path, task: str, rescorer: str, model_name: str) -> dict:
 
 def tuned_on_tune_split(table: dict, key: str) -> bool:
     """An alpha counts as tuned only if the table records that `tune` picked it on the tune split: entries from
-    before the splits (picked on the evaluated slice) are tuned again by the sweep."""
+    before the splits (picked on the held-out slice, the trainers' prompt pool) are tuned again by the sweep."""
     return key in table and (table.get(SAW) or {}).get(key, {}).get("split") == "tune"
 
 
