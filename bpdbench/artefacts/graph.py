@@ -1,5 +1,6 @@
 """The artefact graph: what cells need built before they start, once per (model, artefact): the model's dense cache
-per dtype, heads per profile, n-gram and neural LMs per target model, the draft networks a grid trains, and the
+per dtype, the distillation data heads and networks are trained on (only where one of them is missing), heads per
+profile, n-gram and neural LMs per target model, the draft networks a grid trains, and the
 tables and networks a method reads, the last built by building that method once, as its first use would. What a
 method reads is its contract's typed artefact keys (methods/contract.py: `artefacts`), one kind resolved one way here.
 
@@ -26,10 +27,11 @@ HeadsDtype = Callable[[str], str]     # a heads profile -> the dtype its trainin
 
 @dataclass(frozen=True)
 class Artefact:
-    kind: str                   # model | heads | rescorer | method | network | calibration
+    kind: str                   # model | distill | heads | rescorer | method | network | calibration
     model: str
     detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need;
-                                # network: its cache name and profile (koala-adv-quick); calibration: dtype-device-threads
+                                # network: its cache name and profile (koala-adv-quick); calibration:
+                                # dtype-device-threads; distill: the data budget (heads-quick, or quick for networks)
     needs: tuple[str, ...] = ()
     build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, parsed Method) to build;
                                                                     # network: (name, profile, reports folder)
@@ -43,6 +45,7 @@ class Artefact:
     def label(self) -> str:
         """The words `bpdbench methods` uses for it, the model being said once above."""
         return {"model": f"{self.model} ({self.detail})", "heads": f"heads ({self.detail})",
+                "distill": f"distillation data ({self.detail})",
                 "calibration": f"cost curve ({self.detail})"}.get(self.kind, self.detail)
 
 
@@ -73,7 +76,10 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
     def heads(profile: str) -> list[str]:
         if profile == "init" or cfg.heads_path:
             return []
-        a = Artefact("heads", cfg.model, profile, tuple(model(cfg.model, heads_dtype(profile))))
+        generates = tuple(model(cfg.model, heads_dtype(profile)))
+        data = Artefact("distill", cfg.model, f"heads-{profile}", generates)
+        out.setdefault(data.id, data)
+        a = Artefact("heads", cfg.model, profile, generates + (data.id,))
         out.setdefault(a.id, a)
         return [a.id]
 
@@ -106,7 +112,7 @@ def with_trainings(cells: list, artefacts: list[Artefact], networks: list[Artefa
     first-use build of the same model waits too (it would otherwise train the same folder at the same time)."""
     if not networks:
         return cells, artefacts
-    last = {a.model: a.id for a in networks}
+    last = {a.model: a.id for a in networks if a.kind == "network"}
     ids = tuple(a.id for a in networks)
     converted = {m: tuple(a.id for a in artefacts if a.kind == "model" and a.model == m) for m in last}
     networks = [replace(a, needs=a.needs + converted[a.model]) if not a.needs else a for a in networks]
@@ -135,6 +141,25 @@ def collect(cells: list, heads_dtype: HeadsDtype) -> list[Artefact]:
     return sorted(seen.values(), key=lambda a: RANK[a.kind])
 
 
+def without_unneeded_data(cells: list, artefacts: list[Artefact]) -> tuple[list, list[Artefact]]:
+    """Distillation data is only ever an input: where every heads or network node built from it is there already,
+    it is left out of the plan (and out of what cells and the cost curve wait for), not generated for nothing."""
+    users: dict[str, list[Artefact]] = {}
+    for a in artefacts:
+        if a.kind != "calibration":
+            for n in a.needs:
+                users.setdefault(n, []).append(a)
+    drop = {a.id for a in artefacts if a.kind == "distill" and all(KINDS[u.kind].present(u)
+                                                                    for u in users.get(a.id, []))}
+    if not drop:
+        return cells, artefacts
+
+    def strip(needs: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(n for n in needs if n not in drop)
+    return ([replace(c, needs=strip(c.needs)) for c in cells],
+            [replace(a, needs=strip(a.needs)) for a in artefacts if a.id not in drop])
+
+
 @dataclass(frozen=True)
 class KindSpec:
     """One kind of node, declared once: where it lives, whether it is there, how it is built, what that costs and
@@ -159,6 +184,29 @@ def _make_model(a: Artefact, auto_train: bool, log: Log) -> None:
     from .. import models
     log(f"converting {a.model} to a {a.detail} safetensors cache")
     models.load(a.model, a.detail)
+
+
+DISTILL_FILE = "data.pt"       # what train/distill.py writes last into a dataset's folder (its FILE)
+
+
+def _distill_path(a: Artefact) -> Path:
+    from .. import paths
+    return paths.distill_dir(a.model, a.detail)
+
+
+def _distill_present(a: Artefact) -> bool:
+    from ..store import seal
+    return (_distill_path(a) / DISTILL_FILE).is_file() and not seal.problem(_distill_path(a))
+
+
+def _make_distill(a: Artefact, auto_train: bool, log: Log) -> None:
+    builder("distill")(a.model, a.detail, log=log)
+
+
+def _distill_command(a: Artefact) -> str:
+    if a.detail.startswith("heads-"):
+        return f"bpdbench train-heads --profile {a.detail[len('heads-'):]}, its first step"
+    return f"bpdbench distill-data --profile {a.detail}"
 
 
 def _heads_path(a: Artefact) -> Path:
@@ -253,16 +301,17 @@ def _calibration_path(a: Artefact) -> Path:
 KINDS: dict[str, KindSpec] = {
     "model": KindSpec(0, _model_path, lambda a: (_model_path(a) / "config.json").exists(), _make_model,
                       lambda a: 1, lambda a: f"any command on {a.model} (converted from its GGUF package on first load)"),
-    "heads": KindSpec(1, _heads_path, lambda a: (_heads_path(a) / "config.json").exists(), _make_heads,
+    "distill": KindSpec(1, _distill_path, _distill_present, _make_distill, lambda a: None, _distill_command),
+    "heads": KindSpec(2, _heads_path, lambda a: (_heads_path(a) / "config.json").exists(), _make_heads,
                       lambda a: _heads_need(a).minutes, lambda a: _heads_need(a).command),
-    "rescorer": KindSpec(2, lambda a: None, lambda a: all(ok for _, ok in _ready(a)), _make_rescorer,
+    "rescorer": KindSpec(3, lambda a: None, lambda a: all(ok for _, ok in _ready(a)), _make_rescorer,
                          lambda a: _rescorer_need(a).minutes, lambda a: _rescorer_need(a).command),
-    "network": KindSpec(3, _network_path, _network_present, _make_network,
+    "network": KindSpec(4, _network_path, _network_present, _make_network,
                         lambda a: network_need(a.model, *a.build_with[:2]).minutes,
                         lambda a: network_need(a.model, *a.build_with[:2]).command, _copy_report),
-    "method": KindSpec(4, lambda a: None, _method_present, _make_method, lambda a: None,
+    "method": KindSpec(5, lambda a: None, _method_present, _make_method, lambda a: None,
                        lambda a: f"any command with --methods {a.build_with[1].label} (built on its first use)"),
-    "calibration": KindSpec(5, _calibration_path, _calibration_present, _make_calibration, lambda a: 1.5,
+    "calibration": KindSpec(6, _calibration_path, _calibration_present, _make_calibration, lambda a: 1.5,
                             lambda a: f"bpdbench calibrate --model {a.model} --dtype {a.build_with[0]} --device "
                                       f"{a.build_with[1]} --threads {a.build_with[2]}",
                             gpus=lambda a: 1 if str(a.build_with[1]).startswith("cuda") else 0),

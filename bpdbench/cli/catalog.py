@@ -25,7 +25,8 @@ def methods(model: Model = DEFAULT_MODEL, heads_profile: HeadsProfile = "quick",
     print("every method needs " + ("; ".join(f"{a.label} {graph.describe(a)}" for a in base) or model))
     for spec in REGISTRY.values():
         method = Method(spec, {})
-        needs = [a for a in graph.nodes(cfg, [method], heads_dtype) if a not in base]
+        _, needs = graph.without_unneeded_data([], [a for a in graph.nodes(cfg, [method], heads_dtype)
+                                                    if a not in base])   # data only where something reads it
         state = "; ".join(f"{a.label} {graph.describe(a)}" for a in needs) or "nothing"
         params = ",".join(p.name + ("~" if p.auto else "") for p in spec.params)
         takes = sorted(contract.inputs(method) - contract.ALWAYS)

@@ -22,9 +22,9 @@ from .. import paths
 from ..config import ConfigError, RunConfig
 from ..experiments.plan import Plan
 from ..methods import Method
-from ..artefacts.graph import Artefact, artefacts_for, collect, with_trainings
+from ..artefacts.graph import Artefact, artefacts_for, collect, with_trainings, without_unneeded_data
 from .folders import place
-from .trainings import heads_dtype, trainings
+from .trainings import heads_dtype, trainings, with_data
 
 KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law", "certify")
 # what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
@@ -181,7 +181,7 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
         raise GridError(f"{grid}: no cells; add a block such as [[run]] with tasks = [...] and methods = [...]")
     cells = _unique(cells, grid)
     cells, artefacts = _link(cells)
-    cells, artefacts = with_trainings(cells, artefacts, networks)
+    cells, artefacts = without_unneeded_data(*with_trainings(cells, artefacts, with_data(networks)))
     return SweepPlan(grid, sweep.get("name", grid.stem), Path(res), _root(cache, here) or _root(sweep.get("cache"),
                 grid.parent), data_root, retries, sweep.get("tables", False), cells, artefacts)
 

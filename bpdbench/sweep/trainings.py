@@ -3,11 +3,13 @@ checks, so a bad block is one line before anything runs. Here, beside the grid, 
 profiles are training code, which the graph (read by decoding) never imports."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..artefacts.graph import Artefact
 from ..config import ConfigError
 from ..train.network import PROFILES, check, split_saved
+from ..train.profiles import name_of
 
 TRAIN_KEYS = ("networks", "profile", "model", "reports")
 
@@ -50,4 +52,18 @@ def trainings(blocks: list, model: str, where: str, results: str) -> list[Artefa
             needs = (out[-1].id,) if out and out[-1].model == who else ()
             out.append(Artefact("network", who, f"{saved}-{profile}", needs,
                                 (saved, profile, str(Path(results) / reports))))
+    return out
+
+
+def with_data(networks: list[Artefact]) -> list[Artefact]:
+    """Each network's distillation data as a node of its own before it, once per model and budget: the networks of
+    one profile share their data, and a grid's dry run says what generating it costs apart from the fit."""
+    out: list[Artefact] = []
+    made: set[str] = set()
+    for a in networks:
+        data = Artefact("distill", a.model, name_of(PROFILES[a.build_with[1]].data))
+        if data.id not in made:
+            made.add(data.id)
+            out.append(data)
+        out.append(replace(a, needs=a.needs + (data.id,)))
     return out

@@ -27,9 +27,20 @@ def _history(model_name, profile, model=None, tok=None, log=print):
     return history.build(model_name, profile, model, tok, log)
 
 
+def _distill(model_name, budget, model=None, tok=None, log=print):
+    """A distillation dataset by its budget's name: a networks' budget (quick, full, ci), or a heads profile's
+    (heads-quick), derived from that profile as `train-heads` derives it."""
+    from . import distill, heads
+    from .profiles import resolve
+    if budget.startswith("heads-"):
+        budget = heads.data_budget(resolve(budget[len("heads-"):], heads.PROFILES))
+    return distill.ensure(model_name, budget, model, tok, log)
+
+
 def register_builders() -> None:
     """Explicit, not an import's side effect: importing training code changes nothing until a command asks."""
     register("heads", _heads)
+    register("distill", _distill)
     register("drafter", _drafter)
     register("neural-rescorer", _neural_rescorer)
     register("history", _history)

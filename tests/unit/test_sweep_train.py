@@ -30,8 +30,10 @@ def test_train_blocks_become_artefacts_built_first(tmp_path):
     plan = grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["hydra", "koala-adv"]\nprofile = "ci"\n'))
     nets = [a for a in plan.artefacts if a.kind == "network"]
     assert [a.detail for a in nets] == ["hydra-ci", "koala-adv-ci"]
-    assert nets[1].needs == (nets[0].id,)                        # one after another
-    assert all(n in nets[0].needs for n in [a.id for a in plan.artefacts if a.kind == "model"])
+    assert nets[1].needs == (nets[0].id, "distill-ci:qwen2.5-coder-0.5b")     # one after another, on shared data
+    (data,) = [a for a in plan.artefacts if a.kind == "distill"]                 # generated once, apart from fits
+    assert nets[0].needs == (data.id,) and data.detail == "ci"
+    assert all(n in data.needs for n in [a.id for a in plan.artefacts if a.kind == "model"])
     order = [a.kind for a in plan.artefacts]
     assert order.index("network") < max((i for i, k in enumerate(order) if k == "method"), default=len(order))
     assert all({a.id for a in nets} <= set(c.needs) for c in plan.cells)      # every cell waits for them
@@ -88,6 +90,26 @@ def test_no_shell_recipe_and_no_trainer_writes_results():
     assert writers == []
 
 
+def test_distillation_data_is_planned_only_where_something_is_built_from_it(tmp_path, monkeypatch):
+    """A node of its own (its minutes said apart from the fits), left out where every heads or network node that
+    reads it is there already: 6 min of generation for nothing otherwise."""
+    from bpdbench import paths
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    grid = _grid(tmp_path, '[[train]]\nnetworks = ["hydra"]\nprofile = "ci"\n',
+                 '[[replay]]\ntasks = ["mt_bench"]\nmethods = ["bpd"]\nlimit = 1\n')
+    plan = grid_lib.load(grid)
+    data = {a.id for a in plan.artefacts if a.kind == "distill"}
+    assert data == {"distill-ci:qwen2.5-coder-0.5b", "distill-heads-quick:qwen2.5-coder-0.5b"}
+    heads = next(a for a in plan.artefacts if a.kind == "heads")
+    assert "distill-heads-quick:qwen2.5-coder-0.5b" in heads.needs
+    (paths.heads_dir("qwen2.5-coder-0.5b", "quick")).mkdir(parents=True)
+    (paths.heads_dir("qwen2.5-coder-0.5b", "quick") / "config.json").write_text("{}")
+    plan = grid_lib.load(grid)
+    assert {a.id for a in plan.artefacts if a.kind == "distill"} == {"distill-ci:qwen2.5-coder-0.5b"}
+    assert not any("heads-quick" in n and n.startswith("distill") for x in plan.artefacts + plan.cells
+                   for n in x.needs)
+
+
 def test_the_drafters_grid_trains_what_its_replays_read():
     plan = grid_lib.load(ROOT / "grids" / "drafters.toml")
     nets = {a.detail for a in plan.artefacts if a.kind == "network"}
@@ -99,8 +121,12 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     that builds it alone; a node that is there says so."""
     from bpdbench import paths
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
-    assert set(graph.KINDS) == {"model", "heads", "rescorer", "network", "method", "calibration"}
-    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "heads", "rescorer", "network", "method", "calibration"]
+    assert set(graph.KINDS) == {"model", "distill", "heads", "rescorer", "network", "method", "calibration"}
+    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "distill", "heads", "rescorer", "network", "method",
+                                                      "calibration"]
+    data = graph.Artefact("distill", "tiny/m", "heads-quick")
+    assert graph.describe(data) == (f"to build (bpdbench train-heads --profile quick, its first step) into "
+                                    f"{paths.distill_dir('tiny/m', 'heads-quick')}")
     heads = graph.Artefact("heads", "tiny/m", "quick")
     assert graph.describe(heads) == (f"to build, about 10 min (bpdbench train-heads --profile quick) into "
                                      f"{paths.heads_dir('tiny/m', 'quick')}")
@@ -113,3 +139,17 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     curve = graph.Artefact("calibration", "tiny/m", "float32-cpu-1t", (), ("float32", "cpu", 1))
     assert graph.describe(curve).startswith("to build, about 1.5 min (bpdbench calibrate --model tiny/m --dtype "
                                             "float32 --device cpu --threads 1) into ")
+
+
+def test_a_data_node_builds_the_budget_its_reader_would(monkeypatch):
+    """The registered builder turns the node's name into the budget the heads or the network would ask for."""
+    from bpdbench import train
+    from bpdbench.train import distill
+    from bpdbench.artefacts import policy
+    asked = []
+    monkeypatch.setattr(distill, "ensure", lambda model, budget, *a, **k: asked.append((model, budget)))
+    train.register_builders()
+    for name in ("heads-ci", "ci"):
+        graph.build(graph.Artefact("distill", "tiny/m", name), True, lambda m: None)
+    assert policy.BUILDERS["distill"] is not None and asked[1] == ("tiny/m", "ci")
+    assert asked[0][0] == "tiny/m" and distill.name_of(asked[0][1]) == "heads-ci"
