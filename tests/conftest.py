@@ -196,10 +196,11 @@ SIGINT_FOUND: list[str] = []     # tests that started with Ctrl-C not raising Ke
 
 @pytest.fixture(autouse=True)
 def _ctrl_c_interrupts(request):
-    """Every test starts with Ctrl-C raising KeyboardInterrupt, as in a terminal. Why: a process that finds SIGINT
-    ignored passes that on to every child it starts (Python keeps an inherited SIG_IGN), and something earlier in
-    a test worker left it ignored on an Intel Xeon with AMX: the two tests that interrupt a run and a build then saw
-    exit 0 and a child that would not stop. Which test left it is recorded (pytest -s prints them at the end)."""
+    """Every test starts with Ctrl-C raising KeyboardInterrupt, as in a terminal. Why: a test run started as a
+    background job of a non-interactive shell (`make test &`, `nohup ... &`) inherits SIGINT ignored (POSIX), and
+    Python keeps an inherited SIG_IGN, in the run and in every child it starts: the two tests that interrupt a run
+    and a build then saw exit 0 and a child that would not stop. Which tests found it so is recorded (printed at
+    the end of a run outside xdist)."""
     import signal
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         SIGINT_FOUND.append(f"{request.node.nodeid}: {signal.getsignal(signal.SIGINT)}")
