@@ -194,9 +194,14 @@ def _distill_path(a: Artefact) -> Path:
     return paths.distill_dir(a.model, a.detail)
 
 
-def _distill_present(a: Artefact) -> bool:
+def _sealed(folder: Path, last_written: str) -> bool:
+    """A folder an atomic build finished: its last file is there and its seal finds nothing wrong."""
     from ..store import seal
-    return (_distill_path(a) / DISTILL_FILE).is_file() and not seal.problem(_distill_path(a))
+    return (folder / last_written).is_file() and not seal.problem(folder)
+
+
+def _distill_present(a: Artefact) -> bool:
+    return _sealed(_distill_path(a), DISTILL_FILE)
 
 
 def _make_distill(a: Artefact, auto_train: bool, log: Log) -> None:
@@ -236,8 +241,7 @@ def _network_path(a: Artefact) -> Path:
 
 
 def _network_present(a: Artefact) -> bool:
-    from ..store import seal
-    return (_network_path(a) / "report.json").is_file() and not seal.problem(_network_path(a))
+    return _sealed(_network_path(a), "report.json")
 
 
 def _make_network(a: Artefact, auto_train: bool, log: Log) -> None:

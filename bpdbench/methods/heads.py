@@ -36,16 +36,20 @@ def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[floa
         return method.params["alpha"], "method parameter"
     if env.cfg.alpha is not None:
         return env.cfg.alpha, "--alpha"
-    table = Path(env.cfg.alpha_file) if env.cfg.alpha_file else paths.alpha_file()
+    table = _alpha_file(env)
     tuned = refine.tuned_alpha(table, env.cfg.task, spec.name, env.cfg.model)
     if tuned is not None:
         return tuned, str(table)
     return spec.default_alpha, "default (not tuned)"
 
 
+def _alpha_file(env: Env) -> Path:
+    return Path(env.cfg.alpha_file) if env.cfg.alpha_file else paths.alpha_file()
+
+
 def alpha_table(env: Env, spec: refine.RescorerSpec, source: str) -> dict:
     """`alpha_table`, what the tuned alpha saw (refine.tuned_on), where the alpha came from the table."""
-    table = Path(env.cfg.alpha_file) if env.cfg.alpha_file else paths.alpha_file()
+    table = _alpha_file(env)
     if source != str(table):
         return {}
     return {"alpha_table": refine.tuned_on(table, env.cfg.task, spec.name, env.cfg.model)}
