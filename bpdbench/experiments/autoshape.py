@@ -13,8 +13,9 @@ declaration (`MethodSpec.shapes`, methods/search.py); this module runs it:
    methods/contract.py);
 2. the replay gives the acceptance curve a[i] = P(the first i draft tokens are accepted) (counters'
    accepted_per_head / steps), per step the number of draft nodes at each depth (what a shorter shape verifies),
-   the drafting time per step and per drafted token, and for lattice methods the rank of the greedy token in each
-   head's top-k (medusa's per-depth, per-rank acceptance);
+   the drafting time per step and per drafted token (after an untimed warm-up replay, with each example's first
+   step apart: the draft's prefill, priced once per example), and for lattice methods the rank of the greedy token
+   in each head's top-k (medusa's per-depth, per-rank acceptance);
 3. the search picks the shape with the most predicted tokens per second on this machine's cost of a forward
    (hardware/shapes.py, hardware/calibration.py: measured once per machine fingerprint).
 The measurement is cached under `$BPDBENCH_CACHE/shapes/<fingerprint>/<model>-<dtype>-<task>-<label>.json` with
@@ -36,6 +37,7 @@ import tasks as task_registry
 from .. import paths
 from ..config import ConfigError
 from ..engine import EmptyDrafter, StepEvent, TreeScorer, replay, teacher_forced
+from ..engine.state import restore, snapshot
 from ..hardware import shapes
 from ..methods import Method, MethodError
 from ..methods.contract import Input, feedback_k, reads_reference, search, takes
@@ -43,7 +45,7 @@ from ..methods.search import Replayed, choose, plans
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
-VERSION = 1
+VERSION = 2                # 2: drafting timed after a warm-up, each example's first step (prefill) apart
 
 
 def cost_model(s) -> shapes.CostModel:
@@ -58,26 +60,36 @@ def cost_model(s) -> shapes.CostModel:
 
 class _Recorder:
     """A replay seen step by step (an `engine.StepEvent` observer): the draft trie's nodes per depth, drafting
-    time, and the greedy token's rank per depth in the lattice."""
+    time, and the greedy token's rank per depth in the lattice. Each example's first step is timed apart: it holds
+    the draft's prefill of the prompt, paid once per example (methods/search.py prices it so)."""
 
     def __init__(self):
         self.nodes: list[list[int]] = []
         self.ranks: list[tuple[list[int], int]] = []      # (rank of the greedy token per depth, k)
-        self.seconds, self.drafted, self.truth, self.start = 0.0, 0, None, 0
+        self.seconds, self.drafted, self.truth, self.start = 0.0, 0, None, 0     # after each example's first step
+        self.first_seconds, self.first_drafted, self.steps = 0.0, 0, 0
+        self.examples, self.tokens, self.first = 0, 0, False
 
     def begin(self, prompt: list[int], greedy: list[int]) -> None:
         self.start, self.truth = len(prompt), greedy
+        self.first, self.examples, self.tokens = True, self.examples + 1, self.tokens + len(greedy)
 
     def __call__(self, ev: StepEvent) -> None:
         p = ev.proposal
-        self.seconds += ev.draft_seconds
+        if self.first:
+            self.first_seconds += ev.draft_seconds
+            self.first_drafted += len(p.paths[0])
+            self.first = False
+        else:
+            self.seconds += ev.draft_seconds
+            self.steps += 1
+            self.drafted += len(p.paths[0])
         prefixes = {tuple(q[: i + 1]) for q in p.paths for i in range(len(q))}
         scored = {tuple(q[: i + 1]) for q in p.scored or [] for i in range(len(q))}   # their own trie, also paid
         depth = [0] * max(map(len, [*p.paths, *(p.scored or [])]), default=0)
         for pre in [*prefixes, *scored]:
             depth[len(pre) - 1] += 1
         self.nodes.append(depth)
-        self.drafted += len(p.paths[0])
         if p.lattice is not None and self.truth is not None:
             m = len(ev.context.tokens) - self.start        # the next greedy token is truth[m]
             ids = p.lattice.ids.tolist()
@@ -85,6 +97,19 @@ class _Recorder:
             self.ranks.append(([row.index(t) if t in row else len(row) for row, t in zip(ids, truth)],
                                len(ids[0])))
 
+
+    def times(self, per_token: bool) -> dict:
+        """Drafting ms per step and per drafted token after each example's first step; the first step's excess
+        over them (the draft's prefill) per example; new tokens per example."""
+        if not self.steps:                # every example took one step: no later step to tell the prefill from
+            n = max(self.examples, 1)
+            return {"draft_ms_step": 1000 * self.first_seconds / n,
+                    "draft_ms_token": 1000 * self.first_seconds / max(self.first_drafted, 1),
+                    "prefill_ms": 0.0, "new_tokens": self.tokens / n}
+        step, token = 1000 * self.seconds / self.steps, 1000 * self.seconds / max(self.drafted, 1)
+        usual = token * self.first_drafted if per_token else step * self.examples
+        return {"draft_ms_step": step, "draft_ms_token": token, "new_tokens": self.tokens / self.examples,
+                "prefill_ms": max(0.0, 1000 * self.first_seconds - usual) / self.examples}
 
 def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
     """p[d][r]: among steps whose greedy tokens at depths < d were all in the lattice, the share whose greedy token
@@ -157,33 +182,43 @@ def _spread_tail(pool: list, n: int) -> list:
     return spread[:n]
 
 
-def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: dict) -> Measured:
+def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: dict) -> Replayed:
     """Replay `method` (concrete: a plan) along the greedy output of each example. Its contract says what the replay
-    gives it (hidden states, the verify feedback, the reference) and whether drafting time grows with the draft."""
+    gives it (hidden states, the verify feedback, the reference) and whether drafting time grows with the draft.
+    Drafting is timed after an untimed replay of the first example, as `speed` times after a warm-up: a drafter's
+    one-time costs (a quantized copy dequantizing its weights at its first prefill, first kernel calls) are no
+    part of a step's. The drafter's cross-example state is put back after it (engine/state.py)."""
     drafter = method.spec.build(s.env, method)
     found = search(method)
     per_token = found is not None and found.per_token(drafter)
     inputs = takes(drafter, method)
-    rec = _Recorder()
-    total = None
-    for ex, prompt in examples:
-        greedy, _ = s.reference.get(prompt, s.limits)
-        if len(greedy) < 2:
-            continue
+
+    def one(ex: Any, prompt: list[int], greedy: list[int], on_step: Any):
         if Input.HIDDEN in inputs and ex.id not in hidden:
             hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
-        rec.begin(prompt, greedy)
         if reads_reference(drafter):
             drafter.use_reference(greedy)
-        c = replay(drafter, prompt, greedy, hidden.get(ex.id), s.limits, on_step=rec,
-                   scorer=TreeScorer(s.model) if feedback_k(drafter) else None)
+        return replay(drafter, prompt, greedy, hidden.get(ex.id), s.limits, on_step=on_step,
+                      scorer=TreeScorer(s.model) if feedback_k(drafter) else None)
+
+    outputs = [(ex, prompt, s.reference.get(prompt, s.limits)[0]) for ex, prompt in examples]
+    outputs = [(ex, prompt, greedy) for ex, prompt, greedy in outputs if len(greedy) >= 2]
+    if not outputs:
+        raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
+    kept = snapshot(drafter)
+    one(*outputs[0], None)                                   # the warm-up
+    restore(drafter, kept)
+    rec = _Recorder()
+    total = None
+    for ex, prompt, greedy in outputs:
+        rec.begin(prompt, greedy)
+        c = one(ex, prompt, greedy, rec)
         total = c if total is None else total.add(c)
-    if total is None or not total.steps:
+    if not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
     accept = [a / total.steps for a in total.accepted_per_head]
-    return Replayed(accept, rec.nodes, total.steps, 1000 * rec.seconds / total.steps,
-                    1000 * rec.seconds / max(rec.drafted, 1), any(max(d, default=0) > 1 for d in rec.nodes),
-                    per_token, rank_acceptance(rec.ranks))
+    return Replayed(accept, rec.nodes, total.steps, tree=any(max(d, default=0) > 1 for d in rec.nodes),
+                    per_token=per_token, ranks=rank_acceptance(rec.ranks), **rec.times(per_token))
 
 
 def _plans(s, method: Method) -> list[tuple[Method, dict]]:

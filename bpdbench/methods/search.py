@@ -42,6 +42,8 @@ class Replayed:
     tree: bool                            # some step verified more than one path
     per_token: bool = False               # drafting time grows with the draft (a draft model, sequential drafter)
     ranks: list[list[float]] = field(default_factory=list)   # p[d][r] for lattice methods
+    prefill_ms: float = 0.0               # per example: the first step's drafting beyond a later step's (the
+    new_tokens: float = 0.0               # draft's own prefill), paid once per this many new tokens
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -235,10 +237,15 @@ def choose(method: Method, runs: Runs, cost: shapes.CostModel) -> shapes.Shape:
     step_ms = float(getattr(cost, "step_ms", 0.0) or 0.0)
 
     def per_step(meas: Replayed, per_token: bool = False):
+        """Drafting per step, plus the draft's prefill spread over the steps of an example: a shape that takes E
+        tokens per step pays prefill x E / new_tokens per step. Why apart: a draft's prefill is paid once per
+        example; charged per drafted token (as it was), it weighed on a shape by how many tokens it drafts rather
+        than by how many steps an example takes."""
         if not step_ms:
             return 0.0
+        once = meas.prefill_ms / step_ms / meas.new_tokens if meas.new_tokens else 0.0
         if per_token:
-            return lambda n: n * meas.draft_ms_token / step_ms
-        return meas.draft_ms_step / step_ms
+            return lambda n: n * meas.draft_ms_token / step_ms + once * shapes.expected_tokens(meas.accept, n)
+        return meas.draft_ms_step / step_ms + once * (1.0 + sum(meas.accept))
 
     return declared(method).choose(method, runs, cost, per_step)

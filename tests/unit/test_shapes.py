@@ -300,3 +300,63 @@ def test_medusa_nodes_takes_the_trees_first_nodes(session_for):
     assert d.rescorer.choices == MC_SIM_7B_63[:5] and s.env.resolved["medusa:nodes=5"]["nodes"] == 5
     prompt = s.prompt(s.examples[0])
     assert s.decode(d, prompt).tokens == s.reference.get(prompt, s.limits)[0]
+
+
+def test_each_examples_first_step_is_timed_apart_as_the_drafts_prefill():
+    """A draft model prefills the prompt in its first step: that time is paid once per example, so it is neither a
+    drafted token's cost nor a step's."""
+    from types import SimpleNamespace
+    from bpdbench.engine import Proposal
+    from bpdbench.experiments.autoshape import _Recorder
+    rec = _Recorder()
+    for _ in range(2):
+        rec.begin([1, 2, 3], list(range(20)))
+        for seconds in (1.0, 0.1, 0.1, 0.1):               # the first step: 0.9 s of prefill, then 4 tokens
+            rec(SimpleNamespace(proposal=Proposal([[5, 6, 7, 8]]), draft_seconds=seconds,
+                                context=SimpleNamespace(tokens=[1, 2, 3])))
+    t = rec.times(per_token=True)
+    assert t["draft_ms_token"] == pytest.approx(25) and t["draft_ms_step"] == pytest.approx(100)
+    assert t["prefill_ms"] == pytest.approx(900) and t["new_tokens"] == 20
+    assert rec.times(per_token=False)["prefill_ms"] == pytest.approx(900)
+    assert len(rec.nodes) == 8                              # every step still counts for acceptance
+
+
+def test_the_drafts_prefill_is_priced_per_example_not_per_drafted_token():
+    from bpdbench.methods import parse
+    from bpdbench.methods.search import Replayed, choose
+    accept = [0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2]
+    cost = TableCost({64: 1.0}, step_ms=100.0)
+    method = parse("qdraft:length=auto")
+    plain = Replayed(accept, [[1] * 8] * 10, 10, 200.0, 25.0, False, per_token=True)
+    shape = choose(method, [({}, plain)], cost)
+    n = shape.params["length"]
+    assert shape.draft_cost == pytest.approx(0.25 * n)
+    # a prefill of 640 ms per 64-token example: 0.1 decode steps per new token, E(n) new tokens per step
+    paid = Replayed(accept, [[1] * 8] * 10, 10, 200.0, 25.0, False, per_token=True, prefill_ms=640.0,
+                    new_tokens=64.0)
+    shape = choose(method, [({}, paid)], cost)
+    n = shape.params["length"]
+    assert shape.draft_cost == pytest.approx(0.25 * n + 0.1 * expected_tokens(accept, n))
+
+
+def test_drafting_is_timed_after_a_warm_up_that_leaves_the_drafters_state_as_it_was(session_for, monkeypatch):
+    """One untimed replay first (one-time costs: a quantized copy's first prefill), and a drafter that learns across
+    examples (Token Recycling's matrix) measured exactly as without it."""
+    from bpdbench.engine import TreeScorer, replay
+    from bpdbench.experiments import autoshape
+    s, (m,), logs, _ = session_for("recycling:nodes=8")
+    examples = autoshape.heldout(s)[0]
+    calls = []
+
+    def counted(*a, **k):
+        calls.append(k.get("on_step"))
+        return replay(*a, **k)
+    monkeypatch.setattr(autoshape, "replay", counted)
+    measured = autoshape.measure(s, m, examples, {})
+    assert calls[0] is None and len(calls) == len(examples) + 1 and all(c is not None for c in calls[1:])
+    drafter, total = m.spec.build(s.env, m), None          # the same replays, cold, without a warm-up
+    for _, prompt in examples:
+        c = replay(drafter, prompt, s.reference.get(prompt, s.limits)[0], None, s.limits,
+                   scorer=TreeScorer(s.model))
+        total = c if total is None else total.add(c)
+    assert measured.accept == [a / total.steps for a in total.accepted_per_head] and measured.steps == total.steps
