@@ -83,6 +83,14 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
         out.setdefault(a.id, a)
         return [a.id]
 
+    def data(budget: str | None) -> list[str]:
+        """A draft network's distillation data, as the grid's [[train]] networks have it (sweep/trainings.py)."""
+        if budget is None:
+            return []
+        a = Artefact("distill", cfg.model, budget, tuple(model(cfg.model, cfg.dtype)))
+        out.setdefault(a.id, a)
+        return [a.id]
+
     def rescorer(tag: str) -> None:
         needs = model(cfg.model, cfg.dtype) if tag.startswith("ngram") else \
             heads("quick") + model(cfg.model, "bfloat16")     # train_neural: the quick heads' shortlist, bf16 tok
@@ -101,8 +109,8 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
             elif k.kind is Kind.MODEL:
                 model(k.name, cfg.dtype)
             elif k.kind in (Kind.DRAFTER, Kind.BUILT):       # built by building the method once
-                a = Artefact("method", cfg.model, k.name, tuple(model(cfg.model, cfg.dtype) + own_heads),
-                             (cfg, m))
+                a = Artefact("method", cfg.model, k.name, tuple(model(cfg.model, cfg.dtype) + own_heads +
+                                                                 data(k.data)), (cfg, m))
                 out.setdefault(a.id, a)
     return sorted(out.values(), key=lambda a: RANK[a.kind])
 

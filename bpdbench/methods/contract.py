@@ -55,9 +55,11 @@ class Kind(Enum):
 @dataclass(frozen=True)
 class ArtefactKey:
     """One artefact: its kind and its name (a heads profile, a rescorer tag, a model, or for DRAFTER and BUILT the
-    need as `bpdbench methods` prints it, which is what the sweep checks readiness by)."""
+    need as `bpdbench methods` prints it, which is what the sweep checks readiness by). `data`: the distillation
+    budget a DRAFTER is trained on, when its first use trains it (a node of its own in the graph)."""
     kind: Kind
     name: str
+    data: str | None = None
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,7 @@ class Reads:
     """A method reads artefacts of `kind`; `names(method, cfg)` names them for one spelling and run."""
     kind: Kind
     names: Callable[[Method, RunConfig], Iterable[str]]
+    data: Callable[[Method, RunConfig], str | None] | None = None     # DRAFTER: its distillation budget
 
 
 def need_names(method: Method, cfg: RunConfig) -> list[str]:
@@ -115,7 +118,8 @@ def reads_reference(drafter: Any) -> bool:
 
 def artefacts(method: Method, cfg: RunConfig) -> tuple[ArtefactKey, ...]:
     """The artefacts a method reads in this run, in declaration order."""
-    return tuple(ArtefactKey(r.kind, str(name)) for r in method.spec.artefacts for name in r.names(method, cfg))
+    return tuple(ArtefactKey(r.kind, str(name), r.data(method, cfg) if r.data else None)
+                 for r in method.spec.artefacts for name in r.names(method, cfg))
 
 
 def kinds(method: Method) -> frozenset[Kind]:

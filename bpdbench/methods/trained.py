@@ -293,8 +293,15 @@ def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]
     return needs
 
 
-# Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then).
-DRAFTER = Reads(Kind.DRAFTER, need_names)
+def data_of(method: Method, cfg: RunConfig) -> str | None:
+    """The distillation budget the drafter's first use trains it on: a network profile's data budget bears the
+    profile's name (train/network.PROFILES; a test holds them equal). None for a given folder (`path=`)."""
+    return None if method.get("path") else profile_of(method, cfg)
+
+
+# Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then),
+# from distillation data that the graph builds first, apart.
+DRAFTER = Reads(Kind.DRAFTER, need_names, data_of)
 
 
 def model_of(drafter: LatticeDrafter | TrainedDrafter) -> DraftModel:

@@ -115,7 +115,7 @@ def test_the_contract_is_what_everything_reads(example, tiny_model_dir):
     assert parse(f"sam:fallback={example.name}").label == f"sam:fallback={example.name}"
     cell = SimpleNamespace(kind="run", config=RunConfig(model=str(tiny_model_dir), heads_profile="init"))
     planned = [(a.kind, a.detail) for a in artefacts_for(cell, [m], lambda profile: "float32")]
-    assert planned == [("method", "koala drafter (quick)")], planned
+    assert planned == [("distill", "quick"), ("method", "koala drafter (quick)")], planned    # its data, then it
 
 
 def test_bpdbench_methods_lists_it(example):
@@ -123,7 +123,7 @@ def test_bpdbench_methods_lists_it(example):
     code, text = cli("methods")
     assert code == 0 and f"\n{example.name} " in "\n" + text
     line = text.split(f"\n{example.name} ")[1].splitlines()[1]
-    assert "needs: koala drafter" in line and "takes the hidden states" in line, line
+    assert "koala drafter (quick)" in line and "takes the hidden states" in line, line
 
 
 def test_preflight_refuses_before_the_model_loads(example, tiny_model_dir, trained_drafters, tmp_path, monkeypatch):

@@ -110,6 +110,32 @@ def test_distillation_data_is_planned_only_where_something_is_built_from_it(tmp_
                    for n in x.needs)
 
 
+
+def test_a_methods_first_use_training_reads_its_data_from_a_node_of_its_own(tmp_path, monkeypatch):
+    """hydra's first use trains its quick drafter: the graph generates that drafter's distillation data before the
+    method's build (said apart in the dry run), and leaves it out once the drafter is there."""
+    from bpdbench import paths
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
+    m = "qwen2.5-coder-0.5b"
+    grid = _grid(tmp_path, "", '[[replay]]\ntasks = ["mt_bench"]\nmethods = ["hydra"]\nlimit = 1\n')
+    plan = grid_lib.load(grid)
+    (method,) = [a for a in plan.artefacts if a.kind == "method"]
+    assert f"distill-quick:{m}" in method.needs and f"distill-quick:{m}" in {a.id for a in plan.artefacts}
+    where = paths.network_dir(m, "hydra", "quick")
+    where.mkdir(parents=True)
+    (where / "config.json").write_text("{}")
+    plan = grid_lib.load(grid)
+    assert not any(a.id == f"distill-quick:{m}" or f"distill-quick:{m}" in a.needs for a in plan.artefacts)
+
+
+def test_a_network_profiles_data_budget_bears_its_name():
+    """What the decoding side assumes of a drafter's data (methods/trained.data_of) without importing a trainer."""
+    from bpdbench.methods import trained
+    from bpdbench.train.network import PROFILES
+    from bpdbench.train.profiles import name_of
+    assert set(trained.PROFILES) == set(PROFILES)
+    assert all(name_of(PROFILES[name].data) == name for name in trained.PROFILES)
+
 def test_the_drafters_grid_trains_what_its_replays_read():
     plan = grid_lib.load(ROOT / "grids" / "drafters.toml")
     nets = {a.detail for a in plan.artefacts if a.kind == "network"}
