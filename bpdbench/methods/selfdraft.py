@@ -43,17 +43,25 @@ def reads_since(mark: int) -> list[Path | None]:
 
 
 def tune_prompts(env: Env) -> tuple[list[list[int]], str]:
+    prompts, _, why = split_prompts(env, "tune", PROMPTS)
+    return prompts, why
+
+
+def split_prompts(env: Env, split: str, n: int) -> tuple[list[list[int]], list[str], str]:
+    """The last PROMPT_TOKENS tokens of the first `n` prompts of the task's `split`, their example ids, and why
+    there are none (a task without data here: fixtures, user prompts)."""
     import tasks
     try:
         task = tasks.get_task(env.cfg.task)
         data = tasks.load_examples(task, Path(env.cfg.data_dir) if env.cfg.data_dir else
                                    tasks.default_data_dir())
-        pool = tasks.splits(task, data)["tune"][:PROMPTS]
+        pool = tasks.splits(task, data)[split][:n]
     except Exception as e:            # a task without data here (fixtures, user prompts): say so, measure the rest
-        return [], f"no tune split for {env.cfg.task}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        return [], [], f"no {split} split for {env.cfg.task}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
     if not pool:
-        return [], f"{env.cfg.task} has no tune split"
-    return [tasks.encode_prompt(env.tok, task, ex, env.cfg.max_prompt_tokens)[-PROMPT_TOKENS:] for ex in pool], ""
+        return [], [], f"{env.cfg.task} has no {split} split"
+    return ([tasks.encode_prompt(env.tok, task, ex, env.cfg.max_prompt_tokens)[-PROMPT_TOKENS:] for ex in pool],
+            [str(ex.id) for ex in pool], "")
 
 
 @torch.inference_mode()

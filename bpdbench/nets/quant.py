@@ -55,11 +55,18 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, gr
 class QuantLinear(torch.nn.Module):
     """A frozen nn.Linear replacement with int8 or int4 weights; takes and returns bfloat16 activations."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group: int = 64):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group: int = 64,
+                 in_scale: torch.Tensor | None = None):
+        """`in_scale` (nets/awq.py): the weight's input columns are multiplied by it before rounding and the inputs
+        divided by it in `forward`, so the layer computes x W^T with its rounding error moved off the columns whose
+        inputs are large."""
         super().__init__()
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
         self.out_features, self.in_features = weight.shape
+        self.inv_scale = None if in_scale is None else (1.0 / in_scale.float()).to(ACT)
+        if in_scale is not None:
+            weight = weight.detach().float() * in_scale.float()
         self.bits, self.group = bits, group
         self.bias = None if bias is None else bias.detach().to(ACT).clone()
         self.kernel = "dense"
@@ -92,6 +99,8 @@ class QuantLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
+        if self.inv_scale is not None:
+            x = x * self.inv_scale.to(x.dtype)
         if x.numel() // shape[-1] >= DENSE_ROWS:     # a prompt's prefill: float32 GEMM on the rounded weight
             if self.dense is None:
                 self.dense = self.dequantized()
@@ -111,19 +120,21 @@ class QuantLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bits={self.bits}, " \
-               f"group={self.group}, kernel={self.kernel}"
+               f"group={self.group}, kernel={self.kernel}, in_scale={self.inv_scale is not None}"
 
 
-def quantized_copy(model: torch.nn.Module, bits: int, group: int, is_linear) -> torch.nn.Module:
-    """A bfloat16 copy of `model` whose linear layers (`is_linear(module)`) are QuantLinear; the target's own
-    linear modules are never copied (deepcopy's memo maps them to placeholders), so the peak memory is the target
-    plus the quantized copy."""
+def quantized_copy(model: torch.nn.Module, bits: int, group: int, is_linear,
+                   scales: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """A bfloat16 copy of `model` whose linear layers (`is_linear(module)`) are QuantLinear, each with its input
+    scale from `scales` by module name where given (nets/awq.py); the target's own linear modules are never copied
+    (deepcopy's memo maps them to placeholders), so the peak memory is the target plus the quantized copy."""
     import copy
     linears = {name: m for name, m in model.named_modules() if is_linear(m)}
     memo = {id(m): torch.nn.Identity() for m in linears.values()}
     draft = copy.deepcopy(model, memo)
     for name, m in linears.items():
-        draft.set_submodule(name, QuantLinear(m.weight, getattr(m, "bias", None), bits, group))
+        draft.set_submodule(name, QuantLinear(m.weight, getattr(m, "bias", None), bits, group,
+                                              (scales or {}).get(name)))
     for p in draft.parameters():
         p.data = p.data.to(ACT)
     return draft.eval().requires_grad_(False)

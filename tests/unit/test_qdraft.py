@@ -65,7 +65,8 @@ def env(tiny_model_dir, tmp_path_factory):
 
 
 SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qdraft:window=3",
-             "qdraft:levels=2,window=5", "layerskip", "layerskip:skip=2", "layerskip:bits=8,length=2")
+             "qdraft:levels=2,window=5", "qdraft:scales=awq,length=3", "layerskip", "layerskip:skip=2",
+             "layerskip:bits=8,length=2")
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -93,6 +94,38 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
         assert all(0 < c["agreement"] <= 1 for c in rec["search"]["curve"])
         if method.get("skip"):
             assert len(rec["skipped"]) == method.get("skip")
+
+
+def test_awq_moves_the_rounding_off_the_large_inputs():
+    """A layer whose inputs are large on a few channels: scaling those weight columns up before rounding (and the
+    inputs down) cuts the output error; alpha 0 is min/max rounding, so the choice is never worse than it."""
+    from bpdbench.nets import awq
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 128) * 0.05, torch.randn(512, 128)
+    x[:, :4] *= 40.0                                           # a few outlier channels, as in real activations
+    s, rec = awq.search(w, x, 32, quantize_int4, dequantize_int4)
+    assert rec["alpha"] > 0 and rec["error"] < 0.7 * rec["error_minmax"], rec
+    layer = QuantLinear(w, None, 4, 32, in_scale=s)
+    q, sc, z = quantize_int4(w * s, 32)
+    want = torch.nn.functional.linear(x, dequantize_int4(q, sc, z, 32) / s)
+    got = layer(x.bfloat16()).float()
+    assert (got - want).norm() / want.norm() < 0.02
+    plain = QuantLinear(w, None, 4, 32)(x.bfloat16()).float()
+    exact = x @ w.T
+    assert (got - exact).norm() < (plain - exact).norm()
+
+
+def test_awq_scales_are_chosen_on_the_train_split_and_recorded(env):
+    m = parse("qdraft:scales=awq")
+    m.spec.build(env, m)
+    rec = env.resolved[m.label]["scales"]
+    assert rec["scales"] == "awq" and rec["split"] == "train" and rec["seen"]["split"] == "train"
+    assert rec["mean_error"] <= rec["mean_error_minmax"] and rec["layers"] == 6 * 7 + 1
+    import tasks
+    task = tasks.get_task("xsum")
+    split = tasks.split_of(task, tasks.load_examples(task, tasks.default_data_dir()))
+    assert {split[i] for i in rec["seen"]["ids"]["xsum"]} == {"train"}
+    assert env.resolved[m.label]["profile"]["agreement"] > 0
 
 
 def test_quantization_costs_agreement_and_drafts_accept(env):
