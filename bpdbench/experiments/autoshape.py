@@ -97,7 +97,6 @@ class _Recorder:
             self.ranks.append(([row.index(t) if t in row else len(row) for row, t in zip(ids, truth)],
                                len(ids[0])))
 
-
     def times(self, per_token: bool) -> dict:
         """Drafting ms per step and per drafted token after each example's first step; the first step's excess
         over them (the draft's prefill) per example; new tokens per example."""
@@ -110,6 +109,7 @@ class _Recorder:
         usual = token * self.first_drafted if per_token else step * self.examples
         return {"draft_ms_step": step, "draft_ms_token": token, "new_tokens": self.tokens / self.examples,
                 "prefill_ms": max(0.0, 1000 * self.first_seconds - usual) / self.examples}
+
 
 def rank_acceptance(ranks: list[tuple[list[int], int]]) -> list[list[float]]:
     """p[d][r]: among steps whose greedy tokens at depths < d were all in the lattice, the share whose greedy token
