@@ -16,6 +16,20 @@ from bpdbench.methods import MethodError, parse
 VOCAB = 96          # the tiny model's (tests/conftest.py: make_tiny_model)
 
 
+class _FreeClock:
+    """`auto`'s step clock (experiments/autoshape.StepClock) with steps of 1e9 ms: drafting costs nothing, so a
+    test's shapes depend on acceptance and its cost table alone, not on this machine's timing."""
+
+    def tick(self, n: int = 4) -> None:
+        pass
+
+    def ms(self) -> float:
+        return 1e9
+
+
+FREE_DRAFTING = _FreeClock()
+
+
 def eos_limits(model, prompt, eos_at: int | None, max_new: int) -> Limits:
     """`max_new` tokens, stopping at the token greedy decoding of `prompt` writes at `eos_at` (None: no EOS), so an
     EOS falls inside the output."""

@@ -45,7 +45,8 @@ from ..methods.search import Replayed, choose, plans
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
-VERSION = 2                # 2: drafting timed after a warm-up, each example's first step (prefill) apart
+VERSION = 4                # 2: drafting timed after a warm-up, each example's first step (prefill) apart;
+                           # 4: and priced in the target's step timed between the examples (StepClock)
 
 
 def cost_model(s) -> shapes.CostModel:
@@ -56,6 +57,40 @@ def cost_model(s) -> shapes.CostModel:
         raise MethodError("auto shape parameters need this machine's calibration (bpdbench/hardware/calibration.py), "
                           "which this installation lacks; pass concrete values") from None
     return ensure(s.cfg.model, s.cfg.dtype, str(s.model.device), s.threads, model=s.model, log=s.log)
+
+
+class StepClock:
+    """The target's one-token step, timed between a replay's examples: the unit its drafting time is priced in. Why
+    beside the drafting and not the cost curve's step: a shared host ran this VM's step at 63 ms when the curve was
+    measured and at 69-110 ms later, minute to minute, so a draft timed then looked up to half again as dear in the
+    curve's steps as it was, and a step timed once before or after the replay missed by as much."""
+
+    def __init__(self, model: Any, context: int = 64):
+        import torch
+        from transformers import DynamicCache
+        self.model, self.torch, self.times = model, torch, []
+        self.cache = DynamicCache()
+        with torch.inference_mode():
+            model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=self.cache, use_cache=True,
+                  logits_to_keep=1)
+
+    def tick(self, n: int = 4) -> None:
+        import time
+        with self.torch.inference_mode():
+            for i in range(n + 1):
+                t = time.perf_counter()
+                self.model(input_ids=self.torch.tensor([[i + 1]]), past_key_values=self.cache, use_cache=True,
+                           logits_to_keep=1)
+                if i:                                          # the first after a replay warms the caches again
+                    self.times.append(time.perf_counter() - t)
+
+    def ms(self) -> float:
+        times = sorted(self.times)
+        return 1000 * times[len(times) // 2] if times else 0.0
+
+
+def step_clock(s) -> StepClock:
+    return StepClock(s.model)
 
 
 class _Recorder:
@@ -187,7 +222,8 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     gives it (hidden states, the verify feedback, the reference) and whether drafting time grows with the draft.
     Drafting is timed after an untimed replay of the first example, as `speed` times after a warm-up: a drafter's
     one-time costs (a quantized copy dequantizing its weights at its first prefill, first kernel calls) are no
-    part of a step's. The drafter's cross-example state is put back after it (engine/state.py)."""
+    part of a step's. The drafter's cross-example state is put back after it (engine/state.py). The target's step
+    is timed after every example (`StepClock`), the unit drafting is priced in."""
     drafter = method.spec.build(s.env, method)
     found = search(method)
     per_token = found is not None and found.per_token(drafter)
@@ -208,17 +244,19 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     kept = snapshot(drafter)
     one(*outputs[0], None)                                   # the warm-up
     restore(drafter, kept)
-    rec = _Recorder()
+    rec, clock = _Recorder(), step_clock(s)
     total = None
     for ex, prompt, greedy in outputs:
         rec.begin(prompt, greedy)
         c = one(ex, prompt, greedy, rec)
+        clock.tick()
         total = c if total is None else total.add(c)
     if not total.steps:
         raise MethodError(f"{method.label}: no held-out example gave two or more tokens to measure acceptance on")
     accept = [a / total.steps for a in total.accepted_per_head]
     return Replayed(accept, rec.nodes, total.steps, tree=any(max(d, default=0) > 1 for d in rec.nodes),
-                    per_token=per_token, ranks=rank_acceptance(rec.ranks), **rec.times(per_token))
+                    per_token=per_token, ranks=rank_acceptance(rec.ranks), target_ms=clock.ms(),
+                    **rec.times(per_token))
 
 
 def _plans(s, method: Method) -> list[tuple[Method, dict]]:

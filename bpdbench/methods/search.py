@@ -44,6 +44,7 @@ class Replayed:
     ranks: list[list[float]] = field(default_factory=list)   # p[d][r] for lattice methods
     prefill_ms: float = 0.0               # per example: the first step's drafting beyond a later step's (the
     new_tokens: float = 0.0               # draft's own prefill), paid once per this many new tokens
+    target_ms: float = 0.0                # the target's one-token step timed beside the replay (0: not timed)
 
     def to_dict(self) -> dict:
         return self.__dict__.copy()
@@ -241,11 +242,12 @@ def choose(method: Method, runs: Runs, cost: shapes.CostModel) -> shapes.Shape:
         tokens per step pays prefill x E / new_tokens per step. Why apart: a draft's prefill is paid once per
         example; charged per drafted token (as it was), it weighed on a shape by how many tokens it drafts rather
         than by how many steps an example takes."""
-        if not step_ms:
+        unit = meas.target_ms or step_ms       # the step timed beside the drafting: a host slower now than when
+        if not unit:                           # the cost curve was measured slows both alike
             return 0.0
-        once = meas.prefill_ms / step_ms / meas.new_tokens if meas.new_tokens else 0.0
+        once = meas.prefill_ms / unit / meas.new_tokens if meas.new_tokens else 0.0
         if per_token:
-            return lambda n: n * meas.draft_ms_token / step_ms + once * shapes.expected_tokens(meas.accept, n)
-        return meas.draft_ms_step / step_ms + once * (1.0 + sum(meas.accept))
+            return lambda n: n * meas.draft_ms_token / unit + once * shapes.expected_tokens(meas.accept, n)
+        return meas.draft_ms_step / unit + once * (1.0 + sum(meas.accept))
 
     return declared(method).choose(method, runs, cost, per_step)

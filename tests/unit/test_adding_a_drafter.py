@@ -28,6 +28,7 @@ import tests.unit.test_compose as compose_suite
 from bpdbench.config import ConfigError, RunConfig
 from bpdbench.methods import REGISTRY, MethodSpec, contract, parse
 from tests.unit.test_replay import SETTINGS, drafter_cache, replay_equals_real, setup, tiny_world  # noqa: F401 (fixtures)
+from tests.helpers import FREE_DRAFTING
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "adding-a-drafter.md"
@@ -170,6 +171,7 @@ def test_auto_sizes_its_depth_through_the_session(example, tiny_model_dir, train
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     copy_drafters(trained_drafters, tmp_path / "cache")
     monkeypatch.setattr(autoshape, "cost_model", lambda s: TableCost({64: 1.0}, step_ms=1e9))  # flat, drafting free
+    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     run = RunConfig(task="prompts", data_file=str(write_prompts(tmp_path, 12)), model=str(tiny_model_dir),
                     dtype="float32", max_new_tokens=24, limit=3)

@@ -20,6 +20,7 @@ from bpdbench.methods.lookup import SEP, stream
 from bpdbench.methods.sam import SamDrafter
 from bpdbench.artefacts.suffix import SuffixAutomaton, SuffixIndex
 from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error
+from tests.helpers import FREE_DRAFTING
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 
@@ -324,6 +325,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
     from bpdbench.methods import parse_list
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autoshape, "cost_model", lambda s: TableCost({64: 1.0}, step_ms=1e9))
+    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     prompts = write_prompts(tmp_path, 12)
 

@@ -6,6 +6,7 @@ import pytest
 from bpdbench.experiments.plan import prepare
 from bpdbench.hardware.shapes import (TableCost, best_chain, best_tree, chain_value, expected_tokens, tree_nodes,
                                       tree_value)
+from tests.helpers import FREE_DRAFTING
 
 FLAT = TableCost({64: 1.0})
 AVX2 = TableCost({8: 1.9, 16: 2.2, 64: 4.6})            # float32 on this CPU
@@ -142,6 +143,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     costs = {"cost": TableCost({64: 1.0}, step_ms=1e9)}       # flat, drafting free; tests swap it
     monkeypatch.setattr(autoshape, "cost_model", lambda s: costs["cost"])
+    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     prompts = write_prompts(tmp_path, 12)
 
@@ -337,6 +339,10 @@ def test_the_drafts_prefill_is_priced_per_example_not_per_drafted_token():
     shape = choose(method, [({}, paid)], cost)
     n = shape.params["length"]
     assert shape.draft_cost == pytest.approx(0.25 * n + 0.1 * expected_tokens(accept, n))
+    # timed beside a 200 ms step (a host slower than when the cost curve was measured): priced in that step
+    slow = Replayed(accept, [[1] * 8] * 10, 10, 200.0, 25.0, False, per_token=True, target_ms=200.0)
+    shape = choose(method, [({}, slow)], cost)
+    assert shape.draft_cost == pytest.approx(0.125 * shape.params["length"])
 
 
 def test_drafting_is_timed_after_a_warm_up_that_leaves_the_drafters_state_as_it_was(session_for, monkeypatch):
@@ -360,3 +366,7 @@ def test_drafting_is_timed_after_a_warm_up_that_leaves_the_drafters_state_as_it_
                    scorer=TreeScorer(s.model))
         total = c if total is None else total.add(c)
     assert measured.accept == [a / total.steps for a in total.accepted_per_head] and measured.steps == total.steps
+    assert measured.target_ms == FREE_DRAFTING.ms()          # priced in the step the clock timed beside it
+    clock = autoshape.StepClock(s.model)                     # the real clock: the target's steps after a replay
+    clock.tick(2)
+    assert len(clock.times) == 2 and clock.ms() > 0
