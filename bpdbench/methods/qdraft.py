@@ -52,6 +52,7 @@ from ..engine import DraftContext, Proposal
 from ..hardware.kernels import PackedLinear
 from ..nets.quant import BITS, kernels, quantized_copy
 from .base import Method, MethodError, MethodSpec, Param
+from .calibrated import ROUNDINGS, SCALES, calibrated
 from .cascade import AssistedDraftModel
 from .env import Env
 from .search import Chain
@@ -64,8 +65,6 @@ LENGTH_AUTO_GGUF = 16     # runtime=gguf: 16 (its tune split accepted 7.88 of 8 
 GROUPS = (32, 64, 128, 256)
 GROUP = 32               # MXFP4's block: 32 weights share one scale
 RUNTIMES = ("torch", "gguf")
-SCALES = ("minmax", "awq")
-CALIBRATION_PROMPTS = 8  # train-split prompts whose activations choose the awq scales
 WINDOW = 64              # the draft's view of the prompt: its last 64 tokens (0: all; module docstring)
 
 
@@ -73,66 +72,13 @@ def _is_linear(m: torch.nn.Module) -> bool:
     return isinstance(m, (torch.nn.Linear, PackedLinear))
 
 
-def quantized(env: Env, bits: int, group: int, scales: str = "minmax") -> Any:
+def quantized(env: Env, bits: int, group: int, scales: str = "minmax", rounding: str = "nearest") -> Any:
     """The target quantized to `bits`, built once per session (levels and fallbacks share it)."""
-    key = ("qdraft", bits, group, scales)
+    key = ("qdraft", bits, group, scales, rounding)
     if key not in env.cache:
-        found = awq_scales(env, bits, group)[0] if scales == "awq" else None
-        env.cache[key] = quantized_copy(env.model, bits, group, _is_linear, found)
+        found, parts, _ = calibrated(env, bits, group, scales, rounding, _is_linear)
+        env.cache[key] = quantized_copy(env.model, bits, group, _is_linear, found, parts)
     return env.cache[key]
-
-
-def awq_scales(env: Env, bits: int, group: int) -> tuple[dict[str, torch.Tensor], dict]:
-    """Per linear layer, its activation-aware input scale (nets/awq.py) from the task's train split, and a record
-    of the choice and of what it saw; cached per model, dtype, task and rounding, since the search takes minutes."""
-    import hashlib
-    import io
-    from .. import paths
-    from ..nets import awq
-    from ..nets.quant import dequantize_int4, quantize_int4, quantize_int8
-    from ..store import write_atomic
-    from .selfdraft import split_prompts
-    path = (paths.cache_root() / "selfdraft" / "scales" /
-            f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-int{bits}-g{group}-awq.pt")
-    if ("awq", path) in env.cache:
-        return env.cache[("awq", path)]
-    try:
-        kept = torch.load(path, weights_only=True)
-        found = kept["scales"], kept["record"]
-    except (OSError, RuntimeError, KeyError, EOFError, ValueError):
-        prompts, ids, why = split_prompts(env, "train", CALIBRATION_PROMPTS)
-        if not prompts:
-            raise MethodError(f"qdraft:scales=awq: its scales are chosen on the task's train split, and {why}")
-        if bits == 8:
-            rounding = (lambda w, g: quantize_int8(w), lambda q, s, g: q.float() * s[:, None])
-        else:
-            rounding = (quantize_int4, dequantize_int4)
-        env.log(f"qdraft:scales=awq: choosing int{bits} scales on {len(prompts)} {env.cfg.task} train-split prompts "
-                f"(cached in {path.parent})")
-        rows = awq.layer_inputs(env.model, prompts, _is_linear)
-        scales, per_layer = {}, {}
-        for name, m in env.model.named_modules():
-            if name in rows:
-                g = min(group, m.in_features)
-                while m.in_features % g:
-                    g //= 2
-                scales[name], per_layer[name] = awq.search(m.weight, rows[name], g, *rounding)
-        mean = lambda k: round(sum(r[k] for r in per_layer.values()) / len(per_layer), 6)   # noqa: E731
-        flat = sorted(f"{env.cfg.task}/{i}" for i in ids)
-        record = {"scales": "awq", "split": "train", "rows_per_layer": awq.ROWS, "layers": len(per_layer),
-                  "mean_alpha": mean("alpha"), "mean_error_minmax": mean("error_minmax"), "mean_error": mean("error"),
-                  "seen": {"split": "train", "ids": {env.cfg.task: ids}, "n": len(ids),
-                           "sha256": hashlib.sha256("\n".join(flat).encode()).hexdigest()[:16]}}
-        buf = io.BytesIO()
-        torch.save({"scales": scales, "record": record}, buf)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, buf.getvalue())
-        except OSError as e:
-            env.log(f"note: could not cache the awq scales at {path} ({e}); they are chosen again next time")
-        found = scales, record
-    env.cache[("awq", path)] = found
-    return found
 
 
 class MultiLevelDrafter(AssistedDraftModel):
@@ -190,21 +136,21 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                                    method.get("levels", 1))
     window, sharpen = method.get("window", WINDOW), method.get("sharpen", 1.0)
     top_bits = 8 if levels == 2 else bits
-    scales = method.get("scales", "minmax")
-    tag = "" if scales == "minmax" else f"-{scales}"
-    draft = quantized(env, top_bits, group, scales)
-    prof = profile(env, draft, f"int{top_bits}-g{group}{tag}")
+    scales, rounding = method.get("scales", "minmax"), method.get("rounding", "nearest")
+    top_rounding = rounding if top_bits == 4 else "nearest"           # gptq rounds int4 levels (levels=2: the lower)
+    tag = lambda r: ("" if scales == "minmax" else f"-{scales}") + ("" if r == "nearest" else f"-{r}")  # noqa: E731
+    draft = quantized(env, top_bits, group, scales, top_rounding)
+    prof = profile(env, draft, f"int{top_bits}-g{group}{tag(top_rounding)}")
     resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "window": window,
-                "scales": awq_scales(env, top_bits, group)[1] if scales == "awq" else {"scales": scales},
+                "scales": calibrated(env, top_bits, group, scales, top_rounding, _is_linear)[2],
                 "kernels": kernels(draft),
                 "profile": prof}
     if levels == 2:
-        lower_model = quantized(env, 4, group, scales)
+        lower_model = quantized(env, 4, group, scales, rounding)
         lower = DraftModelDrafter(f"{method.label}/int4", lower_model, length, window=window)
         resolved["lower"] = {"bits": 4, "kernels": kernels(lower_model),
-                             "profile": profile(env, lower_model, f"int4-g{group}{tag}")}
-        if scales == "awq":
-            resolved["lower"]["scales"] = awq_scales(env, 4, group)[1]
+                             "profile": profile(env, lower_model, f"int4-g{group}{tag(rounding)}"),
+                             "scales": calibrated(env, 4, group, scales, rounding, _is_linear)[2]}
         drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
         drafter.sharpen = sharpen                        # the int8 level samples alone at T > 0
     else:
@@ -218,8 +164,10 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
 def _check(method: Method) -> None:
     if method.get("levels", 1) == 2 and method.get("bits") not in (None, 8):
         raise MethodError(f"{method.label}: levels=2 is int4 drafting for int8; drop bits= or pass bits=8")
+    if method.get("rounding", "nearest") == "gptq" and method.get("bits", 4) == 8 and method.get("levels", 1) == 1:
+        raise MethodError(f"{method.label}: rounding=gptq rounds the int4 copy; drop it or pass bits=4")
     if method.get("runtime", "torch") == "gguf":
-        fixed = [k for k in ("bits", "group", "levels", "scales") if k in method.params]
+        fixed = [k for k in ("bits", "group", "levels", "scales", "rounding") if k in method.params]
         if fixed:
             raise MethodError(f"{method.label}: runtime=gguf drafts with the GGUF file's own blocks; drop "
                               f"{', '.join(fixed)}=")
@@ -265,6 +213,9 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                      SHARPEN,
                      Param("scales", str, "minmax: each group's range (the published rounding); awq: activation-"
                            "aware input scales chosen on the train split (nets/awq.py)", choices=SCALES),
+                     Param("rounding", str, "nearest: each int4 weight to its nearest level; gptq: column by "
+                           "column, the error spread over the rest by the train split's inputs (nets/gptq.py)",
+                           choices=ROUNDINGS),
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES)),
                     _needs, check=_check, preflight=_preflight,

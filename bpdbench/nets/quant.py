@@ -35,6 +35,14 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
+def int4_group(width: int, group: int) -> int:
+    """The group an input width takes: the largest power-of-two share of the requested one that divides it."""
+    group = min(group, width)
+    while width % group:
+        group //= 2
+    return group
+
+
 def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(q int32 [N, K] in 0..15, scale [N, K/group], zero [N, K/group]) with w ~= (q - 8) * scale + zero."""
     w = w.detach().float()
@@ -56,10 +64,11 @@ class QuantLinear(torch.nn.Module):
     """A frozen nn.Linear replacement with int8 or int4 weights; takes and returns bfloat16 activations."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bits: int, group: int = 64,
-                 in_scale: torch.Tensor | None = None):
+                 in_scale: torch.Tensor | None = None, parts: tuple | None = None):
         """`in_scale` (nets/awq.py): the weight's input columns are multiplied by it before rounding and the inputs
         divided by it in `forward`, so the layer computes x W^T with its rounding error moved off the columns whose
-        inputs are large."""
+        inputs are large. `parts`: int4 (q, scale, zero) of that weight rounded elsewhere (nets/gptq.py), at
+        `int4_group(in_features, group)`, instead of each weight to its nearest level."""
         super().__init__()
         if bits not in BITS:
             raise ValueError(f"bits must be one of {BITS}, got {bits}")
@@ -76,11 +85,8 @@ class QuantLinear(torch.nn.Module):
             self.q, self.scale = q, scale.to(ACT)
             self.kernel = "int8"
             return
-        group = min(group, self.in_features)
-        while self.in_features % group:    # the largest power-of-two share of the requested group that divides
-            group //= 2
-        self.group = group
-        q, scale, zero = quantize_int4(weight, group)
+        self.group = group = int4_group(self.in_features, group)
+        q, scale, zero = parts if parts is not None else quantize_int4(weight, group)
         self.q4, self.scale4, self.zero4 = q.to(torch.uint8), scale, zero     # for DENSE_ROWS+ rows (prefill)
         try:
             self.q = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
@@ -124,17 +130,19 @@ class QuantLinear(torch.nn.Module):
 
 
 def quantized_copy(model: torch.nn.Module, bits: int, group: int, is_linear,
-                   scales: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+                   scales: dict[str, torch.Tensor] | None = None, parts: dict[str, tuple] | None = None
+                   ) -> torch.nn.Module:
     """A bfloat16 copy of `model` whose linear layers (`is_linear(module)`) are QuantLinear, each with its input
-    scale from `scales` by module name where given (nets/awq.py); the target's own linear modules are never copied
-    (deepcopy's memo maps them to placeholders), so the peak memory is the target plus the quantized copy."""
+    scale from `scales` and its int4 rounding from `parts` by module name where given (nets/awq.py, nets/gptq.py);
+    the target's own linear modules are never copied (deepcopy's memo maps them to placeholders), so the peak memory
+    is the target plus the quantized copy."""
     import copy
     linears = {name: m for name, m in model.named_modules() if is_linear(m)}
     memo = {id(m): torch.nn.Identity() for m in linears.values()}
     draft = copy.deepcopy(model, memo)
     for name, m in linears.items():
         draft.set_submodule(name, QuantLinear(m.weight, getattr(m, "bias", None), bits, group,
-                                              (scales or {}).get(name)))
+                                              (scales or {}).get(name), (parts or {}).get(name)))
     for p in draft.parameters():
         p.data = p.data.to(ACT)
     return draft.eval().requires_grad_(False)

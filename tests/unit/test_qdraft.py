@@ -65,7 +65,8 @@ def env(tiny_model_dir, tmp_path_factory):
 
 
 SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qdraft:window=3",
-             "qdraft:levels=2,window=5", "qdraft:scales=awq,length=3", "layerskip", "layerskip:skip=2",
+             "qdraft:levels=2,window=5", "qdraft:scales=awq,length=3", "qdraft:rounding=gptq,length=3",
+             "qdraft:scales=awq,rounding=gptq,levels=2", "layerskip", "layerskip:skip=2",
              "layerskip:bits=8,length=2")
 
 
@@ -113,6 +114,31 @@ def test_awq_moves_the_rounding_off_the_large_inputs():
     plain = QuantLinear(w, None, 4, 32)(x.bfloat16()).float()
     exact = x @ w.T
     assert (got - exact).norm() < (plain - exact).norm()
+
+
+def test_gptq_spreads_the_rounding_error_where_the_inputs_correlate():
+    """Correlated inputs (a few latent factors): rounding column by column with the error pushed onto the columns
+    not yet rounded leaves a smaller output error than rounding each weight to its nearest level, with the same
+    levels (the layer runs it on the int4 kernel unchanged)."""
+    from bpdbench.nets import gptq
+    torch.manual_seed(0)
+    w = torch.randn(48, 128) * 0.05
+    x = torch.randn(1024, 8) @ torch.randn(8, 128) + 0.1 * torch.randn(1024, 128)
+    err = lambda parts: float(((x @ dequantize_int4(*parts, 32).T - x @ w.T) ** 2).mean())   # noqa: E731
+    parts = gptq.round_int4(w, gptq.hessian(x), 32)
+    assert parts[0].min() >= 0 and parts[0].max() <= 15
+    assert err(parts) < 0.6 * err(quantize_int4(w, 32)), (err(parts), err(quantize_int4(w, 32)))
+    layer = QuantLinear(w, None, 4, 32, parts=parts)
+    want = torch.nn.functional.linear(x[:4], dequantize_int4(*parts, 32))
+    assert layer.kernel == "int4" and (layer(x[:4].bfloat16()).float() - want).norm() / want.norm() < 0.02
+
+
+def test_bad_rounding_spellings_are_one_line_errors():
+    with pytest.raises(MethodError, match="rounding=gptq rounds the int4 copy") as e:
+        parse("qdraft:bits=8,rounding=gptq")
+    assert "\n" not in str(e.value)
+    with pytest.raises(MethodError, match="drop rounding="):
+        parse("qdraft:runtime=gguf,rounding=gptq")
 
 
 def test_awq_scales_are_chosen_on_the_train_split_and_recorded(env):
