@@ -77,7 +77,8 @@ def _choose(env: Env, bits: int, group: int, scales: str, rounding: str, is_line
         g = int4_group(m.in_features, group)
         w, x = m.weight.detach().float(), rows[name]
         if scales == "awq":
-            sub = x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[:awq.ROWS]]
+            sub = x if x.shape[0] <= awq.ROWS else \
+                x[torch.randperm(x.shape[0], generator=torch.Generator().manual_seed(0))[:awq.ROWS]]
             found_scales[name], per_layer[name] = awq.search(w, sub, g, *nearest)
         if rounding == "gptq":
             s = found_scales.get(name)
