@@ -218,6 +218,16 @@ def split_of(task: Task, examples: list[Example]) -> dict[str, str]:
     return {ex.id: name for name, group in splits(task, examples).items() for ex in group}
 
 
+def seen(ids: dict[str, list[str]], split_name: str = "train") -> dict:
+    """What an artefact saw, as every artefact records it: example ids by task, their split, count and a hash, so
+    a result can state its overlap with the artefact's data (bpdbench/experiments/audit.py reads this shape)."""
+    import hashlib
+
+    flat = sorted(f"{t}/{i}" for t, group in ids.items() for i in group)
+    return {"split": split_name, "ids": {t: sorted(g) for t, g in ids.items()}, "n": len(flat),
+            "sha256": hashlib.sha256("\n".join(flat).encode()).hexdigest()[:16]}
+
+
 def select(examples: list[Example], offset: int = 0, limit: int | None = None) -> list[Example]:
     """Deterministic contiguous slice, so runs with the same offset/limit compare the same examples."""
     if offset < 0 or (limit is not None and limit < 0):

@@ -39,6 +39,7 @@ from ..config import ConfigError
 from ..engine import EmptyDrafter, StepEvent, TreeScorer, replay, teacher_forced
 from ..engine.state import restore, snapshot
 from ..hardware import shapes
+from ..hardware.timing import StepClock
 from ..methods import Method, MethodError
 from ..methods.contract import Input, feedback_k, reads_reference, search, takes
 from ..methods.search import Replayed, choose, plans
@@ -59,37 +60,8 @@ def cost_model(s) -> shapes.CostModel:
     return ensure(s.cfg.model, s.cfg.dtype, str(s.model.device), s.threads, model=s.model, log=s.log)
 
 
-class StepClock:
-    """The target's one-token step, timed between a replay's examples: the unit its drafting time is priced in. Why
-    beside the drafting and not the cost curve's step: a shared host ran this VM's step at 63 ms when the curve was
-    measured and at 69-110 ms later, minute to minute, so a draft timed then looked up to half again as dear in the
-    curve's steps as it was, and a step timed once before or after the replay missed by as much."""
-
-    def __init__(self, model: Any, context: int = 64):
-        import torch
-        from transformers import DynamicCache
-        self.model, self.torch, self.times = model, torch, []
-        self.cache = DynamicCache()
-        with torch.inference_mode():
-            model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=self.cache, use_cache=True,
-                  logits_to_keep=1)
-
-    def tick(self, n: int = 4) -> None:
-        import time
-        with self.torch.inference_mode():
-            for i in range(n + 1):
-                t = time.perf_counter()
-                self.model(input_ids=self.torch.tensor([[i + 1]]), past_key_values=self.cache, use_cache=True,
-                           logits_to_keep=1)
-                if i:                                          # the first after a replay warms the caches again
-                    self.times.append(time.perf_counter() - t)
-
-    def ms(self) -> float:
-        times = sorted(self.times)
-        return 1000 * times[len(times) // 2] if times else 0.0
-
-
 def step_clock(s) -> StepClock:
+    """The target's step timed between a replay's examples (tests swap in a free one)."""
     return StepClock(s.model)
 
 

@@ -62,5 +62,36 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu",
     return runs
 
 
+class StepClock:
+    """The model's one-token decode step after a `context`-token prefill, timed in batches of `tick`s: the unit a
+    draft's cost is priced in. One timer for every such price (a self-draft's cost, `auto`'s drafting), because the
+    step must be timed beside what it prices: a shared host ran this VM's step at 63 ms when the cost curve was
+    measured and at 69-110 ms later, minute to minute, so a draft timed then looked up to half again as dear in the
+    curve's steps as it was."""
+
+    def __init__(self, model: Any, context: int = 64):
+        from transformers import DynamicCache
+        self.model, self.times = model, []
+        self.cache = DynamicCache()
+        with torch.inference_mode():
+            model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=self.cache, use_cache=True,
+                  logits_to_keep=1)
+
+    def tick(self, n: int = 4, warm: int = 1) -> "StepClock":
+        """`n` timed forwards after `warm` untimed ones (the first after other work refills the CPU's caches)."""
+        with torch.inference_mode():
+            for i in range(warm + n):
+                t = time.perf_counter()
+                self.model(input_ids=torch.tensor([[i + 1]]), past_key_values=self.cache, use_cache=True,
+                           logits_to_keep=1)
+                if i >= warm:
+                    self.times.append(time.perf_counter() - t)
+        return self
+
+    def ms(self) -> float:
+        """Median milliseconds of every step timed so far."""
+        return 1000 * statistics.median(self.times) if self.times else 0.0
+
+
 def median(times: list[float]) -> float:
     return statistics.median(times)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+import tasks as task_registry
 from .. import paths
 from ..nets import awq, gptq
 from ..nets.quant import dequantize_int4, int4_group, quantize_int4, quantize_int8
@@ -27,6 +28,14 @@ SCALES = ("minmax", "awq")
 ROUNDINGS = ("nearest", "gptq")
 PROMPTS = 8              # train-split prompts whose activations choose them
 GPTQ_ROWS = 4096         # input rows per layer kept for GPTQ's H (8 prompts of 192 tokens give 1536)
+VERSION = 2              # of the choice and its file; raise it when either changes (2: levels packed in bytes)
+
+
+def recipe() -> str:
+    """A digest of everything a cached choice depends on besides its file name's model, dtype, task and shape: a
+    changed constant (prompts, rows, alphas, damping) chooses again instead of reading a stale choice."""
+    parts = [VERSION, PROMPTS, GPTQ_ROWS, awq.ROWS, list(awq.ALPHAS), gptq.DAMP, gptq.BLOCK]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:8]
 
 
 def calibrated(env: Env, bits: int, group: int, scales: str, rounding: str, is_linear: Callable[[Any], bool]
@@ -39,14 +48,14 @@ def calibrated(env: Env, bits: int, group: int, scales: str, rounding: str, is_l
         return env.cache[key]
     path = (paths.cache_root() / "selfdraft" / "scales" /
             f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-int{bits}-g{group}-{scales}-"
-            f"{rounding}.pt")
+            f"{rounding}-{recipe()}.pt")
     try:
         kept = torch.load(path, weights_only=True)
-        found = kept["scales"], kept["parts"], kept["record"]
+        found = kept["scales"], _unpacked(kept["parts"]), kept["record"]
     except (OSError, RuntimeError, KeyError, EOFError, ValueError):
         found = _choose(env, bits, group, scales, rounding, is_linear)
         buf = io.BytesIO()
-        torch.save({"scales": found[0], "parts": found[1], "record": found[2]}, buf)
+        torch.save({"scales": found[0], "parts": _packed(found[1]), "record": found[2]}, buf)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(path, buf.getvalue())
@@ -54,6 +63,26 @@ def calibrated(env: Env, bits: int, group: int, scales: str, rounding: str, is_l
             env.log(f"note: could not cache the calibrated rounding at {path} ({e}); it is chosen again next time")
     env.cache[key] = found
     return found
+
+
+def _packed(parts: dict[str, tuple] | None) -> dict[str, tuple] | None:
+    """Two 4-bit levels per byte: the 0.5B model's rounding takes 370 MB on disk (with its scales and zeros), where
+    int32 levels took 2.1 GB."""
+    if parts is None:
+        return None
+    return {name: ((q[:, 0::2] | (q[:, 1::2] << 4)).to(torch.uint8), scale, zero)
+            for name, (q, scale, zero) in parts.items()}
+
+
+def _unpacked(parts: dict[str, tuple] | None) -> dict[str, tuple] | None:
+    if parts is None:
+        return None
+    out = {}
+    for name, (packed, scale, zero) in parts.items():
+        q = torch.empty(packed.shape[0], 2 * packed.shape[1], dtype=torch.int32)
+        q[:, 0::2], q[:, 1::2] = packed & 15, packed >> 4
+        out[name] = (q, scale, zero)
+    return out
 
 
 def _choose(env: Env, bits: int, group: int, scales: str, rounding: str, is_linear: Callable[[Any], bool]
@@ -86,13 +115,11 @@ def _choose(env: Env, bits: int, group: int, scales: str, rounding: str, is_line
             found_parts[name] = gptq.round_int4(ws, gptq.hessian(xs), g)
             per_layer.setdefault(name, {})["gptq_error"] = _error(ws, xs, found_parts[name], g)
             per_layer[name]["nearest_error"] = _error(ws, xs, quantize_int4(ws, g), g)
-    flat = sorted(f"{env.cfg.task}/{i}" for i in ids)
-    record = {"scales": scales, "rounding": rounding, "split": "train", "layers": len(rows),
+    record = {"scales": scales, "rounding": rounding, "recipe": recipe(), "split": "train", "layers": len(rows),
               **{f"mean_{k}": round(sum(r[k] for r in per_layer.values()) / len(per_layer), 6)
                  for k in ("alpha", "error_minmax", "error", "gptq_error", "nearest_error")
                  if per_layer and all(k in r for r in per_layer.values())},
-              "seen": {"split": "train", "ids": {env.cfg.task: ids}, "n": len(ids),
-                       "sha256": hashlib.sha256("\n".join(flat).encode()).hexdigest()[:16]}}
+              "seen": task_registry.seen({env.cfg.task: ids}, "train")}
     return found_scales or None, found_parts or None, record
 
 

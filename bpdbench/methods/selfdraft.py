@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from transformers import DynamicCache
 
 from .. import paths
 from ..hardware import contention
 from ..hardware.fingerprint import current
+from ..hardware.timing import StepClock
 from ..store import write_atomic
 from .env import Env
 
@@ -81,16 +81,7 @@ def agreement(target: Any | list[torch.Tensor], draft: Any, prompts: list[list[i
 @torch.inference_mode()
 def step_ms(model: Any, context: int = 64) -> float:
     """Median milliseconds of one one-token forward after a `context`-token prefill (what drafting one token costs)."""
-    cache = DynamicCache()
-    model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=cache, use_cache=True,
-          logits_to_keep=1)
-    times = []
-    for i in range(TIMED + 2):
-        t = time.perf_counter()
-        model(input_ids=torch.tensor([[i + 1]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        times.append(time.perf_counter() - t)
-    times = sorted(times[2:])
-    return 1000 * times[len(times) // 2]
+    return StepClock(model, context).tick(TIMED, warm=2).ms()
 
 
 RETRIES, PAUSE_S = 2, 20.0   # a measurement beside another process: at most 2 more tries, 20 s apart

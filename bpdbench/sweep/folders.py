@@ -5,8 +5,8 @@ result must name the very folder the result lives in. Three ways, one per block:
 (`runs/<task>-<model>-<method>-<dtype>`, `replay/<task>`, ...); `folder = "speed-field"` (one name in place of the
 command's, `speed-field/<task>`); or `out = "certificates/{task}-{method}"`, a path template under the results root
 for the names that scripts and earlier commands chose (`drafters/replay/{task}-koala`, `sampling/{task}/
-{method}-T{temperature}`). The CLI writes where `--out` says; a cell whose folder is not the command's default gets
-that `--out`, so its config.json is the equivalent command line's.
+{method}-T{temperature}`, `leaderboard-{machine}/{task}`). The CLI writes where `--out` says; a cell whose folder
+is not the command's default gets that `--out`, so its config.json is the equivalent command line's.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv",
            "speed": "speed.csv", "alpha_law": "alpha_law.csv", "certify": "certify_summary.csv"}
 CONFIG_FILE = {"certify": "certify.json"}          # where a kind records its settings, when not config.json
 FOLDER = {k: v for k, v in FOLDERS.items() if k not in ("run", "certify", "tune")}
-PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed")
+PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed", "machine")
 
 
 def place(kind: str, cfg: RunConfig, merged: dict, results: str, methods: Sequence[Method]) -> tuple[str, RunConfig]:
@@ -65,11 +65,25 @@ def _cli_default(kind: str, cfg: RunConfig, methods: Sequence[Method]) -> str:
     return out_of(cfg.replace(out=None), kind, list(methods)).relative_to(paths.results_root()).as_posix()
 
 
+def machine_key(cfg: RunConfig) -> str:
+    """The fingerprint of this machine as the cell runs on it (CPU, flags, software, threads, device): the key its
+    results are grouped by (report/leaderboard.py) and its calibration is cached under."""
+    from ..hardware.fingerprint import current
+    return current(cfg.threads, cfg.device).key()
+
+
+def names_machine(merged: dict) -> bool:
+    """Whether the block's folder is named after the machine ({machine} in its out template)."""
+    template = merged.get("out")
+    return isinstance(template, str) and "{machine}" in template
+
+
 def expand(template: object, kind: str, cfg: RunConfig) -> str:
     """The template with the cell's values: {task}, {model}, {dtype}, {heads_profile}, {temperature} (0 when
-    greedy, `:g`), {seed} (0 when unset), and for run cells {method}, the spelling named by the folder rule
-    (paths.folder_name) with `:`, `,` and `=` each replaced by `-` (`{method:_}`: by `_`, as the draft networks'
-    certificate folders were first named)."""
+    greedy, `:g`), {seed} (0 when unset), {machine} (machine_key: the fingerprint the leaderboard groups by, so two
+    machines' boards of one benchmark are two folders, not one overwriting the other), and for run cells {method},
+    the spelling named by the folder rule (paths.folder_name) with `:`, `,` and `=` each replaced by `-`
+    (`{method:_}`: by `_`, as the draft networks' certificate folders were first named)."""
     if not isinstance(template, str) or not template.strip():
         raise ConfigError(f"out must be a path template under the results root, e.g. \"certificates/{{task}}-"
                           f"{{method}}\", got {template!r}")
@@ -100,6 +114,8 @@ def expand(template: object, kind: str, cfg: RunConfig) -> str:
             value = paths.folder_name(cfg.method, spec or "-", spec or "-")
         elif spec:
             raise ConfigError(f"out = {template!r}: {{{name}:{spec}}}: only {{method}} takes a format (- or _)")
+        elif name == "machine":
+            value = machine_key(cfg)
         else:
             value = values[name]
         parts.append(value.replace("/", "_"))       # a model naming a path stays one folder name

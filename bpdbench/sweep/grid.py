@@ -23,7 +23,7 @@ from ..config import ConfigError, RunConfig
 from ..experiments.plan import Plan
 from ..methods import Method
 from ..artefacts.graph import Artefact, artefacts_for, collect, with_trainings, without_unneeded_data
-from .folders import place
+from .folders import machine_key, names_machine, place
 from .trainings import heads_dtype, trainings, with_data
 
 KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law", "certify")
@@ -67,6 +67,8 @@ class Cell:
     needs: tuple[str, ...] = ()         # ids of artefacts and tune cells that must finish first
     hooks: dict = field(default_factory=dict)   # tests only: {"exit_after_examples": n, "once_file": path}
     grid: str = ""                      # the grid file that made it, as config.json records it (not its identity)
+    machine: str = ""                   # the fingerprint in `rel` where its out template names {machine}: the same
+    #                                     cell on another machine writes the folder with that part replaced
 
     @property
     def id(self) -> str:
@@ -363,7 +365,7 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
     except ConfigError as e:
         raise GridError(f"{where}: {e}") from None
     cell = Cell(kind, cfg, options, rel, placed(plan, cfg, rel, ctx["results"]), methods, threads, gpus,
-                grid=ctx["shown"])
+                grid=ctx["shown"], machine=machine_key(cfg) if names_machine(merged) else "")
     return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, list(methods), heads_dtype)))
 
 

@@ -42,7 +42,7 @@ def seen(n: int, seed: int, chat: bool = True) -> dict | None:
     """What an artefact built from `prompt_pool(n, seed)` saw: the task example ids by task (all from the train
     split), their count and a hash, so a result can state its overlap with the artefact's data (experiments/audit).
     None where no task data is here to say it."""
-    import hashlib
+    import tasks
 
     ids: dict[str, list[str]] = {}
     try:
@@ -52,9 +52,7 @@ def seen(n: int, seed: int, chat: bool = True) -> dict | None:
     for task, item, _ in items:
         if task is not None:
             ids.setdefault(task.name, []).append(item.id)
-    flat = sorted(f"{t}/{i}" for t, group in ids.items() for i in group)
-    return {"split": "train", "ids": {t: sorted(g) for t, g in ids.items()}, "n": len(flat),
-            "sha256": hashlib.sha256("\n".join(flat).encode()).hexdigest()[:16]}
+    return tasks.seen(ids, "train")
 
 
 def _pool_items(n: int, seed: int, gen_tokens: int, chat: bool) -> list[tuple]:

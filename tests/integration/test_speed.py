@@ -268,6 +268,36 @@ def test_prediction_and_bootstrap_on_hand_made_records():
     assert bootstrap_ratio([1.0], [1.0]) != bootstrap_ratio([1.0], [1.0])        # nan: one prompt has no interval
 
 
+def test_drafting_is_priced_at_the_calibrations_speed_by_ars_timing_of_the_same_prompt():
+    """A host running at half the calibration's speed on one prompt and at its speed on another: every forward and
+    every drafting second takes twice as long on the first. Priced by AR's timing of each prompt, the predicted
+    speedup is the measured one; the drafting taken at face value (the control) predicts less."""
+    from bpdbench.experiments import prediction
+
+    class Cal:
+        step_ms, prefill_tok_per_s = 100.0, 1000.0
+
+        def seconds_for(self, n, tree=False, context=None, rows=None):
+            return 0.1 * (1.0 if n <= 1 else 1.2)
+
+    records = []
+    for pid, slow in (("a", 2.0), ("b", 1.0)):
+        ar = {"id": pid, "method": "ar", "prompt_tokens": 100, "tokens": 10, "serial_calls": 11, "verified": 10,
+              "draft_s": 0.0, "median_s": slow * (0.1 + 10 * 0.1)}
+        own = {"id": pid, "method": "qdraft", "prompt_tokens": 100, "tokens": 10, "serial_calls": 3, "verified": 10,
+               "draft_s": slow * 0.3, "median_s": slow * (0.1 + 2 * 0.12 + 0.3)}
+        records += [ar, own]
+    raw = [dict(r) for r in records]
+    for r in raw:
+        r.update(prediction.predict_record(r, Cal()))
+    priced = prediction.annotate([dict(r) for r in records], Cal())
+    speedup = lambda rs, key: (sum(r[key] for r in rs if r["method"] == "ar")        # noqa: E731
+                               / sum(r[key] for r in rs if r["method"] == "qdraft"))
+    assert abs(speedup(priced, "predicted_s") - speedup(records, "median_s")) < 1e-9
+    assert speedup(raw, "predicted_s") < 0.95 * speedup(records, "median_s")
+    assert [r["host_factor"] for r in priced if r["method"] == "qdraft"] == [0.5, 1.0]
+
+
 def test_a_peer_that_diverges_is_left_out_but_only_our_methods_fail_the_run():
     records = [_rec("a", "ar", 4.0), _rec("b", "ar", 6.0),
                _rec("a", "hf-pld", 8.0, identical=False, certificate="lost"), _rec("b", "hf-pld", 3.0),

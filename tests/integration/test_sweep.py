@@ -391,3 +391,21 @@ def test_out_templates_name_the_folders(tiny_model_dir, data, tmp_path):
     assert all(c.options == {"private_greedy": True} for c in sampled)
     assert cells["certificates/xsum-bpd-threshold-0.4"].options == {}
 
+
+def test_the_machine_placeholder_gives_each_machine_its_own_folder(data, tmp_path):
+    """`{machine}` is the fingerprint a run's results are grouped by (CPU, software, threads): the leaderboard grid
+    on two machines, or at two thread counts, writes two folders, and the cell says which part names the machine
+    (the grid coverage check matches another machine's folder by it)."""
+    from bpdbench.hardware.fingerprint import current
+    from bpdbench.sweep import grid
+    path = tmp_path / "g.toml"
+    path.write_text("\n".join([
+        "[sweep]", 'results = "res"', "", "[defaults]", 'dtype = "float32"', "",
+        "[[speed]]", 'out = "leaderboard-{machine}/{task}"', 'tasks = ["mt_bench"]', "threads = 2", "",
+        "[[speed]]", 'out = "one-thread-{machine}/{task}"', 'tasks = ["mt_bench"]', "threads = 1", "",
+        "[[speed]]", 'folder = "plain"', 'tasks = ["mt_bench"]']))
+    two, one, plain = grid.load(path, data=str(data)).cells
+    assert two.machine == current(2).key() and two.id == f"leaderboard-{two.machine}/mt_bench"
+    assert one.machine == current(1).key() != two.machine and one.id == f"one-thread-{one.machine}/mt_bench"
+    assert plain.machine == "" and plain.id == "plain/mt_bench"
+

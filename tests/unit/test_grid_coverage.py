@@ -5,6 +5,7 @@ finished (its config.json matching the cell) is tests/integration/test_sweep_gri
 and selects its examples from the shared data; no model is loaded."""
 from __future__ import annotations
 
+import fnmatch
 import subprocess
 from pathlib import Path
 
@@ -31,8 +32,10 @@ def ignored(root: Path, folders: list[str]) -> set[str]:
 
 
 def owners(root: Path) -> dict[str, list[str]]:
-    """Folder (relative to `root`) -> the "grid: cell" of every cell that writes it. A grid whose results go
-    elsewhere (throughput: $BPDBENCH_RESULTS) owns nothing here."""
+    """Folder pattern (relative to `root`) -> the "grid: cell" of every cell that writes it: the folder itself, or
+    with its machine part as `*` where the cell's out template names {machine} (grids/leaderboard.toml: another
+    machine's board is the same cell run there). A grid whose results go elsewhere (throughput:
+    $BPDBENCH_RESULTS) owns nothing here."""
     from bpdbench.sweep import grid
     out: dict[str, list[str]] = {}
     for path in sorted((REPO / "grids").glob("*.toml")):
@@ -40,8 +43,14 @@ def owners(root: Path) -> dict[str, list[str]]:
         for cell in plan.cells:
             folder = (plan.results / cell.rel).resolve()
             if cell.rel and folder.is_relative_to(root):
-                out.setdefault(folder.relative_to(root).as_posix(), []).append(f"{path.name}: {cell.id}")
+                rel = folder.relative_to(root).as_posix()
+                pattern = rel.replace(cell.machine, "[0-9a-f]" * len(cell.machine)) if cell.machine else rel
+                out.setdefault(pattern, []).append(f"{path.name}: {cell.id}")
     return out
+
+
+def owning(folder: str, cells: dict[str, list[str]]) -> list[str]:
+    return [owner for pattern, found in cells.items() if fnmatch.fnmatchcase(folder, pattern) for owner in found]
 
 
 def test_every_committed_result_folder_is_the_cell_of_exactly_one_grid():
@@ -50,8 +59,18 @@ def test_every_committed_result_folder_is_the_cell_of_exactly_one_grid():
     folders = committed_folders(RESULTS)
     assert folders, "no committed results found"
     cells = owners(RESULTS)
-    assert [f for f in folders if f not in cells] == [], "folders no grid cell writes"
-    assert {f: cells[f] for f in folders if len(cells[f]) > 1} == {}, "folders more than one cell writes"
+    assert [f for f in folders if not owning(f, cells)] == [], "folders no grid cell writes"
+    assert {f: owning(f, cells) for f in folders if len(owning(f, cells)) > 1} == {}, \
+        "folders more than one cell writes"
+
+
+def test_another_machines_board_is_owned_by_the_same_cell():
+    """The control for the machine part: a board folder named after any fingerprint is the leaderboard cell's,
+    one with a name that is not a fingerprint is no cell's."""
+    cells = {"leaderboard-" + "[0-9a-f]" * 12 + "/mt_bench": ["leaderboard.toml: x"], "speed/mt_bench": ["y"]}
+    assert owning("leaderboard-afcf1aeb72d2/mt_bench", cells) == ["leaderboard.toml: x"]
+    assert owning("leaderboard-mine/mt_bench", cells) == owning("leaderboard/mt_bench", cells) == []
+    assert owning("speed/mt_bench", cells) == ["y"]
 
 
 def test_committed_folders_finds_config_and_certify_records(tmp_path):

@@ -233,11 +233,12 @@ def test_recycling_timed_before_the_state_restore_is_marked():
 
 
 def test_the_leaderboard_grids_folder_is_read_and_a_run_still_going_says_partial(tmp_path, monkeypatch):
-    """grids/leaderboard.toml writes results/leaderboard/<task>: it is placed (not only results/speed*), and while
+    """grids/leaderboard.toml writes results/leaderboard-<machine>/<task>: it is placed (not only results/speed*), and while
     its run is accumulated over sittings its board says how many of the planned prompts it holds."""
     monkeypatch.setattr(leaderboard, "commit_time", lambda c: TIMES.get(c.removesuffix("-dirty")))
-    speed_folder(tmp_path, "spec_bench", EPYC, kind="leaderboard", per_category=1, planned=39)
-    speed_folder(tmp_path, "mt_bench", EPYC, kind="leaderboard", task="mt_bench", per_category=16, planned=16)
+    speed_folder(tmp_path, "spec_bench", EPYC, kind="leaderboard-afcf1aeb72d2", per_category=1, planned=39)
+    speed_folder(tmp_path, "mt_bench", EPYC, kind="leaderboard-afcf1aeb72d2", task="mt_bench", per_category=16,
+                 planned=16)
     boards = {b.task: b for m in leaderboard.collect(tmp_path).machines for b in m.boards}
     for b in boards.values():
         leaderboard.describe(b)

@@ -154,6 +154,42 @@ def test_awq_scales_are_chosen_on_the_train_split_and_recorded(env):
     assert env.resolved[m.label]["profile"]["agreement"] > 0
 
 
+def test_a_calibrated_choice_is_cached_per_recipe(env, monkeypatch):
+    """A cached choice is read back only under the recipe it was made with: fewer calibration rows choose again
+    into a file of their own, and the record names its recipe."""
+    from bpdbench import paths
+    from bpdbench.methods import calibrated
+    from bpdbench.nets import awq
+    m = parse("qdraft:scales=awq")
+    m.spec.build(env, m)
+    first = env.resolved[m.label]["scales"]["recipe"]
+    folder = paths.cache_root() / "selfdraft" / "scales"
+    assert [p.name.endswith(f"-awq-nearest-{first}.pt") for p in folder.glob("*-int4-g32-awq-nearest-*")] == [True]
+    monkeypatch.setattr(awq, "ROWS", awq.ROWS // 2)
+    for key in [k for k in env.cache if isinstance(k, tuple) and k[:1] == ("calibrated",)]:
+        del env.cache[key]
+    m.spec.build(env, m)
+    second = env.resolved[m.label]["scales"]["recipe"]
+    assert second != first and second == calibrated.recipe()
+    assert sorted(p.name[-11:-3] for p in folder.glob("*-int4-g32-awq-nearest-*")) == sorted([first, second])
+
+
+def test_a_cached_gptq_rounding_reads_back_what_was_chosen(env):
+    """The rounding kept on disk (two levels per byte) is the rounding chosen: read back, every level, scale and
+    zero is equal."""
+    from bpdbench.methods import calibrated
+    is_linear = lambda m: isinstance(m, torch.nn.Linear)      # noqa: E731
+    for key in [k for k in env.cache if isinstance(k, tuple) and k[:1] == ("calibrated",)]:
+        del env.cache[key]
+    chosen = calibrated.calibrated(env, 4, 32, "minmax", "gptq", is_linear)
+    env.cache.pop(("calibrated", 4, 32, "minmax", "gptq"))
+    read = calibrated.calibrated(env, 4, 32, "minmax", "gptq", is_linear)
+    assert chosen[1] is not read[1] and chosen[1].keys() == read[1].keys()
+    for name, parts in chosen[1].items():
+        assert all(torch.equal(a, b) for a, b in zip(parts, read[1][name])), name
+    assert chosen[2] == read[2]
+
+
 def test_quantization_costs_agreement_and_drafts_accept(env):
     """int8 agrees with the target more than int4 (the tune split, teacher-forced), and both drafts accept."""
     got = {}
