@@ -28,14 +28,19 @@ from .forward_timing import time_shapes as _time_shapes
 from .forward_timing import tree_drafts, tree_parents  # noqa: F401  (the shapes, for readers of a curve)
 
 Log = Callable[[str], None]
-NS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+# 16 and 17 both: on a CPU whose matmul kernels block rows by 16 (oneDNN with AMX), a forward over 17 to 64 tokens
+# costs about the same and a third more than one over 16 (Intel Xeon with AMX, bfloat16, 2 threads, context 512:
+# 1.13 steps at 16 tree nodes, 1.50 at 17, 1.6-1.8 from 20 to 64). Interpolated from 16 to 32 without the edge, a
+# 20-node tree was predicted 25% too cheap, and `auto` chose trees of 17-31 nodes for it.
+NS = (1, 2, 3, 4, 6, 8, 12, 16, 17, 20, 24, 32, 48, 64)
 CONTEXTS = (128, 512, 1024)
-TREE_NS = (4, 8, 16, 32, 64)
+TREE_NS = (4, 8, 12, 16, 17, 20, 24, 32, 48, 64)
 REPEATS = 3
 TARGET_SECONDS = 45.0     # a fast machine spends what a slow one needs anyway on more rounds (less noise)
 MAX_REPEATS = 12
 LONG_ROUNDS_MIN = 2
-VERSION = 2               # 2: the long shapes in two rounds at least, the projection in interleaved rounds
+VERSION = 3               # 2: the long shapes in two rounds at least, the projection in interleaved rounds;
+                          # 3: the row-blocking edge (16, 17) and 12-24 nodes measured (NS, TREE_NS)
 
 
 def monotone(points: dict[int, float], floor: float = 1.0) -> dict[int, float]:
@@ -248,15 +253,17 @@ def _device_tag(device: str) -> str:
 
 
 def cache_path(model_name: str, dtype: str, device: str, threads: int | None, linear: str | None = None) -> Path:
-    """paths.cache_root()/calibration/<fingerprint key>/<model>-<dtype>-<device>.json; the key holds the threads,
-    the CPU flags and the library versions, so a changed machine or torch never reads a stale curve."""
+    """paths.cache_root()/calibration/<fingerprint key>/<model>-<dtype>-<device>[-kernel]-v<VERSION>.json; the key
+    holds the threads, the CPU flags and the library versions, so a changed machine or torch never reads a stale
+    curve. The version in the name: a checkout of an older recipe (a long benchmark pinned to its commit) keeps
+    reading and updating its own curve while a newer one measures another beside it."""
     from .dtype import resolve
     device = _device_tag(device)
     dtype = resolve(dtype, device, threads, log=lambda _: None)
     fp = current(threads, device)
     safe = str(model_name).strip("/").replace("/", "_")
     kernel = kernels.tag(linear or kernels.choose(dtype, device, threads).backend)
-    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}{kernel}.json"
+    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}{kernel}-v{VERSION}.json"
 
 
 def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:

@@ -73,7 +73,8 @@ def test_measure_on_tiny_model_and_cache_round_trip(tiny_model, monkeypatch):
     assert set(cal.head) == set(lib.HEAD_ROWS) and all(v > 0 for v in cal.head.values())
     assert lib.cached("tiny", "float32", "cpu", 1) is None
     path = lib.save(cal)
-    assert path == lib.cache_path("tiny", "float32", "cpu", 1) and path.name == "tiny-float32-cpu.json"
+    assert path == lib.cache_path("tiny", "float32", "cpu", 1)
+    assert path.name == f"tiny-float32-cpu-v{lib.VERSION}.json"      # an older recipe's curve sits beside it
     back = lib.cached("tiny", "float32", "cpu", 1)
     assert back == cal
     lib.record_drafting(back, "bpd", 3.5)
@@ -224,3 +225,23 @@ def test_the_contention_meter_sees_another_busy_process():
         while time.process_time() - t < 1.0:
             pass
     assert mine.others_cores < m.others_cores - 0.5
+
+
+def test_the_row_blocking_edge_keeps_auto_off_the_trees_just_past_it():
+    """On an Intel Xeon with AMX (bfloat16, 2 threads) a forward over 17-64 tokens costs 1.6-1.8 steps and one over
+    16 about 1.3. The curve this machine had (16, 32 and 64 nodes measured, interpolated between) made 17-31 nodes
+    look cheap, and `auto` chose such trees (hydra:tree=auto verified 16.6 tokens a step, predicted 1.63x, measured
+    1.23x). With the edge measured, the best tree stays within 16 scored tokens; the control, the old curve, picks
+    one past the edge."""
+    from bpdbench.hardware.shapes import best_tree
+
+    def curve(tree: dict) -> Calibration:
+        return Calibration(model="m", dtype="bfloat16", device="cpu", threads=2, fingerprint={"key": "abc"},
+                           step_ms=65.0, contexts=[512], chain={512: {1: 1.0, 16: 1.13, 17: 1.5, 64: 1.8}},
+                           tree={512: tree}, prefill_tok_per_s=500.0)
+    old = curve({4: 1.19, 8: 1.18, 16: 1.29, 32: 1.43, 64: 1.76})        # this machine's, measured at 01:37
+    edge = curve({4: 1.19, 8: 1.18, 12: 1.2, 16: 1.29, 17: 1.62, 20: 1.7, 24: 1.68, 32: 1.66, 48: 1.7, 64: 1.8})
+    assert 17 in lib.TREE_NS and 16 in lib.TREE_NS and 17 in lib.NS
+    p = [[0.5, 0.2, 0.1, 0.05], [0.5, 0.2, 0.1], [0.5, 0.2], [0.4, 0.1], [0.4]]
+    assert best_tree(p, edge).params["nodes"] + 1 <= 16
+    assert 17 <= best_tree(p, old).params["nodes"] + 1 <= 32

@@ -70,5 +70,6 @@ def test_override_and_bad_value(monkeypatch):
 
 def test_cache_names_carry_the_kernel():
     from bpdbench.hardware import calibration
-    assert calibration.cache_path("m", "float32", "cpu", 2, "onednn").name == "m-float32-cpu-onednn.json"
-    assert calibration.cache_path("m", "float32", "cpu", 2, "torch").name == "m-float32-cpu.json"
+    v = calibration.VERSION
+    assert calibration.cache_path("m", "float32", "cpu", 2, "onednn").name == f"m-float32-cpu-onednn-v{v}.json"
+    assert calibration.cache_path("m", "float32", "cpu", 2, "torch").name == f"m-float32-cpu-v{v}.json"
