@@ -263,7 +263,8 @@ def cache_path(model_name: str, dtype: str, device: str, threads: int | None, li
     fp = current(threads, device)
     safe = str(model_name).strip("/").replace("/", "_")
     kernel = kernels.tag(linear or kernels.choose(dtype, device, threads).backend)
-    return paths.cache_root() / "calibration" / fp.key() / f"{safe}-{dtype}-{device.replace(':', '')}{kernel}-v{VERSION}.json"
+    name = f"{safe}-{dtype}-{device.replace(':', '')}{kernel}-v{VERSION}.json"
+    return paths.cache_root() / "calibration" / fp.key() / name
 
 
 def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:

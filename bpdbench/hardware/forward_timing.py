@@ -11,7 +11,7 @@ from __future__ import annotations
 ONE = ("chain", 1)         # the 1-token decode step: the unit of every cost
 BRANCHING = (4, 2, 2)      # children per node at depth 0, 1, 2; deeper nodes have 1
 LONG_N = 16                # shapes over this many tokens are timed once per context (see time_shapes)
-HEAD_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)   # rows of the output projection timed (a wide tree projects its inner nodes)
+HEAD_ROWS = (1, 8, 16, 17, 24, 32, 48, 64)  # rows of the output projection timed (a wide tree projects inner nodes)
 HEAD_ROUNDS = 9          # rounds over every row count: a lazily projected tree's cost is a difference of two of them
 
 
