@@ -212,3 +212,14 @@ def pytest_sessionfinish(session, exitstatus):
     if SIGINT_FOUND:
         print(f"\nSIGINT was not the default handler when {len(SIGINT_FOUND)} test(s) started (reset for each); "
               f"first: {SIGINT_FOUND[0]}")
+
+
+@pytest.fixture(scope="module")
+def llamacpp_runtime():
+    """llama.cpp for the GGUF drafts: a skip where it is not installed, a failure where BPDBENCH_REQUIRE_LLAMACPP=1
+    (`make test` sets it after `make llamacpp`)."""
+    from bpdbench.nets import llamacpp
+    if not llamacpp.available():
+        if os.environ.get("BPDBENCH_REQUIRE_LLAMACPP") == "1":
+            pytest.fail(f"llama.cpp is required here (BPDBENCH_REQUIRE_LLAMACPP=1): {llamacpp.INSTALL}")
+        pytest.skip(f"llama.cpp is not installed: {llamacpp.INSTALL}")

@@ -100,3 +100,18 @@ def uses_slots(device) -> bool:
 def new_cache(device, capacity: int = MIN_CAPACITY) -> DynamicCache:
     """The base model's cache for decoding on `device` (see the module's docstring for which and why)."""
     return SlotCache(capacity) if uses_slots(device) else DynamicCache()
+
+
+def draft_view(cache: DynamicCache, rows: int, room: int, dtype: torch.dtype | None = None) -> DynamicCache:
+    """A cache holding the first `rows` positions of the base's `cache`, with `room` more preallocated: a drafter
+    that shares the base's keys and values extends this one and the base's stays as the verify left it. One copy
+    per layer per proposal (a `DynamicLayer` view would be copied again by every draft token's `torch.cat`), in the
+    drafter's `dtype` (a bfloat16 quantized copy of a float32 target)."""
+    view = DynamicCache()
+    view.layers = []
+    for layer in cache.layers:
+        own = SlotLayer(rows + room)
+        if layer.is_initialized and rows:
+            own.update(layer.keys[..., :rows, :].to(dtype), layer.values[..., :rows, :].to(dtype))
+        view.layers.append(own)
+    return view

@@ -173,8 +173,9 @@ class TreeScorer:
         self.model, self.cache, self.ids = model, None, []
 
     @torch.inference_mode()
-    def topk(self, context: list[int], tree: Tree, k: int) -> torch.Tensor:
-        """[n_nodes, k] top-k ids after each node of `tree`, whose root is context[-1] (not yet cached)."""
+    def base_cache(self, context: list[int]) -> DynamicCache:
+        """The base's KV cache of context[:-1], extended from the last call's (what a drafter with
+        `needs_base_cache` reads in replay, as the loop hands it the verified one in real decoding)."""
         need = list(context[:-1])
         if self.cache is None or need[: len(self.ids)] != self.ids:
             self.cache, self.ids = DynamicCache(), []
@@ -182,6 +183,12 @@ class TreeScorer:
             x = torch.tensor([need[len(self.ids):]], device=self.model.device)
             self.model.model(input_ids=x, past_key_values=self.cache, use_cache=True)
             self.ids = need
+        return self.cache
+
+    @torch.inference_mode()
+    def topk(self, context: list[int], tree: Tree, k: int) -> torch.Tensor:
+        """[n_nodes, k] top-k ids after each node of `tree`, whose root is context[-1] (not yet cached)."""
+        self.base_cache(context)
         past = len(self.ids)
         out = self.model.model(**model_inputs(tree, past, self.model.device), past_key_values=self.cache,
                                use_cache=True)
@@ -234,9 +241,11 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     drafter.observe([state.context[-1]])
     sampler = getattr(acceptance, "sampler", None)     # sampling rules share their generator with the drafter
     feedback_k = int(getattr(drafter, "feedback_k", 0) or 0)
+    shares_cache = bool(getattr(drafter, "needs_base_cache", False))
     while not limits.done(out):
         budget = limits.budget(out)
-        ctx = DraftContext(state.context, state.hidden, budget, sampler=sampler, accepted_hidden=state.fresh)
+        ctx = DraftContext(state.context, state.hidden, budget, sampler=sampler, accepted_hidden=state.fresh,
+                           base_cache=state.cache if shares_cache else None)
         proposal = drafter.propose(ctx).clip(budget)
         t_draft, clock = _lap(clock)
         verified = verify(model, state, proposal, acceptance, feedback_k)

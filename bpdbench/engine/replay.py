@@ -54,10 +54,13 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
     holds the prompt's positions, and the first proposal's `accepted_hidden` covers the prompt as in real decoding.
     `scorer` (engine.loop.TreeScorer): needed by drafters with `feedback_k`, which it gives the top-k ids at every
     node of each verified tree, as the verify forward does in real decoding (called at the same point: after the
-    decision, before `observe`). `on_step`: as in `generate`, once per step."""
+    decision, before `observe`), and by drafters with `needs_base_cache`, which it gives the base's KV cache of
+    the decided context, teacher-forced. `on_step`: as in `generate`, once per step."""
     feedback_k = int(getattr(drafter, "feedback_k", 0) or 0)
-    if feedback_k and scorer is None:
-        raise ValueError(f"{drafter.name}: replaying a drafter that learns from the verify forward needs a scorer "
+    shares_cache = bool(getattr(drafter, "needs_base_cache", False))
+    if (feedback_k or shares_cache) and scorer is None:
+        what = "learns from the verify forward" if feedback_k else "drafts on the base's KV cache"
+        raise ValueError(f"{drafter.name}: replaying a drafter that {what} needs a scorer "
                          f"(engine.loop.TreeScorer(model))")
     c = Counters(serial_calls=1)          # the prefill decides G[0]
     drafter.reset(list(prompt))
@@ -73,6 +76,8 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
         budget = limits.budget(out)
         ctx = DraftContext(list(prompt) + out, None if hidden is None else hidden[m], budget, memo,
                            accepted_hidden=fresh)
+        if shares_cache:
+            ctx.base_cache = scorer.base_cache(ctx.tokens)
         t0 = time.perf_counter()
         proposal = drafter.propose(ctx).clip(budget)
         t_draft = time.perf_counter() - t0

@@ -84,13 +84,18 @@ class DraftContext:
     order, ending with `hidden`: at an example's first proposal every prompt position's, then the verify forward's
     rows of the root and the accepted nodes. Row j of all of them together is the state that produced tokens[j + 1],
     which is what drafters that run over the base's features (EAGLE, Hydra++'s prefix layer) keep a cache of; the
-    verify forward computes them anyway, so passing them costs nothing. None where the caller has not got them."""
+    verify forward computes them anyway, so passing them costs nothing. None where the caller has not got them.
+    `base_cache` is the base's KV cache of tokens[:-1], given only to a drafter with `needs_base_cache` (a copy of
+    the base with other weights drafts on it instead of prefilling a cache of its own: QSpec); read it, never write
+    it (`engine.cache.draft_view` copies it into a cache the drafter may extend). Replay gives a teacher-forced
+    one."""
     tokens: list[int]
     hidden: torch.Tensor | None
     budget: int
     memo: dict | None = None
     sampler: Any = None
     accepted_hidden: torch.Tensor | None = None
+    base_cache: Any = None
 
 
 @runtime_checkable

@@ -41,7 +41,7 @@ from ..engine.state import restore, snapshot
 from ..hardware import shapes
 from ..hardware.timing import StepClock
 from ..methods import Method, MethodError
-from ..methods.contract import Input, feedback_k, reads_reference, search, takes
+from ..methods.contract import Input, needs_scorer, reads_reference, search, takes
 from ..methods.search import Replayed, choose, plans
 
 N_EXAMPLES = 8
@@ -207,7 +207,7 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
         if reads_reference(drafter):
             drafter.use_reference(greedy)
         return replay(drafter, prompt, greedy, hidden.get(ex.id), s.limits, on_step=on_step,
-                      scorer=TreeScorer(s.model) if feedback_k(drafter) else None)
+                      scorer=TreeScorer(s.model) if needs_scorer(drafter) else None)
 
     outputs = [(ex, prompt, s.reference.get(prompt, s.limits)[0]) for ex, prompt in examples]
     outputs = [(ex, prompt, greedy) for ex, prompt, greedy in outputs if len(greedy) >= 2]

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
 from ..methods import Method
-from ..methods.contract import feedback_k, reads_reference
+from ..methods.contract import needs_scorer, reads_reference
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from .carry import CarriedState
 from .session import Session
@@ -44,7 +44,7 @@ def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden
     """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo)."""
     if reads_reference(drafter):
         drafter.use_reference(greedy)
-    scorer = TreeScorer(s.model) if feedback_k(drafter) else None
+    scorer = TreeScorer(s.model) if needs_scorer(drafter) else None
     return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer, on_step=on_step)
 
 

@@ -4,9 +4,10 @@ others, so that none of it is lost on the way to the inner drafter.
 Why it exists: the loop talks to the outermost drafter only. Besides `propose` it calls `reset` and `observe`,
 hands the verify forward's top-k to drafters with `feedback_k` > 0 (`feedback`), passes the base's hidden states of
 the positions decided since the last proposal (`DraftContext.accepted_hidden`, which feature drafters keep a cache
-of), gives the greedy reference to drafters with `needs_reference` (`use_reference`: the oracle) and takes and puts
-back state kept across examples (`snapshot`/`restore`, engine/state.py). A wrapper that forgets one of these does
-not fail: its inner drafter runs without it. SAM's Token Recycling fallback never received the verify logits, so
+of), gives the greedy reference to drafters with `needs_reference` (`use_reference`: the oracle), the base's KV cache
+to drafters with `needs_base_cache` (`DraftContext.base_cache`) and takes and puts back state kept across examples
+(`snapshot`/`restore`, engine/state.py). A wrapper that forgets one of these does not fail: its inner drafter runs
+without it. SAM's Token Recycling fallback never received the verify logits, so
 its matrix stayed empty and it never drafted, and a Lookahead fallback paid for a Jacobi window that never moved.
 
 - `consumes(drafter)` and `declared(method)`: what a built drafter takes and what a parsed method declares
@@ -18,6 +19,7 @@ its matrix stayed empty and it never drafted, and a Lookahead fallback paid for 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -89,6 +91,11 @@ class Wrapper:
             if k:
                 d.feedback(fb if fb.topk.shape[-1] == k else Feedback(fb.tree, fb.topk[:, :k]))
 
+    # ---- the base's KV cache (DraftContext.base_cache: passed on in the context itself) ------------------------
+    @property
+    def needs_base_cache(self) -> bool:
+        return any(getattr(d, "needs_base_cache", False) for d in self.inner_drafters())
+
     # ---- the greedy reference ------------------------------------------------------------------------------
     @property
     def needs_reference(self) -> bool:
@@ -130,5 +137,4 @@ class Wrapper:
         held = self.held.pop(id(inner), [])
         if not held or ctx.accepted_hidden is None:
             return ctx
-        return DraftContext(ctx.tokens, ctx.hidden, ctx.budget, ctx.memo, ctx.sampler,
-                            torch.cat(held + [ctx.accepted_hidden]))
+        return replace(ctx, accepted_hidden=torch.cat(held + [ctx.accepted_hidden]))

@@ -11,7 +11,8 @@ needs in one place and nothing else names it.
 
 - `Input`: what a drafter takes from the loop besides `propose`'s tokens. `inputs(method)` is what the parsed method
   declares (before anything is built or loaded); `takes(drafter, method)` is what a built drafter takes, the one
-  place a drafter's optional attributes (`feedback_k`, `needs_reference`, `needs_hidden`, `snapshot`) are read.
+  place a drafter's optional attributes (`feedback_k`, `needs_reference`, `needs_hidden`, `needs_base_cache`,
+  `snapshot`) are read.
 - `Kind`, `ArtefactKey`, `Reads`: the artefacts a method reads, as typed keys (`artefacts(method, cfg)`); the sweep
   builds them before the cells that use them, the preflight checks heads files, the tables pick draft networks.
 - `preflight(method, cfg)`: the method's own checks before the model loads (draft networks: folder, type, shape).
@@ -38,6 +39,7 @@ class Input(StrEnum):
     HIDDEN = "hidden states"              # DraftContext.hidden / accepted_hidden of every decided position
     REFERENCE = "greedy reference"        # needs_reference and use_reference(tokens) before each example
     STATE = "state across examples"       # snapshot() / restore(state)
+    BASE_CACHE = "base's KV cache"        # needs_base_cache: DraftContext.base_cache, the base's keys and values
 
 
 ALWAYS = frozenset({Input.RESET, Input.OBSERVE})    # every drafter gets these
@@ -95,6 +97,12 @@ def feedback_k(drafter: Any) -> int:
     return int(getattr(drafter, "feedback_k", 0) or 0)
 
 
+def needs_scorer(drafter: Any) -> bool:
+    """Whether replaying a built drafter needs the base run over its trees or context (engine.loop.TreeScorer):
+    it learns from the verify forward, or drafts on the base's KV cache."""
+    return feedback_k(drafter) > 0 or bool(getattr(drafter, "needs_base_cache", False))
+
+
 def takes(drafter: Any, method: Method | None = None) -> frozenset[Input]:
     """What a built drafter takes from the loop: its own attributes, and the hidden states its method declares
     (lattice and draft networks read `ctx.hidden` without saying so on the instance)."""
@@ -105,6 +113,8 @@ def takes(drafter: Any, method: Method | None = None) -> frozenset[Input]:
         out.add(Input.HIDDEN)
     if getattr(drafter, "needs_reference", False):
         out.add(Input.REFERENCE)
+    if getattr(drafter, "needs_base_cache", False):
+        out.add(Input.BASE_CACHE)
     if drafter_state.keeps_state(drafter):
         out.add(Input.STATE)
     return frozenset(out)

@@ -31,7 +31,8 @@ from typing import Any
 from ..engine import DraftContext, Limits, Proposal, TreeScorer, generate, replay, teacher_forced
 from ..engine import state as drafter_state
 from .base import Method, MethodError, MethodSpec, Param
-from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared, feedback_k
+from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
+from .contract import needs_scorer
 from .env import Env
 from .selfdraft import cached, tune_prompts
 
@@ -173,7 +174,7 @@ def calibrate(env: Env, retrieval: Any, model: Any, rm: Method, mm: Method) -> d
         for source, drafter, method in (("retrieval", retrieval, rm), ("model", model, mm)):
             before = drafter_state.snapshot(drafter)
             needs_hidden = HIDDEN in declared(method) or HIDDEN in consumes(drafter, method)
-            scorer = TreeScorer(env.model) if feedback_k(drafter) else None
+            scorer = TreeScorer(env.model) if needs_scorer(drafter) else None
             steps: list[tuple[list[int], list[float] | None, int]] = []
             for prompt in prompts:
                 greedy = generate(env.model, None, list(prompt), limits).tokens

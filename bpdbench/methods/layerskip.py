@@ -3,7 +3,9 @@ SWIFT, Xia et al. 2025), no training, no second copy of the weights.
 
 The draft is a view of the target (`skipping`) whose decoder runs only the kept layers, sharing their weights; it
 keeps its own KV cache (a kept layer writes its keys at its own layer index, the skipped ones stay empty), rolled
-back after every step and reused across steps, and drafts a chain as methods/sps.py does. Layer 0 is always kept
+back after every step and reused across steps, and drafts a chain as methods/sps.py does. With `cache=base` it
+drafts on the target's own cache instead, as Draft & Verify and SWIFT do: each kept layer reads the target's keys and
+values of its own index, so there is nothing to prefill (methods/sps.py `BaseCacheDrafter`). Layer 0 is always kept
 (the positions of the cache are read from its keys). With `bits=4|8` the view is over the
 quantized copy of methods/qdraft.py (both savings at once).
 
@@ -28,7 +30,7 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .search import Chain
 from .selfdraft import agreement, cached, greedy_rows, profile, step_ms, tune_prompts
-from .sps import SHARPEN, DraftModelDrafter
+from .sps import CACHE, SHARPEN, BaseCacheDrafter, DraftModelDrafter, cache_inputs
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 
@@ -111,18 +113,21 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                                   "profile": prof}
     env.log(f"{method.label}: skips {len(found['skip'])} of {n} layers, agreement {prof['agreement']} on the tune "
             f"split, {prof['cost_steps']} steps per draft token")
+    if method.get("cache", "own") == "base":
+        env.resolved[method.label]["cache"] = "base"
+        return BaseCacheDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0))
     return DraftModelDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0))
 
 
 SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers skipped (chosen on the tune split "
-                    "by a search the result records) drafts `length` tokens with its own KV cache (Draft & Verify, "
-                    "SWIFT)", build,
+                    "by a search the result records) drafts `length` tokens with its own KV cache, or on the target's "
+                    "(cache=base; Draft & Verify, SWIFT)", build,
                     (Param("length", int, "draft length (auto: the length fastest on this machine)", low=1,
                            auto=True),
                      Param("skip", int, "how many layers to skip (default: the count the search predicts fastest)",
                            low=1),
                      Param("bits", int, "skip layers of the int4 or int8 copy (qdraft's) instead of the target's "
                            "own weights", choices=BITS),
-                     SHARPEN),
-                    lambda model, cfg: [], artefacts=(),
+                     SHARPEN, CACHE),
+                    lambda model, cfg: [], artefacts=(), inputs=cache_inputs,
                     shapes=Chain("length", longest=LENGTH_AUTO, drafts_per_token=True))]

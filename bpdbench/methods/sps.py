@@ -24,8 +24,9 @@ import torch
 from transformers import DynamicCache
 
 from ..engine import DraftContext, Proposal
+from ..engine.cache import draft_view
 from .base import Method, MethodError, MethodSpec, Param
-from .contract import Kind, Reads
+from .contract import Input, Kind, Reads
 from .env import Env
 from .search import Chain
 
@@ -37,6 +38,14 @@ NEURAL = ("neural-s", "neural-m", "neural-l")
 SCHEDULES = ("fixed", "heuristic")
 SINK = 4                  # a windowed draft keeps the prompt's first 4 tokens too (StreamingLLM's attention sinks)
 GAMMA_AUTO = 8            # gamma=auto: one replay at 8 draft tokens; a draft model pays per drafted token
+CACHES = ("own", "base")
+CACHE = Param("cache", str, "own: the draft prefills and keeps a KV cache of its own; base: it drafts on "
+              "the target's cache, nothing to prefill (QSpec; Draft & Verify)", choices=CACHES)
+
+
+def cache_inputs(method: Method) -> frozenset[Input]:
+    """What a self-draft takes from the loop: the base's KV cache with `cache=base`."""
+    return frozenset({Input.BASE_CACHE}) if method.get("cache", "own") == "base" else frozenset()
 SHARPEN = Param("sharpen", float, "at T > 0 the draft samples at T x sharpen (default 1): any draft stays exact under "
                 "the exact rule, and a sharpened one shows the lossy controls' error in a sampling certificate "
                 "(grids/sampling.toml)", low=0.05)
@@ -155,6 +164,42 @@ class DraftModelDrafter:
             accepted = len(tokens) - 1
             self.gamma = self.gamma + 2 if accepted >= self.drafted else max(1, self.gamma - 1)
         self.drafted = None
+
+
+class BaseCacheDrafter(DraftModelDrafter):
+    """A draft made of the base's own weights (quantized: qdraft; some layers skipped: layerskip) drafting on the
+    base's KV cache (`cache=base`; QSpec, Zhao et al. 2024: one model at two precisions, one KV cache; Draft &
+    Verify and SWIFT: the kept layers read the target's cache). Its layers keep their indices, so each reads its own
+    layer's keys and values.
+
+    Why: a copy with a cache of its own must prefill the prompt with its matrix-vector kernels, which on a long
+    prompt costs more than the answer's decoding saves (Spec-Bench's tune split, Intel Xeon with AMX: `length=auto`
+    drafted nothing for the GGUF copy, the prefill of its summaries and documents priced in), and it attends to its
+    own rounded keys. The base's cache already holds the exact keys and values of every decided token, so the copy
+    forwards only the last decided token and its own guesses, on a copy of that cache (engine.cache.draft_view:
+    the base's stays as the verify left it), and needs nothing rolled back: each proposal starts from the verified
+    cache."""
+
+    needs_base_cache = True
+
+    def reset(self, prompt_ids: list[int]) -> None:
+        super().reset(prompt_ids)
+        self.start, self.cache = 0, None
+
+    @torch.inference_mode()
+    def propose(self, ctx: DraftContext) -> Proposal:
+        rows = len(ctx.tokens) - 1
+        if ctx.base_cache is None or ctx.base_cache.get_seq_length() < rows:
+            raise RuntimeError(f"{self.name}: drafts on the base's KV cache of the decided tokens, which this caller "
+                               f"did not give (DraftContext.base_cache)")
+        self.cache = draft_view(ctx.base_cache, rows, max(min(self.gamma, ctx.budget), 0) + 1,
+                                getattr(self.model, "dtype", None))
+        self.fed = list(ctx.tokens[:-1])
+        return super().propose(ctx)
+
+    def observe(self, tokens: list[int]) -> None:
+        self.decided.extend(tokens)
+        self.cache, self.fed, self.drafted = None, [], None
 
 
 def _draft_name(env: Env, method: Method) -> str:

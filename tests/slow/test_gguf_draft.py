@@ -4,25 +4,12 @@ the target's own weights, so agreement is high). Skipped without llama.cpp unles
 (`make test` sets it after `make llamacpp`), which turns the skip into a failure."""
 from __future__ import annotations
 
-import os
-
-import pytest
-
 from bpdbench import models
 from bpdbench.config import RunConfig
 from bpdbench.experiments.plan import prepare
-from bpdbench.nets import llamacpp
 
 
-@pytest.fixture(scope="module")
-def runtime():
-    if not llamacpp.available():
-        if os.environ.get("BPDBENCH_REQUIRE_LLAMACPP") == "1":
-            pytest.fail(f"llama.cpp is required here (BPDBENCH_REQUIRE_LLAMACPP=1): {llamacpp.INSTALL}")
-        pytest.skip(f"llama.cpp is not installed: {llamacpp.INSTALL}")
-
-
-def test_the_gguf_draft_is_lossless_replays_as_it_decodes_and_is_accepted(runtime, monkeypatch):
+def test_the_gguf_draft_is_lossless_replays_as_it_decodes_and_is_accepted(llamacpp_runtime, monkeypatch):
     from bpdbench.engine import generate, ratios, replay, teacher_forced
     from bpdbench.experiments.session import open_session
     fp32 = models.load(models.DEFAULT_MODEL, "float32")
@@ -42,4 +29,3 @@ def test_the_gguf_draft_is_lossless_replays_as_it_decodes_and_is_accepted(runtim
     assert ratios(real.counters)["block_efficiency"] > 2.0, real.counters.to_dict()
     prof = s.env.resolved[method.label]["profile"]
     assert prof["agreement"] > 0.8 and 0 < prof["cost_steps"] < 1, prof
-

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from bpdbench.config import RunConfig
-from bpdbench.engine import Limits, generate, replay
+from bpdbench.engine import Limits, TreeScorer, generate, replay
 from bpdbench.methods import MethodError
+from bpdbench.methods.contract import needs_scorer
 from bpdbench.methods.env import Env
 from bpdbench.methods.registry import parse
 from bpdbench.methods.sps import SINK
@@ -67,7 +68,8 @@ def env(tiny_model_dir, tmp_path_factory):
 SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qdraft:window=3",
              "qdraft:levels=2,window=5", "qdraft:scales=awq,length=3", "qdraft:rounding=gptq,length=3",
              "qdraft:scales=awq,rounding=gptq,levels=2", "layerskip", "layerskip:skip=2",
-             "layerskip:bits=8,length=2")
+             "layerskip:bits=8,length=2", "qdraft:cache=base,length=3", "qdraft:cache=base,bits=8",
+             "layerskip:cache=base", "layerskip:bits=8,cache=base,length=3")
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -77,7 +79,9 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
         ref = generate(env.model, None, list(prompt), LIMITS).tokens
         out = generate(env.model, method.spec.build(env, method), list(prompt), LIMITS)
         assert out.tokens == ref, (spelling, prompt)
-        again = replay(method.spec.build(env, method), list(prompt), ref, None, LIMITS)
+        drafter = method.spec.build(env, method)
+        again = replay(drafter, list(prompt), ref, None, LIMITS,
+                       scorer=TreeScorer(env.model) if needs_scorer(drafter) else None)
         assert (again.steps, again.accepted, again.accepted_per_head) == \
             (out.counters.steps, out.counters.accepted, out.counters.accepted_per_head)
     assert out.counters.drafted > 0
@@ -214,7 +218,39 @@ def test_multi_level_drafts_what_int8_drafts(env):
     assert a.forwards < 6 * len(PROMPTS)
 
 
-@pytest.mark.parametrize("spelling,expect", [("qdraft:bits=5", "bits must be one of 4, 8"),
+def test_a_draft_on_the_base_cache_accepts_all_of_itself_and_leaves_the_cache_as_verified(env):
+    """cache=base at both extremes: the base drafting on its own cache is accepted whole (so the cache it read is the
+    verified one, exactly), a random model of the same shape on that cache is accepted almost never, and neither
+    changes what the base decodes; the drafter declares what it takes, and a wrapper passes it on."""
+    from bpdbench.methods.contract import Input, takes
+    from bpdbench.methods.sps import BaseCacheDrafter
+    torch.manual_seed(1)
+    other = type(env.model)(env.model.config).eval().requires_grad_(False)
+    for prompt in PROMPTS:
+        ref = generate(env.model, None, list(prompt), LIMITS)
+        itself = generate(env.model, BaseCacheDrafter("self", env.model, 4), list(prompt), LIMITS)
+        assert itself.tokens == ref.tokens and itself.counters.accepted == itself.counters.drafted > 0
+        rand = generate(env.model, BaseCacheDrafter("random", other, 4), list(prompt), LIMITS)
+        assert rand.tokens == ref.tokens and rand.counters.accepted <= rand.counters.drafted // 4
+    with pytest.raises(ValueError, match="base's KV cache"):
+        replay(BaseCacheDrafter("self", env.model, 4), list(PROMPTS[0]), ref.tokens, None, LIMITS)
+    assert Input.BASE_CACHE in takes(BaseCacheDrafter("self", env.model, 4))
+    method = parse("sam:static=none,fallback=qdraft;cache=base;bits=8")
+    assert Input.BASE_CACHE in method.spec.inputs(method)
+    sam = env.build(method)
+    assert sam.needs_base_cache and Input.BASE_CACHE in takes(sam, method)
+    steps: list[tuple[str, int]] = []
+    for prompt in PROMPTS:
+        out = generate(env.model, sam, list(prompt), LIMITS,
+                       on_step=lambda ev: steps.append((sam.source, ev.decision.accepted)))
+        assert out.tokens == generate(env.model, None, list(prompt), LIMITS).tokens
+    assert sum(a for source, a in steps if source == "fallback") > 0, steps
+
+
+@pytest.mark.parametrize("spelling,expect", [("qdraft:cache=base,runtime=gguf", "drop runtime=gguf"),
+                                             ("qdraft:cache=base,levels=2", "drop levels=2"),
+                                             ("qdraft:cache=base,window=8", "drop window="),
+                                             ("qdraft:bits=5", "bits must be one of 4, 8"),
                                              ("qdraft:levels=2,bits=4", "levels=2 is int4 drafting for int8"),
                                              ("qdraft:levels=3", "levels must be < 3"),
                                              ("layerskip:skip=0", "skip must be >= 1")])
@@ -230,13 +266,15 @@ def test_too_many_skipped_layers_is_refused(env):
         m.spec.build(env, m)
 
 
-@pytest.mark.parametrize("sharpen", [1.0, 0.3])
-def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen):
+@pytest.mark.parametrize("sharpen,cache", [(1.0, "own"), (0.3, "own"), (1.0, "base")])
+def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen, cache):
     """T > 0 (tests/unit/test_sampling.py's Markov target): q from the target's int4 copy, sampled and reported in
     full; the first three tokens follow the target (chi-square, false alarm 1e-3); the same drafts accepted
-    always fail at p < 1e-6. A sharpened draft (sampled at T x 0.3) is as exact: the rule corrects any q."""
+    always fail at p < 1e-6. A sharpened draft (sampled at T x 0.3) is as exact: the rule corrects any q; so is
+    the copy drafting on the target's own cache (`cache=base`)."""
     from tests.unit.test_sampling import PARAMS, PROMPT, TARGET, exact_joint
     from bpdbench.engine.sampling import SpeculativeSampling
+    from bpdbench.methods.sps import BaseCacheDrafter
     from bpdbench.methods.sps import DraftModelDrafter
     from bpdbench.stats import goodness_of_fit
     torch.set_num_threads(1)
@@ -246,7 +284,7 @@ def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen
 
     def sample(n: int, rule: str, seed: int) -> Counter:
         counts: Counter = Counter()
-        d = DraftModelDrafter("qdraft", draft, gamma=3, sharpen=sharpen)
+        d = (DraftModelDrafter if cache == "own" else BaseCacheDrafter)("qdraft", draft, gamma=3, sharpen=sharpen)
         drafted = 0
         for i in range(n):
             with torch.inference_mode():
@@ -272,4 +310,9 @@ def test_runtime_gguf_is_refused_in_one_line_before_the_model_loads(tmp_path):
         _preflight(parse("qdraft:runtime=gguf"), RunConfig(model=str(tmp_path)))
     with pytest.raises(MethodError, match="drop bits="):
         parse("qdraft:runtime=gguf,bits=8")
+    with pytest.raises(MethodError, match="add runtime=gguf"):
+        parse("qdraft:quant=q4_0")
+    with pytest.raises(MethodError, match="quant"):
+        parse("qdraft:runtime=gguf,quant=q3_k")
+    assert parse("qdraft:runtime=gguf,quant=q4_0").get("quant") == "q4_0"
     _preflight(parse("qdraft:bits=8"), RunConfig(model=str(tmp_path)))       # the torch runtime: nothing to check
