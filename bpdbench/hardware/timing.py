@@ -72,7 +72,7 @@ class StepClock:
     def __init__(self, model: Any, context: int = 64):
         from transformers import DynamicCache
         self.model, self.times = model, []
-        self.cache = DynamicCache()
+        self.cache = model.new_cache() if hasattr(model, "new_cache") else DynamicCache()   # as its drafter's
         with torch.inference_mode():
             model(input_ids=torch.zeros(1, context, dtype=torch.long), past_key_values=self.cache, use_cache=True,
                   logits_to_keep=1)

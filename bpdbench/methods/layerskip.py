@@ -20,7 +20,7 @@ The search (every count's agreement, cost and prediction, the chosen layers) is 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -29,7 +29,7 @@ from ..nets.quant import BITS
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .search import Chain
-from .selfdraft import agreement, cached, greedy_rows, profile, step_ms, tune_prompts
+from .selfdraft import FORWARD, agreement, cached, greedy_rows, lean_runner, profile, step_ms, tune_prompts
 from .sps import CACHE, SHARPEN, BaseCacheDrafter, DraftModelDrafter, cache_inputs
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
@@ -58,21 +58,24 @@ def _predicted(agree: float, cost_steps: float, cal: Any) -> tuple[float, int]:
     return best.speedup, int(best.params.get("length", 0))
 
 
-def search(env: Env, base: Any, key: str, skip_count: int | None) -> dict:
-    """The skipped layers, chosen on the tune split (cached per machine, model, dtype, task and `key`)."""
+def search(env: Env, base: Any, key: str, skip_count: int | None, view: Callable[[set[int]], Any] | None = None
+           ) -> dict:
+    """The skipped layers, chosen on the tune split (cached per machine, model, dtype, task and `key`); `view`
+    makes the draft that skips a set (default `skipping`), so the search prices what will draft."""
     prompts, why = tune_prompts(env)
     if not prompts:
         raise MethodError(f"layerskip: the skipped layers are searched on the tune split, and {why}; run on a task "
                           f"with one (bpdbench tasks)")
     return cached(env, f"skip-{key}-{skip_count}-v{VERSION}", "layer search",
-                  lambda: _search(env, base, prompts, skip_count))
+                  lambda: _search(env, base, prompts, skip_count, view or (lambda s: skipping(base, s))))
 
 
-def _search(env: Env, base: Any, prompts: list[list[int]], skip_count: int | None) -> dict:
+def _search(env: Env, base: Any, prompts: list[list[int]], skip_count: int | None,
+            view_of: Callable[[set[int]], Any]) -> dict:
     n = len(base.model.layers)
     middle = list(range(1, n))
     ref = greedy_rows(env.model, prompts)
-    alone = {i: agreement(ref, skipping(base, {i}), prompts) for i in middle}
+    alone = {i: agreement(ref, view_of({i}), prompts) for i in middle}
     order = sorted(middle, key=lambda i: -alone[i])
     cal = calibration.cached(env.cfg.model, env.cfg.dtype, env.cfg.device, env.cfg.threads) or \
         shapes.TableCost({2: 1.05, 4: 1.1, 8: 1.2, 16: 1.4})
@@ -80,7 +83,7 @@ def _search(env: Env, base: Any, prompts: list[list[int]], skip_count: int | Non
     counts = [skip_count] if skip_count is not None else list(range(1 + (n > 8), len(middle) + 1, 1 + (n > 8)))
     curve = []
     for k in counts:
-        view = skipping(base, set(order[:k]))
+        view = view_of(set(order[:k]))
         a, ms = agreement(ref, view, prompts), step_ms(view)
         speed, length = _predicted(a, ms / target_ms, cal)
         curve.append({"skip": k, "agreement": round(a, 4), "cost_steps": round(ms / target_ms, 3),
@@ -106,11 +109,15 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     if n < 2 or (skip_count is not None and skip_count > n - 1):
         raise MethodError(f"{method.label}: skip={skip_count} but the target has {n} layers and keeps the first; "
                           f"pass skip <= {n - 1}")
-    found = search(env, base, f"int{bits}" if bits else "dense", skip_count)
-    view = skipping(base, set(found["skip"]))
-    prof = profile(env, view, f"skip{'-'.join(map(str, found['skip']))}-{bits}")
+    whole = lean_runner(env, base, method)
+    lean = whole is not None
+    view_of = (lambda s: whole.keeping([i for i in range(n) if i not in s])) if lean else \
+        (lambda s: skipping(base, s))
+    found = search(env, base, (f"int{bits}" if bits else "dense") + "-lean" * lean, skip_count, view_of)
+    view = view_of(set(found["skip"]))
+    prof = profile(env, view, f"skip{'-'.join(map(str, found['skip']))}-{bits}" + "-lean" * lean)
     env.resolved[method.label] = {"bits": bits, "length": length, "skipped": found["skip"], "search": found,
-                                  "profile": prof}
+                                  "forward": "lean" if lean else "transformers", "profile": prof}
     env.log(f"{method.label}: skips {len(found['skip'])} of {n} layers, agreement {prof['agreement']} on the tune "
             f"split, {prof['cost_steps']} steps per draft token")
     if method.get("cache", "own") == "base":
@@ -128,6 +135,6 @@ SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers 
                            low=1),
                      Param("bits", int, "skip layers of the int4 or int8 copy (qdraft's) instead of the target's "
                            "own weights", choices=BITS),
-                     SHARPEN, CACHE),
+                     SHARPEN, CACHE, FORWARD),
                     lambda model, cfg: [], artefacts=(), inputs=cache_inputs,
                     shapes=Chain("length", longest=LENGTH_AUTO, drafts_per_token=True))]

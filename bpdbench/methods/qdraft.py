@@ -63,7 +63,7 @@ from .calibrated import ROUNDINGS, SCALES, calibrated
 from .cascade import AssistedDraftModel
 from .env import Env
 from .search import Chain
-from .selfdraft import profile
+from .selfdraft import FORWARD, lean_runner, profile
 from .sps import CACHE, SHARPEN, BaseCacheDrafter, DraftModelDrafter, cache_inputs
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
@@ -150,17 +150,20 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     scales, rounding = method.get("scales", "minmax"), method.get("rounding", "nearest")
     top_rounding = rounding if top_bits == 4 else "nearest"           # gptq rounds int4 levels (levels=2: the lower)
     tag = lambda r: ("" if scales == "minmax" else f"-{scales}") + ("" if r == "nearest" else f"-{r}")  # noqa: E731
-    draft = quantized(env, top_bits, group, scales, top_rounding)
-    prof = profile(env, draft, f"int{top_bits}-g{group}{tag(top_rounding)}")
+    copy = quantized(env, top_bits, group, scales, top_rounding)
+    draft = lean_runner(env, copy, method) or copy
+    lean = "-lean" if draft is not copy else ""
+    prof = profile(env, draft, f"int{top_bits}-g{group}{tag(top_rounding)}{lean}")
     resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "window": window,
                 "scales": calibrated(env, top_bits, group, scales, top_rounding, _is_linear)[2],
-                "kernels": kernels(draft),
+                "kernels": kernels(copy), "forward": "lean" if lean else "transformers",
                 "profile": prof}
     if levels == 2:
-        lower_model = quantized(env, 4, group, scales, rounding)
+        lower_copy = quantized(env, 4, group, scales, rounding)
+        lower_model = lean_runner(env, lower_copy, method) or lower_copy
         lower = DraftModelDrafter(f"{method.label}/int4", lower_model, length, window=window)
-        resolved["lower"] = {"bits": 4, "kernels": kernels(lower_model),
-                             "profile": profile(env, lower_model, f"int4-g{group}{tag(rounding)}"),
+        resolved["lower"] = {"bits": 4, "kernels": kernels(lower_copy),
+                             "profile": profile(env, lower_model, f"int4-g{group}{tag(rounding)}{lean}"),
                              "scales": calibrated(env, 4, group, scales, rounding, _is_linear)[2]}
         drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
         drafter.sharpen = sharpen                        # the int8 level samples alone at T > 0
@@ -187,7 +190,7 @@ def _check(method: Method) -> None:
             raise MethodError(f"{method.label}: cache=base drafts one torch copy on the base's cache, over the "
                               f"whole context; drop {', '.join(clash)}")
     if method.get("runtime", "torch") == "gguf":
-        fixed = [k for k in ("bits", "group", "levels", "scales", "rounding") if k in method.params]
+        fixed = [k for k in ("bits", "group", "levels", "scales", "rounding", "forward") if k in method.params]
         if fixed:
             raise MethodError(f"{method.label}: runtime=gguf drafts with the GGUF file's own blocks; drop "
                               f"{', '.join(fixed)}=")
@@ -241,7 +244,7 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                            choices=ROUNDINGS),
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES),
-                     CACHE,
+                     CACHE, FORWARD,
                      Param("quant", str, "runtime=gguf: the file's own blocks, or a copy requantized by llama.cpp "
                            "(made once into the cache)", choices=QUANTS)),
                     _needs, check=_check, preflight=_preflight, inputs=cache_inputs,

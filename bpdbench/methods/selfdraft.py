@@ -25,11 +25,16 @@ from ..hardware import contention
 from ..hardware.fingerprint import current
 from ..hardware.timing import StepClock
 from ..store import write_atomic
+from .base import Method, MethodError, Param
 from .env import Env
 
 PROMPTS = 4              # tune prompts teacher-forced for the agreement
 PROMPT_TOKENS = 192      # the last tokens of each
 TIMED = 12               # one-token forwards timed for the cost
+
+FORWARDS = ("lean", "transformers")
+FORWARD = Param("forward", str, "lean: the draft's layers run by one function, q/k/v and gate/up each one matmul "
+                "(nets/lean.py; the default); transformers: the library's own forward", choices=FORWARDS)
 
 # Every profile file a measurement read, in order; None for one measured on a busy machine and not cached. An `auto`
 # shape measured over a self-draft depends on the profile's numbers, not only on the method's code: its cache records
@@ -40,6 +45,22 @@ _READ: list[Path | None] = []
 def reads_since(mark: int) -> list[Path | None]:
     """The profile files read since `len(reads_since(0))` was `mark` (None: a busy reading, used but not kept)."""
     return list(_READ[mark:])
+
+
+def lean_runner(env: Env, model: Any, method: Method, keep: list[int] | None = None) -> Any | None:
+    """The lean forward of `model`'s `keep` layers (nets/lean.py), or None for the library's: asked for with
+    `forward=transformers`, or a model the lean forward does not know (said in the log, and an error when
+    `forward=lean` was spelled out)."""
+    from ..nets.lean import LeanDecoder, supported
+    if method.get("forward", "lean") != "lean":
+        return None
+    why = supported(model)
+    if why is None:
+        return LeanDecoder(model, keep)
+    if "forward" in method.params:
+        raise MethodError(f"{method.label}: forward=lean cannot run this target ({why}); pass forward=transformers")
+    env.log(f"{method.label}: the library's forward (the lean one cannot run this target: {why})")
+    return None
 
 
 def tune_prompts(env: Env) -> tuple[list[list[int]], str]:

@@ -129,6 +129,50 @@ class QuantLinear(torch.nn.Module):
                f"group={self.group}, kernel={self.kernel}, in_scale={self.inv_scale is not None}"
 
 
+def _like(layer: QuantLinear, out_features: int) -> QuantLinear:
+    """An empty QuantLinear with `layer`'s bits, group, kernel and input scale (joined and rows fill it)."""
+    out = QuantLinear.__new__(QuantLinear)
+    torch.nn.Module.__init__(out)
+    out.in_features, out.out_features = layer.in_features, out_features
+    out.inv_scale, out.bits, out.group, out.kernel, out.dense = layer.inv_scale, layer.bits, layer.group, \
+        layer.kernel, None
+    return out
+
+
+def _fill(out: QuantLinear, parts: dict[str, torch.Tensor]) -> QuantLinear:
+    """Set the rounded weights (int8: q, scale; int4: q4, scale4, zero4, and q where the kernel is dense) and pack
+    them for the int4 kernel."""
+    for name, value in parts.items():
+        setattr(out, name, value.contiguous())
+    if out.kernel == "int4":
+        out.q = torch.ops.aten._convert_weight_to_int4pack_for_cpu(out.q4.to(torch.int32), 1)
+        out.scale_zero = torch.stack([out.scale4, out.zero4], -1).transpose(0, 1).contiguous().to(ACT)
+    return out
+
+
+def _names(layer: QuantLinear) -> tuple[str, ...]:
+    if layer.bits == 8:
+        return ("q", "scale")
+    return ("q4", "scale4", "zero4") + (("q",) if layer.kernel != "int4" else ())
+
+
+def joined(layers: list[QuantLinear]) -> QuantLinear | None:
+    """One QuantLinear computing `layers` side by side (q, k and v of one attention; gate and up of one MLP) from
+    their very rounded weights: one kernel call where there were several. None where they cannot share one (other
+    bits, groups, kernels, input widths or input scales)."""
+    first = layers[0]
+    same = all((l.bits, l.group, l.kernel, l.in_features) == (first.bits, first.group, first.kernel,
+                                                               first.in_features) for l in layers)
+    scales = [l.inv_scale for l in layers]
+    if not same or not (all(s is None for s in scales) or
+                        all(s is not None and torch.equal(s, scales[0]) for s in scales)):
+        return None
+    out = _like(first, sum(l.out_features for l in layers))
+    out.bias = None if all(l.bias is None for l in layers) else torch.cat(
+        [l.bias if l.bias is not None else torch.zeros(l.out_features, dtype=ACT) for l in layers])
+    return _fill(out, {n: torch.cat([getattr(l, n) for l in layers]) for n in _names(first)})
+
+
 def quantized_copy(model: torch.nn.Module, bits: int, group: int, is_linear,
                    scales: dict[str, torch.Tensor] | None = None, parts: dict[str, tuple] | None = None
                    ) -> torch.nn.Module:
@@ -175,6 +219,7 @@ def bench(threads: int = 2, repeats: int = 7) -> dict[str, float]:
             ts.append(time.perf_counter() - t)
         return 1000 * sorted(ts)[repeats // 2]
 
+    fused = [(d, d + 2 * kv), (d, d), (d, 2 * ff), (ff, d)] * layers + [(d, vocab)]    # nets/lean.py's matmuls
     out = {}
     weights = [torch.randn(o, i) * 0.02 for i, o in shapes]
     for dtype in (torch.float32, ACT):
@@ -198,6 +243,12 @@ def bench(threads: int = 2, repeats: int = 7) -> dict[str, float]:
                 out[f"int{bits}{f' g{group}' if group else ''} {dtype}"] = median(
                     lambda: [q(xs[i]) for (i, _), q in zip(shapes, qs)])
             del qs
+    xs = {i: torch.randn(1, i, dtype=ACT) for i in (d, ff)}
+    for bits, group in ((8, 64), (4, 32)):       # q/k/v and gate/up each one matmul (nets/lean.py)
+        qs = [QuantLinear(torch.randn(o, i) * 0.02, None, bits, group) for i, o in fused]
+        out[f"int{bits}{' g32' if bits == 4 else ''} fused {ACT}"] = median(
+            lambda: [q(xs[i]) for (i, _), q in zip(fused, qs)])
+        del qs
     return out
 
 

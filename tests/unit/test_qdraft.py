@@ -69,7 +69,8 @@ SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qd
              "qdraft:levels=2,window=5", "qdraft:scales=awq,length=3", "qdraft:rounding=gptq,length=3",
              "qdraft:scales=awq,rounding=gptq,levels=2", "layerskip", "layerskip:skip=2",
              "layerskip:bits=8,length=2", "qdraft:cache=base,length=3", "qdraft:cache=base,bits=8",
-             "layerskip:cache=base", "layerskip:bits=8,cache=base,length=3")
+             "layerskip:cache=base", "layerskip:bits=8,cache=base,length=3", "qdraft:forward=transformers,length=3",
+             "layerskip:forward=transformers,skip=2", "qdraft:cache=base,forward=transformers")
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -253,11 +254,29 @@ def test_a_draft_on_the_base_cache_accepts_all_of_itself_and_leaves_the_cache_as
                                              ("qdraft:bits=5", "bits must be one of 4, 8"),
                                              ("qdraft:levels=2,bits=4", "levels=2 is int4 drafting for int8"),
                                              ("qdraft:levels=3", "levels must be < 3"),
-                                             ("layerskip:skip=0", "skip must be >= 1")])
+                                             ("layerskip:skip=0", "skip must be >= 1"),
+                                             ("qdraft:runtime=gguf,forward=lean", "drop forward="),
+                                             ("layerskip:forward=fast", "forward must be one of")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
     with pytest.raises(MethodError, match=expect) as e:
         parse(spelling)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("spelling", ["qdraft:length=3", "layerskip:skip=2,length=3"])
+def test_the_lean_forward_drafts_what_the_library_drafts(env, spelling):
+    """The default lean forward (nets/lean.py) and transformers' forward of the same draft: recorded as such,
+    the same agreement on the tune split, and the same drafts on every prompt (tests/unit/test_lean.py checks the
+    logits)."""
+    lean, lib = parse(spelling), parse(spelling + ",forward=transformers")
+    runs = []
+    for m in (lean, lib):
+        drafter = m.spec.build(env, m)
+        runs.append([generate(env.model, drafter, list(p), LIMITS).counters.accepted for p in PROMPTS])
+    a, b = env.resolved[lean.label], env.resolved[lib.label]
+    assert (a["forward"], b["forward"]) == ("lean", "transformers")
+    assert abs(a["profile"]["agreement"] - b["profile"]["agreement"]) < 0.02
+    assert runs[0] == runs[1]
 
 
 def test_too_many_skipped_layers_is_refused(env):
@@ -316,3 +335,4 @@ def test_runtime_gguf_is_refused_in_one_line_before_the_model_loads(tmp_path):
         parse("qdraft:runtime=gguf,quant=q3_k")
     assert parse("qdraft:runtime=gguf,quant=q4_0").get("quant") == "q4_0"
     _preflight(parse("qdraft:bits=8"), RunConfig(model=str(tmp_path)))       # the torch runtime: nothing to check
+

@@ -1,0 +1,172 @@
+"""A lean forward of a Qwen2/Llama-shaped transformers decoder for the self-drafts: the same weights and cache,
+run by one function per layer, with q, k and v one matmul and gate and up another.
+
+Why: a self-draft forwards one token at a time, so besides its weights it pays the library's per-module and per-op
+host work on every token: 24 layers of module calls, mask building, rotary tables and a cache that grows by
+concatenation. Where the weights are cheap to read (int4: about a third of a decode step), that host work is a
+large share of a draft token. This forward keeps the arithmetic of transformers' Qwen2 layers (float32 RMSNorm,
+rotary embedding, grouped-query attention by `scaled_dot_product_attention`, SiLU MLP) and the model's own modules
+for every weight, so it drafts the same tokens up to the rounding of fused matmuls; what it drops is work, not
+maths. The draft stays a model the engine can call (`__call__` takes transformers' arguments and returns
+`.logits`), so drafters, replay and the self-draft profile run it unchanged.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from ..engine.cache import SlotCache
+from .quant import QuantLinear, joined
+
+
+@dataclass
+class _Layer:
+    index: int                      # the layer's index in the full model: the cache layer it reads and writes
+    norm1: Any
+    norm2: Any
+    qkv: Any                        # one module for q, k, v, or None (then q, k, v below)
+    q: Any
+    k: Any
+    v: Any
+    o: Any
+    gate_up: Any                    # one module for gate and up, or None
+    gate: Any
+    up: Any
+    down: Any
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' Qwen2RMSNorm: in float32, cast back, then scaled."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+
+
+def supported(model: Any) -> str | None:
+    """Why `model` cannot run leanly (None: it can): the forward knows Qwen2/Llama decoders only."""
+    cfg = getattr(model, "config", None)
+    inner = getattr(model, "model", None)
+    if cfg is None or inner is None or not hasattr(inner, "layers") or not hasattr(model, "lm_head"):
+        return "not a transformers decoder with model.layers and lm_head"
+    if getattr(cfg, "model_type", "") not in ("qwen2", "llama"):
+        return f"model type {getattr(cfg, 'model_type', '?')!r} (the lean forward knows qwen2 and llama)"
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        return f"rope type {rope.get('rope_type')!r}"
+    if getattr(cfg, "use_sliding_window", False):
+        return "a sliding-window attention"
+    layer = inner.layers[0]
+    if not hasattr(layer, "self_attn") or not hasattr(layer, "mlp") or not hasattr(layer.mlp, "gate_proj"):
+        return "layers without self_attn and a gated mlp"
+    return None
+
+
+def _fused(modules: list[Any]) -> Any:
+    """One module for several same-input linear layers, where they are QuantLinear copies that can share a kernel;
+    dense layers stay apart (fusing them would copy the target's own weights)."""
+    if all(isinstance(m, QuantLinear) for m in modules):
+        return joined(modules)
+    return None
+
+
+class LeanDecoder:
+    """The kept layers (`layers`: indices; default all) of a transformers Qwen2/Llama model, run leanly. Each kept
+    layer reads and writes the cache layer of its own index, as the model's own layers do, so the layer-skipped
+    drafts and the drafts on the base's cache read the right keys."""
+
+    def __init__(self, model: Any, layers: list[int] | None = None):
+        why = supported(model)
+        if why:
+            raise ValueError(f"lean forward: {why}")
+        inner, cfg = model.model, model.config
+        self.model, self.config = model, cfg
+        self.embed, self.norm, self.head, self.rotary = inner.embed_tokens, inner.norm, model.lm_head, inner.rotary_emb
+        self.eps = cfg.rms_norm_eps
+        self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.scale = self.head_dim ** -0.5
+        keep = range(len(inner.layers)) if layers is None else layers
+        self.layers = [self._layer(i, inner.layers[i]) for i in keep]
+        if not self.layers or self.layers[0].index != 0:
+            raise ValueError("lean forward: layer 0 must be kept (the cache's length is read from its keys)")
+        self.fused = sum((l.qkv is not None) + (l.gate_up is not None) for l in self.layers)
+
+    def keeping(self, layers: list[int]) -> "LeanDecoder":
+        """The same forward over only `layers` (indices), sharing this one's fused weights (a layer search tries
+        many sets: each would otherwise fuse and pack the copy again)."""
+        out = copy.copy(self)
+        by_index = {l.index: l for l in self.layers}
+        out.layers = [by_index[i] for i in layers]
+        if not out.layers or out.layers[0].index != 0:
+            raise ValueError("lean forward: layer 0 must be kept (the cache's length is read from its keys)")
+        return out
+
+    def _layer(self, i: int, layer: Any) -> _Layer:
+        a, m = layer.self_attn, layer.mlp
+        return _Layer(i, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                      _fused([a.q_proj, a.k_proj, a.v_proj]), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+                      _fused([m.gate_proj, m.up_proj]), m.gate_proj, m.up_proj, m.down_proj)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def new_cache(self) -> DynamicCache:
+        """A preallocated cache: a draft token writes its rows instead of copying every layer's keys."""
+        return SlotCache()
+
+    def __call__(self, input_ids: torch.Tensor, past_key_values: DynamicCache | None = None, use_cache: bool = True,
+                 logits_to_keep: int = 0, **_: Any) -> SimpleNamespace:
+        cache = past_key_values if past_key_values is not None else self.new_cache()
+        n = input_ids.shape[1]
+        start = cache.get_seq_length()
+        x = self.embed(input_ids)
+        positions = torch.arange(start, start + n, device=x.device)[None]
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos[:, None], sin[:, None]
+        mask = None
+        if n > 1:       # causal over the new rows, everything cached before them visible
+            mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+        for layer in self.layers:
+            x = self._block(layer, x, cos, sin, mask, cache)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]
+        return SimpleNamespace(logits=self.head(_norm(x, self.norm.weight, self.eps)), past_key_values=cache)
+
+    def _block(self, l: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
+               cache: DynamicCache) -> torch.Tensor:
+        b, n, _ = x.shape
+        h = _norm(x, l.norm1, self.eps)
+        hq, hk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        if l.qkv is not None:
+            q, k, v = l.qkv(h).split((hq, hk, hk), -1)
+        else:
+            q, k, v = l.q(h), l.k(h), l.v(h)
+        q = _rotate(q.view(b, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
+        k = _rotate(k.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
+        v = v.view(b, n, self.kv_heads, self.head_dim).transpose(1, 2)
+        k, v = cache.update(k, v, l.index)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                           enable_gqa=self.heads != self.kv_heads)
+        x = x + l.o(a.transpose(1, 2).reshape(b, n, hq))
+        h = _norm(x, l.norm2, self.eps)
+        if l.gate_up is not None:
+            g, u = l.gate_up(h).chunk(2, -1)
+        else:
+            g, u = l.gate(h), l.up(h)
+        return x + l.down(F.silu(g) * u)

@@ -1,0 +1,133 @@
+"""The lean forward (nets/lean.py) computes what transformers' Qwen2 computes, on the same weights and caches:
+prompt and token-by-token logits, the cache it leaves, the kept layers of a layer-skipped view, a copy of the base's
+cache, and the fused q/k/v and gate/up matmuls of a quantized copy (nets/quant.joined) against the separate ones."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from bpdbench.engine.cache import SlotCache, draft_view
+from bpdbench.methods.layerskip import skipping
+from bpdbench.nets.lean import LeanDecoder, supported
+from bpdbench.nets.quant import QuantLinear, joined, quantized_copy
+
+
+def _model(layers: int = 4):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    model = Qwen2ForCausalLM(cfg).eval().requires_grad_(False)
+    model.lm_head.weight.mul_(8.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(1)
+    return _model()
+
+
+def _decode(m, prompt: list[int], steps: int, cache) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Prompt logits, then the logits of `steps` greedy tokens fed one at a time on `cache`."""
+    with torch.inference_mode():
+        first = m(input_ids=torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits[0]
+        out, t = [], int(first[-1].argmax())
+        for _ in range(steps):
+            logits = m(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True, logits_to_keep=1).logits
+            out.append(logits[0, -1])
+            t = int(logits[0, -1].argmax())
+    return first, out
+
+
+@pytest.mark.parametrize("cache", [DynamicCache, SlotCache])
+def test_lean_equals_transformers(model, cache):
+    prompt = [3, 17, 5, 60, 2, 9, 41, 7]
+    want_first, want = _decode(model, prompt, 6, ref := DynamicCache())
+    got_first, got = _decode(LeanDecoder(model), prompt, 6, mine := cache())
+    torch.testing.assert_close(got_first, want_first, atol=1e-4, rtol=1e-4)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    assert mine.get_seq_length() == ref.get_seq_length() == len(prompt) + 6
+    torch.testing.assert_close(mine.layers[2].keys, ref.layers[2].keys, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_after_a_cache_see_it_causally(model):
+    """Several new rows after a cached prefix (a chain's unseen decided tokens): as transformers masks them."""
+    prompt = [3, 17, 5, 60, 2, 9, 41, 7, 30, 31]
+    with torch.inference_mode():
+        ref, mine = DynamicCache(), SlotCache()
+        model(input_ids=torch.tensor([prompt[:6]]), past_key_values=ref)
+        LeanDecoder(model)(input_ids=torch.tensor([prompt[:6]]), past_key_values=mine)
+        want = model(input_ids=torch.tensor([prompt[6:]]), past_key_values=ref).logits
+        got = LeanDecoder(model)(input_ids=torch.tensor([prompt[6:]]), past_key_values=mine).logits
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_kept_layers_equal_the_skipping_view(model):
+    """A layer-skipped lean draft reads and writes its kept layers' own cache slots, as methods/layerskip.py's view."""
+    prompt = [8, 1, 44, 9, 23]
+    want_first, want = _decode(skipping(model, {1, 3}), prompt, 4, DynamicCache())
+    got_first, got = _decode(LeanDecoder(model, [0, 2]), prompt, 4, DynamicCache())
+    torch.testing.assert_close(got_first, want_first, atol=1e-4, rtol=1e-4)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    with pytest.raises(ValueError, match="layer 0"):
+        LeanDecoder(model, [1, 2])
+
+
+def test_drafting_on_a_copy_of_the_base_cache(model):
+    """On engine.cache.draft_view of the target's cache, as `cache=base` drafts: the same logits as transformers',
+    and the base's cache untouched."""
+    prompt = [5, 6, 7, 8, 50, 51]
+    with torch.inference_mode():
+        base = DynamicCache()
+        model(input_ids=torch.tensor([prompt]), past_key_values=base)
+        rows = len(prompt) - 1
+        want = model(input_ids=torch.tensor([[prompt[-1]]]), past_key_values=draft_view(base, rows, 2)).logits
+        got = LeanDecoder(model)(input_ids=torch.tensor([[prompt[-1]]]), past_key_values=draft_view(base, rows, 2))
+    torch.testing.assert_close(got.logits, want, atol=1e-4, rtol=1e-4)
+    assert base.get_seq_length() == len(prompt)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_fused_quantized_layers_equal_separate_ones(model, bits):
+    """q, k, v (and gate, up) as one matmul on the same rounded weights: the separate outputs side by side, at one
+    row (the matrix-vector kernels) and at a prefill's rows (the dense float32 path)."""
+    copy = quantized_copy(model, bits, 32, lambda m: isinstance(m, torch.nn.Linear))
+    attn, mlp = copy.model.layers[1].self_attn, copy.model.layers[1].mlp
+    for parts in ([attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]):
+        one = joined(parts)
+        assert one is not None and one.kernel == parts[0].kernel
+        for rows in (1, 80):
+            x = torch.randn(rows, 32).bfloat16()
+            torch.testing.assert_close(one(x), torch.cat([p(x) for p in parts], -1), atol=2e-2, rtol=2e-2)
+    lean = LeanDecoder(copy)
+    assert lean.fused == 2 * len(copy.model.layers)
+    prompt = [4, 9, 2, 77, 13]
+    want_first, want = _decode(copy, prompt, 4, DynamicCache())
+    got_first, got = _decode(lean, prompt, 4, SlotCache())
+    assert torch.equal(got_first.argmax(-1), want_first.argmax(-1))
+    assert [int(a.argmax()) for a in got] == [int(b.argmax()) for b in want]
+
+
+def test_layers_that_cannot_share_a_kernel_stay_apart(model):
+    copy = quantized_copy(model, 8, 32, lambda m: isinstance(m, torch.nn.Linear))
+    other = quantized_copy(model, 4, 32, lambda m: isinstance(m, torch.nn.Linear))
+    attn = copy.model.layers[0].self_attn
+    assert joined([attn.q_proj, other.model.layers[0].self_attn.k_proj]) is None
+    scaled = QuantLinear(torch.randn(16, 32), None, 8, in_scale=torch.rand(32) + 0.5)
+    assert joined([attn.q_proj, scaled]) is None
+
+
+def test_unknown_decoders_are_refused_by_name(model):
+    assert supported(model) is None
+    assert "not a transformers decoder" in supported(torch.nn.Linear(2, 2))
+    model.config.model_type, old = "gpt_neox", model.config.model_type
+    try:
+        with pytest.raises(ValueError, match="gpt_neox"):
+            LeanDecoder(model)
+    finally:
+        model.config.model_type = old
+
