@@ -7,8 +7,8 @@ the positions decided since the last proposal (`DraftContext.accepted_hidden`, w
 of), gives the greedy reference to drafters with `needs_reference` (`use_reference`: the oracle), the base's KV cache
 to drafters with `needs_base_cache` (`DraftContext.base_cache`) and takes and puts back state kept across examples
 (`snapshot`/`restore`, engine/state.py). A wrapper that forgets one of these does not fail: its inner drafter runs
-without it. SAM's Token Recycling fallback never received the verify logits, so
-its matrix stayed empty and it never drafted, and a Lookahead fallback paid for a Jacobi window that never moved.
+without it. SAM's Token Recycling fallback never received the verify logits, so its matrix stayed empty and it
+never drafted, and a Lookahead fallback paid for a Jacobi window that never moved.
 
 - `consumes(drafter)` and `declared(method)`: what a built drafter takes and what a parsed method declares
   (methods/contract.py: `takes`, `inputs`), so a wrapper refuses an inner method whose input it cannot pass on with

@@ -184,7 +184,7 @@ class BaseCacheDrafter(DraftModelDrafter):
 
     def reset(self, prompt_ids: list[int]) -> None:
         super().reset(prompt_ids)
-        self.start, self.cache = 0, None
+        self.cache = None                # made from the base's at each proposal
 
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> Proposal:

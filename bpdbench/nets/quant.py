@@ -60,6 +60,12 @@ def dequantize_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, gr
     return g.reshape(n, k)
 
 
+def _pack_int4(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Levels q [N, K] (0..15) and their per-group scale and zero [N, K/group] in the int4 kernel's layout."""
+    return (torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 1),
+            torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(ACT))
+
+
 class QuantLinear(torch.nn.Module):
     """A frozen nn.Linear replacement with int8 or int4 weights; takes and returns bfloat16 activations."""
 
@@ -89,8 +95,7 @@ class QuantLinear(torch.nn.Module):
         q, scale, zero = parts if parts is not None else quantize_int4(weight, group)
         self.q4, self.scale4, self.zero4 = q.to(torch.uint8), scale, zero     # for DENSE_ROWS+ rows (prefill)
         try:
-            self.q = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-            self.scale_zero = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(ACT)
+            self.q, self.scale_zero = _pack_int4(q, scale, zero)
             self.kernel = "int4"
             probe = torch.zeros(1, self.in_features, dtype=ACT)
             torch.ops.aten._weight_int4pack_mm_for_cpu(probe, self.q, self.group, self.scale_zero)
@@ -129,33 +134,6 @@ class QuantLinear(torch.nn.Module):
                f"group={self.group}, kernel={self.kernel}, in_scale={self.inv_scale is not None}"
 
 
-def _like(layer: QuantLinear, out_features: int) -> QuantLinear:
-    """An empty QuantLinear with `layer`'s bits, group, kernel and input scale (joined and rows fill it)."""
-    out = QuantLinear.__new__(QuantLinear)
-    torch.nn.Module.__init__(out)
-    out.in_features, out.out_features = layer.in_features, out_features
-    out.inv_scale, out.bits, out.group, out.kernel, out.dense = layer.inv_scale, layer.bits, layer.group, \
-        layer.kernel, None
-    return out
-
-
-def _fill(out: QuantLinear, parts: dict[str, torch.Tensor]) -> QuantLinear:
-    """Set the rounded weights (int8: q, scale; int4: q4, scale4, zero4, and q where the kernel is dense) and pack
-    them for the int4 kernel."""
-    for name, value in parts.items():
-        setattr(out, name, value.contiguous())
-    if out.kernel == "int4":
-        out.q = torch.ops.aten._convert_weight_to_int4pack_for_cpu(out.q4.to(torch.int32), 1)
-        out.scale_zero = torch.stack([out.scale4, out.zero4], -1).transpose(0, 1).contiguous().to(ACT)
-    return out
-
-
-def _names(layer: QuantLinear) -> tuple[str, ...]:
-    if layer.bits == 8:
-        return ("q", "scale")
-    return ("q4", "scale4", "zero4") + (("q",) if layer.kernel != "int4" else ())
-
-
 def joined(layers: list[QuantLinear]) -> QuantLinear | None:
     """One QuantLinear computing `layers` side by side (q, k and v of one attention; gate and up of one MLP) from
     their very rounded weights: one kernel call where there were several. None where they cannot share one (other
@@ -167,10 +145,23 @@ def joined(layers: list[QuantLinear]) -> QuantLinear | None:
     if not same or not (all(s is None for s in scales) or
                         all(s is not None and torch.equal(s, scales[0]) for s in scales)):
         return None
-    out = _like(first, sum(l.out_features for l in layers))
+    out = QuantLinear.__new__(QuantLinear)
+    torch.nn.Module.__init__(out)
+    out.in_features, out.out_features = first.in_features, sum(l.out_features for l in layers)
+    out.inv_scale, out.bits, out.group, out.kernel, out.dense = first.inv_scale, first.bits, first.group, \
+        first.kernel, None
     out.bias = None if all(l.bias is None for l in layers) else torch.cat(
         [l.bias if l.bias is not None else torch.zeros(l.out_features, dtype=ACT) for l in layers])
-    return _fill(out, {n: torch.cat([getattr(l, n) for l in layers]) for n in _names(first)})
+    cat = lambda name: torch.cat([getattr(l, name) for l in layers])    # noqa: E731
+    if first.bits == 8:
+        out.q, out.scale = cat("q"), cat("scale")
+        return out
+    out.q4, out.scale4, out.zero4 = cat("q4"), cat("scale4"), cat("zero4")
+    if first.kernel == "int4":
+        out.q, out.scale_zero = _pack_int4(out.q4, out.scale4, out.zero4)
+    else:
+        out.q = cat("q")
+    return out
 
 
 def quantized_copy(model: torch.nn.Module, bits: int, group: int, is_linear,
