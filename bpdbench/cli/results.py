@@ -88,7 +88,7 @@ def calibrate(model: Model = DEFAULT_MODEL, dtype: Dtype = "auto", device: Devic
                                                               "<results>/calibration/<fingerprint key>/)")] = None
               ) -> None:
     """What one forward over n tokens costs on this machine, in decode steps (chain and tree, per context),
-    measured once per machine fingerprint, model and dtype (about a minute) and cached; --show prints and plots it."""
+    measured once per machine fingerprint, model and dtype (a few minutes) and cached; --show prints and plots it."""
     from ..artefacts.checks import check_model_files
     from ..hardware import calibration as lib
     from ..models import resolve_device

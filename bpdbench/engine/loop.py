@@ -76,6 +76,7 @@ class Verified:
     targets: Sequence[int]      # what each node's child must equal (greedy: the base's argmax after the node)
     past: int                   # cache length before the verify forward
     topk: torch.Tensor | None = None   # [n_nodes, k] the base's top-k ids per node, for drafters with feedback_k
+    topk_s: float = 0.0         # seconds the top-k took: the drafter's work, counted as drafting (`generate`)
 
 
 TREE_ROWS = 256     # cache rows beyond prompt + new tokens that a preallocated cache reserves for a verify's tree
@@ -117,8 +118,10 @@ def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GRE
     if inner is not None:
         return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, inner), past)
     logits = model.lm_head(hidden)
-    topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu() if feedback_k else None
-    return Verified(tree, hidden, acceptance.targets(logits), past, topk)
+    topk, t0 = None, time.perf_counter()
+    if feedback_k:
+        topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu()
+    return Verified(tree, hidden, acceptance.targets(logits), past, topk, time.perf_counter() - t0)
 
 
 LAZY_MIN_LEAVES = 8   # below this, the leaves' rows cost less than the rare second pass over the output matrix
@@ -170,7 +173,7 @@ class TreeScorer:
     as the replay walks G, cropped back after each tree). Used only for drafters with `feedback_k`."""
 
     def __init__(self, model):
-        self.model, self.cache, self.ids = model, None, []
+        self.model, self.cache, self.ids, self.topk_s = model, None, [], 0.0
 
     @torch.inference_mode()
     def base_cache(self, context: list[int]) -> DynamicCache:
@@ -194,7 +197,10 @@ class TreeScorer:
                                use_cache=True)
         self.cache.crop(-len(tree.tokens))
         logits = self.model.lm_head(out.last_hidden_state[0])
-        return logits.topk(min(k, logits.shape[-1]), dim=-1).indices.cpu()
+        t0 = time.perf_counter()
+        ids = logits.topk(min(k, logits.shape[-1]), dim=-1).indices.cpu()
+        self.topk_s = time.perf_counter() - t0      # drafting in real decoding (`generate`), so in replay too
+        return ids
 
 
 def advance(state: State, v: Verified, d: Decision) -> list[int]:
@@ -253,19 +259,22 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         seen = len(ctx.tokens)        # advance() appends to the list the drafter saw: the event gets what it saw
         new = advance(state, verified, d)
         out.extend(new)
+        fed = 0.0          # the top-k over every node and the drafter's update from it: drafting, not verifying
         if feedback_k:
+            t0 = time.perf_counter()
             drafter.feedback(Feedback(verified.tree, verified.topk))
+            fed = verified.topk_s + time.perf_counter() - t0
         drafter.observe(new)
         drafted = len(proposal.paths[d.path])
         counters.record_step(drafted, d.accepted, len(verified.tree.tokens))
         gen.step_log.append((drafted, d.accepted))
         gen.verify_log.append((len(verified.tree.tokens), not verified.tree.is_chain, projected_rows(verified)))
         t_verify, clock = _lap(clock)
-        gen.seconds["draft"] += t_draft
-        gen.seconds["verify"] += t_verify
+        gen.seconds["draft"] += t_draft + fed
+        gen.seconds["verify"] += t_verify - fed
         if on_step:
             on_step(StepEvent(replace(ctx, tokens=ctx.tokens[:seen]), proposal, verified.tree, d, new, len(out),
-                              t_draft))
+                              t_draft + fed))
     gen.tokens = limits.truncate(out)
     counters.new_tokens = len(gen.tokens)
     return gen

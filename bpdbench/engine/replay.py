@@ -85,8 +85,11 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
         d = step_decision(tree, targets_from_reference(tree, g[m + 1:]), proposal, limits, acceptance)
         c.record_step(len(proposal.paths[d.path]), d.accepted, len(tree.tokens))
         new = g[m + 1: m + 2 + d.accepted]
-        if feedback_k:
-            drafter.feedback(Feedback(tree, scorer.topk(ctx.tokens, tree, feedback_k)))
+        if feedback_k:         # the top-k and the drafter's update are drafting, as `generate` counts them
+            ids = scorer.topk(ctx.tokens, tree, feedback_k)
+            t0 = time.perf_counter()
+            drafter.feedback(Feedback(tree, ids))
+            t_draft += scorer.topk_s + time.perf_counter() - t0
         drafter.observe(new)
         fresh = None if hidden is None else hidden[m + 1: m + 2 + d.accepted]
         m += d.accepted + 1

@@ -162,8 +162,8 @@ def test_the_cost_curve_is_read_through_its_monotone_fit():
 
 def test_a_fast_machine_spends_its_calibration_time_on_more_rounds():
     from bpdbench.hardware.calibration import LONG_ROUNDS_MIN, MAX_REPEATS, REPEATS, plan_repeats
-    assert plan_repeats(60.0) == (REPEATS, LONG_ROUNDS_MIN)   # a slow machine: what it needs anyway
-    assert plan_repeats(27.0) == (5, LONG_ROUNDS_MIN)         # 45 s / 27 s x 3 rounds; long shapes never once
+    assert plan_repeats(200.0) == (REPEATS, LONG_ROUNDS_MIN)  # a slow machine: what it needs anyway
+    assert plan_repeats(90.0) == (5, LONG_ROUNDS_MIN)         # 150 s / 90 s x 3 rounds; long shapes never once
     assert plan_repeats(0.5) == (MAX_REPEATS, MAX_REPEATS // 3)
 
 

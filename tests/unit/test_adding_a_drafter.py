@@ -171,7 +171,7 @@ def test_auto_sizes_its_depth_through_the_session(example, tiny_model_dir, train
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     copy_drafters(trained_drafters, tmp_path / "cache")
     monkeypatch.setattr(autoshape, "cost_model", lambda s: TableCost({64: 1.0}, step_ms=1e9))  # flat, drafting free
-    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
+    monkeypatch.setattr(autoshape, "step_clock", lambda s, context=64: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     run = RunConfig(task="prompts", data_file=str(write_prompts(tmp_path, 12)), model=str(tiny_model_dir),
                     dtype="float32", max_new_tokens=24, limit=3)

@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 import torch
 
-from bpdbench.engine import DraftContext, Limits, generate, replay
+from bpdbench.engine import DraftContext, Limits, TreeScorer, generate, replay
 from bpdbench.methods import MethodError
 from bpdbench.methods import hybrid
 from bpdbench.methods.env import Env
@@ -46,7 +46,8 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
         d = method.spec.build(env, method)
         out = generate(env.model, d, list(prompt), LIMITS)
         assert out.tokens == ref, (spelling, prompt)
-        again = replay(method.spec.build(env, method), list(prompt), ref, None, LIMITS)
+        again = replay(method.spec.build(env, method), list(prompt), ref, None, LIMITS,
+                       scorer=TreeScorer(env.model))     # the default model source drafts on the target's cache
         assert (again.steps, again.accepted, again.accepted_per_head) == \
             (out.counters.steps, out.counters.accepted, out.counters.accepted_per_head)
     rec = env.resolved[method.label]

@@ -13,7 +13,7 @@ from bpdbench.engine import Limits, TreeScorer, generate, ratios, replay, teache
 from bpdbench.experiments.analysis import h_max, repetition
 from bpdbench.nets.heads import Heads
 from bpdbench.methods import REGISTRY, Env, parse
-from bpdbench.methods.contract import feedback_k, reads_reference
+from bpdbench.methods.contract import feedback_k, needs_scorer, reads_reference
 from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
 from tests.drafter_fixtures import copy_cache
 
@@ -159,7 +159,7 @@ def replay_equals_real(env, spelling: str, greedies: dict, memos: dict) -> int:
     # a drafter that learns from verify forwards (recycling keeps its matrix across examples) walks the
     # replays as its own instance, as a run and a replay of the same examples each would
     twin = method.spec.build(env, method) if feedback_k(drafter) else drafter
-    scorer = TreeScorer(model) if twin is not drafter else None
+    scorer = TreeScorer(model) if needs_scorer(drafter) else None     # the verify's top-k, or the base's cache
     accepted = 0
     for prompt in PROMPTS:
         greedy = list(greedies[tuple(prompt)])

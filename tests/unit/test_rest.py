@@ -150,7 +150,7 @@ def test_auto_nodes_resolves_through_the_replay(tiny_model_dir, tmp_path, monkey
     from bpdbench.methods import parse_list
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autoshape, "cost_model", lambda s: TableCost({64: 1.0}, step_ms=1e9))
-    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
+    monkeypatch.setattr(autoshape, "step_clock", lambda s, context=64: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     run = RunConfig(task="prompts", data_file=str(write_prompts(tmp_path, 12)), model=str(tiny_model_dir),
                     dtype="float32", max_new_tokens=24, limit=3)

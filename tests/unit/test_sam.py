@@ -325,7 +325,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
     from bpdbench.methods import parse_list
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(autoshape, "cost_model", lambda s: TableCost({64: 1.0}, step_ms=1e9))
-    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
+    monkeypatch.setattr(autoshape, "step_clock", lambda s, context=64: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     prompts = write_prompts(tmp_path, 12)
 

@@ -143,7 +143,7 @@ def session_for(tiny_model_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     costs = {"cost": TableCost({64: 1.0}, step_ms=1e9)}       # flat, drafting free; tests swap it
     monkeypatch.setattr(autoshape, "cost_model", lambda s: costs["cost"])
-    monkeypatch.setattr(autoshape, "step_clock", lambda s: FREE_DRAFTING)     # drafting free
+    monkeypatch.setattr(autoshape, "step_clock", lambda s, context=64: FREE_DRAFTING)     # drafting free
     monkeypatch.setattr(autoshape, "N_EXAMPLES", 3)
     prompts = write_prompts(tmp_path, 12)
 
@@ -347,16 +347,18 @@ def test_the_drafts_prefill_is_priced_per_example_not_per_drafted_token():
 
 def test_drafting_is_timed_after_a_warm_up_that_leaves_the_drafters_state_as_it_was(session_for, monkeypatch):
     """One untimed replay first (one-time costs: a quantized copy's first prefill), and a drafter that learns across
-    examples (Token Recycling's matrix) measured exactly as without it."""
+    examples (Token Recycling's matrix) measured exactly as without it; the step it is priced in is timed at the
+    examples' own cache length."""
     from bpdbench.engine import TreeScorer, replay
     from bpdbench.experiments import autoshape
     s, (m,), logs, _ = session_for("recycling:nodes=8")
     examples = autoshape.heldout(s)[0]
-    calls = []
+    calls, contexts = [], []
 
     def counted(*a, **k):
         calls.append(k.get("on_step"))
         return replay(*a, **k)
+    monkeypatch.setattr(autoshape, "step_clock", lambda s, context=64: contexts.append(context) or FREE_DRAFTING)
     monkeypatch.setattr(autoshape, "replay", counted)
     measured = autoshape.measure(s, m, examples, {})
     assert calls[0] is None and len(calls) == len(examples) + 1 and all(c is not None for c in calls[1:])
@@ -367,6 +369,7 @@ def test_drafting_is_timed_after_a_warm_up_that_leaves_the_drafters_state_as_it_
         total = c if total is None else total.add(c)
     assert measured.accept == [a / total.steps for a in total.accepted_per_head] and measured.steps == total.steps
     assert measured.target_ms == FREE_DRAFTING.ms()          # priced in the step the clock timed beside it
+    assert contexts == [autoshape.mean_context([(ex, p, s.reference.get(p, s.limits)[0]) for ex, p in examples])]
     clock = autoshape.StepClock(s.model)                     # the real clock: the target's steps after a replay
     clock.tick(2)
     assert len(clock.times) == 2 and clock.ms() > 0
