@@ -73,8 +73,9 @@ def monotone(points: dict[int, float], floor: float = 1.0) -> dict[int, float]:
 def plan_repeats(seconds_at_default: float) -> tuple[int, int]:
     """(rounds, rounds that also time the long shapes) for about TARGET_SECONDS: 3 and 2 on a machine that needs
     that long for them, 5 and 2 for 0.5B float32 on 2 AVX2 cores (a minute and a half for 3), up to 12 and 4 where
-    one round takes a few seconds. Never one round for the long shapes: a 64-node tree timed once per context is what a tree method's
-    prediction rests on, and one sample of it varied by 15% between two calibrations of one idle machine."""
+    one round takes a few seconds. Never one round for the long shapes: a 64-node tree timed once per context is
+    what a tree method's prediction rests on, and one sample of it varied by 15% between two calibrations of one
+    idle machine."""
     scale = TARGET_SECONDS / max(seconds_at_default, 1e-3)
     repeats = int(min(MAX_REPEATS, max(REPEATS, REPEATS * scale)))
     return repeats, max(LONG_ROUNDS_MIN, repeats // 3)
