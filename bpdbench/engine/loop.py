@@ -118,10 +118,12 @@ def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GRE
     if inner is not None:
         return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, inner), past)
     logits = model.lm_head(hidden)
-    topk, t0 = None, time.perf_counter()
+    topk, took = None, 0.0
     if feedback_k:
+        t0 = time.perf_counter()
         topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu()
-    return Verified(tree, hidden, acceptance.targets(logits), past, topk, time.perf_counter() - t0)
+        took = time.perf_counter() - t0
+    return Verified(tree, hidden, acceptance.targets(logits), past, topk, took)
 
 
 LAZY_MIN_LEAVES = 8   # below this, the leaves' rows cost less than the rare second pass over the output matrix
@@ -203,6 +205,14 @@ class TreeScorer:
         return ids
 
 
+def give_feedback(drafter: Drafter, tree: Tree, topk: torch.Tensor) -> float:
+    """Hand a feedback drafter the verified tree and its top-k; the seconds its update took (its drafting, in
+    `generate` and `replay` alike)."""
+    t0 = time.perf_counter()
+    drafter.feedback(Feedback(tree, topk))
+    return time.perf_counter() - t0
+
+
 def advance(state: State, v: Verified, d: Decision) -> list[int]:
     """Keep the root and the accepted nodes in the KV cache; the bonus token becomes the next decided token."""
     path = v.tree.paths[d.path][: d.accepted]
@@ -259,11 +269,8 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
         seen = len(ctx.tokens)        # advance() appends to the list the drafter saw: the event gets what it saw
         new = advance(state, verified, d)
         out.extend(new)
-        fed = 0.0          # the top-k over every node and the drafter's update from it: drafting, not verifying
-        if feedback_k:
-            t0 = time.perf_counter()
-            drafter.feedback(Feedback(verified.tree, verified.topk))
-            fed = verified.topk_s + time.perf_counter() - t0
+        # the top-k over every node and the drafter's update from it: drafting, not verifying
+        fed = verified.topk_s + give_feedback(drafter, verified.tree, verified.topk) if feedback_k else 0.0
         drafter.observe(new)
         drafted = len(proposal.paths[d.path])
         counters.record_step(drafted, d.accepted, len(verified.tree.tokens))

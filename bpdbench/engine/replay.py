@@ -18,9 +18,9 @@ import torch
 from .acceptance import GREEDY, Acceptance
 from .counters import Counters
 from .events import OnStep, StepEvent
-from .loop import Limits, TreeScorer, step_decision
+from .loop import Limits, TreeScorer, give_feedback, step_decision
 from .tree import Tree, build_tree
-from .types import DraftContext, Drafter, Feedback
+from .types import DraftContext, Drafter
 
 UNKNOWN = -1   # target of a node off the greedy path: nothing can equal it
 
@@ -87,9 +87,7 @@ def replay(drafter: Drafter, prompt: list[int], greedy: list[int], hidden: torch
         new = g[m + 1: m + 2 + d.accepted]
         if feedback_k:         # the top-k and the drafter's update are drafting, as `generate` counts them
             ids = scorer.topk(ctx.tokens, tree, feedback_k)
-            t0 = time.perf_counter()
-            drafter.feedback(Feedback(tree, ids))
-            t_draft += scorer.topk_s + time.perf_counter() - t0
+            t_draft += scorer.topk_s + give_feedback(drafter, tree, ids)
         drafter.observe(new)
         fresh = None if hidden is None else hidden[m + 1: m + 2 + d.accepted]
         m += d.accepted + 1
