@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bpdbench import models
 from bpdbench.experiments.plan import prepare
-from bpdbench.methods.contract import feedback_k, reads_reference
+from bpdbench.methods.contract import feedback_k, needs_scorer, reads_reference
 from tests.slow.test_real_model import fp32_model  # noqa: F401  (fixture)
 
 
@@ -42,10 +42,11 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     for spelling in spellings:
         drafter = s.drafter(parse(spelling))
         # a drafter that learns from verify forwards (recycling keeps its matrix across examples) replays as its
-        # own instance, with a scorer for the off-path nodes
+        # own instance, with a scorer for the off-path nodes; one that drafts on the base's KV cache (qdraft and
+        # layerskip with cache=base, the hybrid's default model source) replays with a scorer that rebuilds it
         learns = feedback_k(drafter)
         twin = parse(spelling).spec.build(s.env, parse(spelling)) if learns else drafter
-        scorer = TreeScorer(s.model) if learns else None
+        scorer = TreeScorer(s.model) if needs_scorer(drafter) else None
         for prompt, ref, h in zip(prompts, greedy, hidden):
             if reads_reference(drafter):
                 drafter.use_reference(ref)
