@@ -172,7 +172,8 @@ class LazyArgmax(Sequence[int]):
 class TreeScorer:
     """What a verify forward would compute at every node of a tree, for replay, which has no verify logits off the
     greedy path: the base runs over the tree on a KV cache of the teacher-forced context (extended incrementally
-    as the replay walks G, cropped back after each tree). Used only for drafters with `feedback_k`."""
+    as the replay walks G, cropped back after each tree). Used for drafters with `feedback_k` (the top-k at every
+    node) and for those with `needs_base_cache` (`base_cache`: the base's keys and values of the decided context)."""
 
     def __init__(self, model):
         self.model, self.cache, self.ids, self.topk_s = model, None, [], 0.0
