@@ -195,7 +195,8 @@ def kernels(model: torch.nn.Module) -> dict[str, int]:
 def bench(threads: int = 2, repeats: int = 7) -> dict[str, float]:
     """Milliseconds for all linear layers of one Qwen2.5-0.5B decode step at one row (24 layers of q, k, v, o, gate,
     up, down, and the output projection; random weights of the real shapes), per kernel and activation dtype:
-    the measurement the self-drafts were designed from (`python -m bpdbench.nets.quant`)."""
+    the measurement the self-drafts were designed from (`python -m bpdbench.nets.quant`); and the int4 output
+    projection alone over the full and two smaller vocabularies (a draft's head is a fifth of its weight bytes)."""
     import time
     torch.set_num_threads(threads)
     d, ff, kv, vocab, layers = 896, 4864, 128, 151936, 24
@@ -240,6 +241,9 @@ def bench(threads: int = 2, repeats: int = 7) -> dict[str, float]:
         out[f"int{bits}{' g32' if bits == 4 else ''} fused {ACT}"] = median(
             lambda: [q(xs[i]) for (i, _), q in zip(fused, qs)])
         del qs
+    for rows in (vocab, 65536, 32768):          # the output projection alone: what a smaller draft vocabulary saves
+        q = QuantLinear(torch.randn(rows, d) * 0.02, None, 4, 32)
+        out[f"int4 g32 head {rows} {ACT}"] = median(lambda: q(xs[d]))
     return out
 
 
