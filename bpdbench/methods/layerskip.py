@@ -30,7 +30,7 @@ from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .search import Chain
 from .selfdraft import FORWARD, agreement, cached, greedy_rows, lean_runner, profile, step_ms, tune_prompts
-from .sps import CACHE, SHARPEN, BaseCacheDrafter, DraftModelDrafter, cache_inputs
+from .sps import CACHE, SHARPEN, STOP, BaseCacheDrafter, DraftModelDrafter, cache_inputs, check_stop
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 
@@ -116,14 +116,16 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     found = search(env, base, (f"int{bits}" if bits else "dense") + "-lean" * lean, skip_count, view_of)
     view = view_of(set(found["skip"]))
     prof = profile(env, view, f"skip{'-'.join(map(str, found['skip']))}-{bits}" + "-lean" * lean)
+    stop = method.get("stop", 0.0)
     env.resolved[method.label] = {"bits": bits, "length": length, "skipped": found["skip"], "search": found,
-                                  "forward": "lean" if lean else "transformers", "profile": prof}
+                                  "forward": "lean" if lean else "transformers",
+                                  **({"stop": stop} if stop else {}), "profile": prof}
     env.log(f"{method.label}: skips {len(found['skip'])} of {n} layers, agreement {prof['agreement']} on the tune "
             f"split, {prof['cost_steps']} steps per draft token")
     if method.get("cache", "own") == "base":
         env.resolved[method.label]["cache"] = "base"
-        return BaseCacheDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0))
-    return DraftModelDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0))
+        return BaseCacheDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0), stop=stop)
+    return DraftModelDrafter(method.label, view, length, sharpen=method.get("sharpen", 1.0), stop=stop)
 
 
 SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers skipped (chosen on the tune split "
@@ -135,6 +137,7 @@ SPECS = [MethodSpec("layerskip", "self-speculation: the target with some layers 
                            low=1),
                      Param("bits", int, "skip layers of the int4 or int8 copy (qdraft's) instead of the target's "
                            "own weights", choices=BITS),
-                     SHARPEN, CACHE, FORWARD),
+                     SHARPEN, CACHE, FORWARD, STOP),
                     lambda model, cfg: [], artefacts=(), inputs=cache_inputs,
+                    check=lambda m: check_stop(m, "length"),
                     shapes=Chain("length", longest=LENGTH_AUTO, drafts_per_token=True))]

@@ -64,7 +64,7 @@ from .cascade import AssistedDraftModel
 from .env import Env
 from .search import Chain
 from .selfdraft import FORWARD, lean_runner, profile
-from .sps import CACHE, SHARPEN, BaseCacheDrafter, DraftModelDrafter, cache_inputs
+from .sps import CACHE, SHARPEN, STOP, BaseCacheDrafter, DraftModelDrafter, cache_inputs, check_stop
 
 LENGTH_AUTO = 8           # length=auto: one replay at 8 draft tokens; the draft pays per drafted token
 LENGTH_AUTO_GGUF = 16     # runtime=gguf: 16 (its tune split accepted 7.88 of 8 at 0.9956 agreement: 8 was the ceiling)
@@ -134,7 +134,8 @@ def build_gguf(env: Env, method: Method) -> DraftModelDrafter:
                                   "window": window, "profile": prof}
     env.log(f"{method.label}: {path.name} by llama.cpp, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")
-    return DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0))
+    return DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0),
+                             stop=method.get("stop", 0.0))
 
 
 def build(env: Env, method: Method) -> DraftModelDrafter:
@@ -145,7 +146,7 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
                           f"run with --device cpu")
     bits, group, length, levels = (method.get("bits", 4), method.get("group", GROUP), method.get("length", 4),
                                    method.get("levels", 1))
-    window, sharpen = method.get("window", WINDOW), method.get("sharpen", 1.0)
+    window, sharpen, stop = method.get("window", WINDOW), method.get("sharpen", 1.0), method.get("stop", 0.0)
     top_bits = 8 if levels == 2 else bits
     scales, rounding = method.get("scales", "minmax"), method.get("rounding", "nearest")
     top_rounding = rounding if top_bits == 4 else "nearest"           # gptq rounds int4 levels (levels=2: the lower)
@@ -157,7 +158,7 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "window": window,
                 "scales": calibrated(env, top_bits, group, scales, top_rounding, _is_linear)[2],
                 "kernels": kernels(copy), "forward": "lean" if lean else "transformers",
-                "profile": prof}
+                **({"stop": stop} if stop else {}), "profile": prof}
     if levels == 2:
         lower_copy = quantized(env, 4, group, scales, rounding)
         lower_model = lean_runner(env, lower_copy, method) or lower_copy
@@ -168,10 +169,10 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
         drafter: DraftModelDrafter = MultiLevelDrafter(method.label, draft, length, lower, window)
         drafter.sharpen = sharpen                        # the int8 level samples alone at T > 0
     elif method.get("cache", "own") == "base":
-        drafter = BaseCacheDrafter(method.label, draft, length, sharpen=sharpen)
+        drafter = BaseCacheDrafter(method.label, draft, length, sharpen=sharpen, stop=stop)
         resolved.update(cache="base", window=0)
     else:
-        drafter = DraftModelDrafter(method.label, draft, length, window=window, sharpen=sharpen)
+        drafter = DraftModelDrafter(method.label, draft, length, window=window, sharpen=sharpen, stop=stop)
     env.resolved[method.label] = resolved
     env.log(f"{method.label}: int{top_bits} draft, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")
@@ -183,6 +184,10 @@ def _check(method: Method) -> None:
         raise MethodError(f"{method.label}: levels=2 is int4 drafting for int8; drop bits= or pass bits=8")
     if method.get("rounding", "nearest") == "gptq" and method.get("bits", 4) == 8 and method.get("levels", 1) == 1:
         raise MethodError(f"{method.label}: rounding=gptq rounds the int4 copy; drop it or pass bits=4")
+    if method.get("levels", 1) == 2 and "stop" in method.params:
+        raise MethodError(f"{method.label}: levels=2 drafts a fixed length (each int8 forward checks an int4 guess); "
+                          f"drop stop= or levels=")
+    check_stop(method, "length")
     if method.get("cache", "own") == "base":
         clash = (["runtime=gguf"] if method.get("runtime", "torch") == "gguf" else []) + \
             (["levels=2"] if method.get("levels", 1) == 2 else []) + (["window="] if "window" in method.params else [])
@@ -244,7 +249,7 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                            choices=ROUNDINGS),
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES),
-                     CACHE, FORWARD,
+                     CACHE, FORWARD, STOP,
                      Param("quant", str, "runtime=gguf: the file's own blocks, or a copy requantized by llama.cpp "
                            "(made once into the cache)", choices=QUANTS)),
                     _needs, check=_check, preflight=_preflight, inputs=cache_inputs,

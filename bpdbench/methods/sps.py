@@ -15,6 +15,13 @@ draft probability q(token); greedy acceptance ignores it.
 γ schedules: `fixed`, or transformers' `heuristic` (AssistedCandidateGenerator.update_candidate_strategy): after a
 step that accepted the whole draft γ += 2, otherwise γ = max(1, γ - 1); the drafter learns acceptance from
 `observe` (decided tokens - 1 = accepted draft tokens), so real decoding and replay adapt identically.
+
+`stop=p` ends a draft after a token the draft itself gives probability below p (transformers' `ConfidenceCriteria`,
+`assistant_confidence_threshold`, 0.4 by default in its assisted generation; SpecDec++ learns the same decision).
+Why: every drafted token costs a draft forward and a verify row whether or not it is accepted, and the tokens after
+a doubtful one are rarely accepted, so a longer `length` with a stop drafts long only where the draft is sure. The
+stop reads only the draft's own q, so at T > 0 speculative sampling stays exact (the draft's length is a function of
+its own samples).
 """
 from __future__ import annotations
 
@@ -46,6 +53,9 @@ CACHE = Param("cache", str, "own: the draft prefills and keeps a KV cache of its
 def cache_inputs(method: Method) -> frozenset[Input]:
     """What a self-draft takes from the loop: the base's KV cache with `cache=base`."""
     return frozenset({Input.BASE_CACHE}) if method.get("cache", "own") == "base" else frozenset()
+STOP = Param("stop", float, "stop drafting after a token the draft gives probability below this (transformers' "
+             "assistant_confidence_threshold, 0.4 in its assisted generation; default 0: always `length` tokens)",
+             low=0.0, high=1.0)
 SHARPEN = Param("sharpen", float, "at T > 0 the draft samples at T x sharpen (default 1): any draft stays exact under "
                 "the exact rule, and a sharpened one shows the lossy controls' error in a sampling certificate "
                 "(grids/sampling.toml)", low=0.05)
@@ -67,12 +77,13 @@ class DraftModelDrafter:
     further drafted token, never a re-prefill."""
 
     def __init__(self, name: str, model: Any, gamma: int = 4, schedule: str = "fixed", window: int = 0,
-                 sharpen: float = 1.0):
+                 sharpen: float = 1.0, stop: float = 0.0):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
         self.name, self.model, self.gamma0, self.schedule = name, model, gamma, schedule
         self.window = window             # > 0: the draft sees only the prompt's last `window` tokens (qdraft)
         self.sharpen = sharpen           # T > 0: the draft samples at T x sharpen (a certificate's control)
+        self.stop = stop                 # > 0: a draft ends after a token of draft probability below it (STOP)
         self.start = 0                   # where the draft's view of the context begins
         self.gamma = gamma
         self.cache = self._new_cache()
@@ -138,8 +149,11 @@ class DraftModelDrafter:
                 dists.append(p)
             draft.append(t)
             probs.append(float(p[t]))
+            if probs[-1] < self.stop:      # the draft doubts it: the tokens after it would rarely be accepted
+                break
             if i + 1 < n:                  # the last drafted token is fed next step, only if it is accepted
                 logits = self._forward([t])
+        self.drafted = len(draft)
         return Proposal([draft], probs=[probs], dists=[torch.stack(dists)] if dists else None)
 
     @torch.inference_mode()
@@ -234,9 +248,10 @@ def load_draft(env: Env, method: Method) -> tuple[str, Any]:
 
 def build(env: Env, method: Method) -> DraftModelDrafter:
     name, draft_model = load_draft(env, method)
-    gamma, schedule = method.get("gamma", 4), method.get("schedule", "fixed")
-    env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule}
-    return DraftModelDrafter(method.label, draft_model, gamma, schedule)
+    gamma, schedule, stop = method.get("gamma", 4), method.get("schedule", "fixed"), method.get("stop", 0.0)
+    env.resolved[method.label] = {"draft_model": name, "gamma": gamma, "schedule": schedule,
+                                  **({"stop": stop} if stop else {})}
+    return DraftModelDrafter(method.label, draft_model, gamma, schedule, stop=stop)
 
 
 def _neural(env: Env, tag: str):
@@ -251,10 +266,19 @@ def _neural(env: Env, tag: str):
     return NeuralDraftLM(lm, env.model.lm_head.weight.shape[0])
 
 
+def check_stop(method: Method, length: str) -> None:
+    """`stop=` with `<length>=auto` is refused: auto prices every shorter length from one replay's acceptance per
+    position, which a confidence stop leaves unmeasured past where it stopped."""
+    if method.get("stop", 0.0) > 0 and method.get(length) == "auto":
+        raise MethodError(f"{method.label}: {length}=auto sizes a fixed-length draft, and stop= ends drafts early; "
+                          f"pass {length}=N with stop=, or drop stop=")
+
+
 def _check(method: Method) -> None:
     if method.get("gamma") == "auto" and method.get("schedule") == "heuristic":
         raise MethodError(f"{method.label}: gamma=auto picks one fixed draft length for this machine; the heuristic "
                           f"schedule changes it every step: pass schedule=fixed or a start value gamma=N")
+    check_stop(method, "gamma")
 
 
 def _draft(method: Method, cfg) -> str | None:
@@ -287,6 +311,6 @@ SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft mod
                      Param("gamma", int, "draft length (start value under the heuristic schedule; auto: the fixed "
                            "length fastest on this machine)", low=1, auto=True),
                      Param("schedule", str, "fixed gamma, or transformers' heuristic (+2 after a fully accepted "
-                           "draft, -1 otherwise)", choices=SCHEDULES)),
+                           "draft, -1 otherwise)", choices=SCHEDULES), STOP),
                     _needs, check=_check, artefacts=READS,
                     shapes=Chain("gamma", longest=GAMMA_AUTO, drafts_per_token=True))]

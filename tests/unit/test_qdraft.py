@@ -70,7 +70,8 @@ SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qd
              "qdraft:scales=awq,rounding=gptq,levels=2", "layerskip", "layerskip:skip=2",
              "layerskip:bits=8,length=2", "qdraft:cache=base,length=3", "qdraft:cache=base,bits=8",
              "layerskip:cache=base", "layerskip:bits=8,cache=base,length=3", "qdraft:forward=transformers,length=3",
-             "layerskip:forward=transformers,skip=2", "qdraft:cache=base,forward=transformers")
+             "layerskip:forward=transformers,skip=2", "qdraft:cache=base,forward=transformers",
+             "qdraft:cache=base,length=5,stop=0.05", "layerskip:skip=2,length=4,stop=0.05")
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -256,7 +257,10 @@ def test_a_draft_on_the_base_cache_accepts_all_of_itself_and_leaves_the_cache_as
                                              ("qdraft:levels=3", "levels must be < 3"),
                                              ("layerskip:skip=0", "skip must be >= 1"),
                                              ("qdraft:runtime=gguf,forward=lean", "drop forward="),
-                                             ("layerskip:forward=fast", "forward must be one of")])
+                                             ("layerskip:forward=fast", "forward must be one of"),
+                                             ("qdraft:length=auto,stop=0.4", "length=auto sizes a fixed-length"),
+                                             ("layerskip:length=auto,stop=0.4", "pass length=N with stop="),
+                                             ("qdraft:levels=2,stop=0.4", "drop stop= or levels=")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
     with pytest.raises(MethodError, match=expect) as e:
         parse(spelling)

@@ -80,6 +80,54 @@ def test_budget_is_respected(other_model):
     assert len(d.propose(DraftContext([1, 2, 3], None, 2)).paths[0]) == 2
 
 
+def test_a_confidence_stop_ends_each_draft_after_its_first_doubtful_token(tiny_model, other_model):
+    """`stop=p` (transformers' assistant_confidence_threshold): a draft ends after the first token of draft
+    probability below p, never before; output stays greedy, replay equals decoding, and fewer tokens are drafted.
+    The threshold is the median of the draft's own probabilities, so both branches happen."""
+    limits = Limits(40)
+    seen: list[float] = []
+    for prompt in PROMPTS:
+        d = DraftModelDrafter("sps", other_model, 6)
+        d.reset(list(prompt[:-1]))
+        d.observe(list(prompt[-1:]))
+        seen += d.propose(DraftContext(list(prompt), None, 40)).probs[0]
+    stop = sorted(seen)[len(seen) // 2]
+    shorter = 0
+    for prompt in PROMPTS:
+        greedy = generate(tiny_model, None, list(prompt), limits).tokens
+        full = generate(tiny_model, DraftModelDrafter("sps", other_model, 6), list(prompt), limits)
+        d = DraftModelDrafter("sps", other_model, 6, stop=stop)
+        proposals, propose = [], d.propose
+
+        def recorded(ctx: DraftContext):
+            out = propose(ctx)
+            if out.probs:                                     # nothing proposed once the budget is spent
+                proposals.append((out.probs[0], ctx.budget))
+            return out
+        d.propose = recorded
+        real = generate(tiny_model, d, list(prompt), limits)
+        assert real.tokens == full.tokens == greedy
+        for probs, budget in proposals:
+            assert all(q >= stop for q in probs[:-1]) and (probs[-1] < stop or len(probs) == min(6, budget)), probs
+            shorter += probs[-1] < stop and len(probs) < min(6, budget)
+        assert replay(d, list(prompt), greedy, None, limits).to_dict() == real.counters.to_dict()
+        assert real.counters.drafted <= full.counters.drafted
+    assert shorter > 0
+    always = DraftModelDrafter("sps", other_model, 6, stop=0.999)     # a random draft is never that sure
+    out = generate(tiny_model, always, list(PROMPTS[0]), limits)
+    assert out.tokens == generate(tiny_model, None, list(PROMPTS[0]), limits).tokens
+    assert out.counters.drafted == out.counters.steps - 1          # one token a step; the last step's budget is 0
+
+
+@pytest.mark.parametrize("spelling,expect", [("sps:gamma=auto,stop=0.4", "gamma=auto sizes a fixed-length draft"),
+                                             ("sps:stop=1", "stop must be < 1"),
+                                             ("sps:stop=-0.1", "stop must be >= 0")])
+def test_bad_stops_are_one_line_errors(spelling, expect):
+    with pytest.raises(MethodError, match=expect) as e:
+        parse(spelling)
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("schedule", ["fixed", "heuristic"])
 @pytest.mark.parametrize("eos_at,max_new", [(None, 40), (12, 40), (None, 13)])
 def test_replay_equals_real(tiny_model, other_model, noisy_model, schedule, eos_at, max_new):
