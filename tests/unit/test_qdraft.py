@@ -289,12 +289,15 @@ def test_too_many_skipped_layers_is_refused(env):
         m.spec.build(env, m)
 
 
-@pytest.mark.parametrize("sharpen,cache", [(1.0, "own"), (0.3, "own"), (1.0, "base")])
-def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen, cache):
+@pytest.mark.parametrize("sharpen,cache,stop", [(1.0, "own", 0.0), (0.3, "own", 0.0), (1.0, "base", 0.0),
+                                                (0.3, "own", 0.8)])
+def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen, cache, stop):
     """T > 0 (tests/unit/test_sampling.py's Markov target): q from the target's int4 copy, sampled and reported in
     full; the first three tokens follow the target (chi-square, false alarm 1e-3); the same drafts accepted
     always fail at p < 1e-6. A sharpened draft (sampled at T x 0.3) is as exact: the rule corrects any q; so is
-    the copy drafting on the target's own cache (`cache=base`)."""
+    the copy drafting on the target's own cache (`cache=base`), and a sharpened one whose drafts end at its first
+    sample of q below 0.8 (`stop=0.8`: the length is a function of the draft's own samples; sharpened, so that
+    the control still fails where the stop keeps only confident drafts)."""
     from tests.unit.test_sampling import PARAMS, PROMPT, TARGET, exact_joint
     from bpdbench.engine.sampling import SpeculativeSampling
     from bpdbench.methods.sps import BaseCacheDrafter
@@ -307,14 +310,22 @@ def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen
 
     def sample(n: int, rule: str, seed: int) -> Counter:
         counts: Counter = Counter()
-        d = (DraftModelDrafter if cache == "own" else BaseCacheDrafter)("qdraft", draft, gamma=3, sharpen=sharpen)
-        drafted = 0
+        d = (DraftModelDrafter if cache == "own" else BaseCacheDrafter)("qdraft", draft, gamma=3, sharpen=sharpen,
+                                                                         stop=stop)
+        drafted, cut, propose = 0, 0, d.propose
+
+        def counted(ctx):                           # proposals the stop cut short of what the budget allowed
+            nonlocal cut
+            out = propose(ctx)
+            cut += 0 < len(out.paths[0]) < min(3, ctx.budget)
+            return out
+        d.propose = counted
         for i in range(n):
             with torch.inference_mode():
                 gen = generate(TARGET, d, list(PROMPT), Limits(4), SpeculativeSampling(PARAMS, seed + i, rule))
             counts[tuple(gen.tokens[:3])] += 1
             drafted += gen.counters.drafted
-        assert drafted >= 2 * n
+        assert drafted >= (n if stop else 2 * n) and (cut > 0) == bool(stop), (drafted, cut)
         return counts
     # (seeds 0..4999 are a 1e-3 event for AR sampling itself on this stub, p = 0.0008: another stream)
     fit = goodness_of_fit(sample(5000, "exact", 10**5), exact_joint())
