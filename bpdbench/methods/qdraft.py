@@ -123,6 +123,7 @@ def build_gguf(env: Env, method: Method) -> DraftModelDrafter:
     from .. import models, paths
     from ..nets.llamacpp import LlamaCppLM, requantized, version
     length, window, quant = method.get("length", 4), method.get("window", 0), method.get("quant", "file")
+    stop = method.get("stop", 0.0)
     threads = env.cfg.threads or torch.get_num_threads()
     source = models.gguf_path(models.MODELS[env.cfg.model])
     path = source if quant == "file" else requantized(source, quant, paths.check_cache_writable() / "gguf",
@@ -131,11 +132,11 @@ def build_gguf(env: Env, method: Method) -> DraftModelDrafter:
     prof = profile(env, draft, "gguf" if quant == "file" else f"gguf-{quant}")
     env.resolved[method.label] = {"runtime": "gguf", "file": path.name, "source_file": source.name, "quant": quant,
                                   "bytes": path.stat().st_size, "llama_cpp": version(), "length": length,
-                                  "window": window, "profile": prof}
+                                  "window": window, **({"stop": stop} if stop else {}), "profile": prof}
     env.log(f"{method.label}: {path.name} by llama.cpp, agreement {prof['agreement']} on the tune split, "
             f"{prof['cost_steps']} steps per draft token")
     return DraftModelDrafter(method.label, draft, length, window=window, sharpen=method.get("sharpen", 1.0),
-                             stop=method.get("stop", 0.0))
+                             stop=stop)
 
 
 def build(env: Env, method: Method) -> DraftModelDrafter:

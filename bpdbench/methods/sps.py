@@ -130,8 +130,8 @@ class DraftModelDrafter:
     @torch.inference_mode()
     def propose(self, ctx: DraftContext) -> Proposal:
         n = min(self.gamma, ctx.budget)
-        self.drafted = max(n, 0)
         if n <= 0:
+            self.drafted = 0
             return Proposal()
         tokens = self._view(ctx.tokens)
         self._crop_to(tokens, keep_last_unfed=True)
