@@ -206,7 +206,8 @@ def collect(results: Path) -> Leaderboard:
     sources = load.StandIns(results)
     machines = []
     for fp, boards in sorted(by_machine.items()):
-        boards.sort(key=lambda b: (b.task, b.model, b.dtype, -len(set().union(*(r.summary.method for r in b.runs)))))
+        boards.sort(key=lambda b: (b.task, b.model, b.dtype, not from_grid(b),
+                                   -len(set().union(*(r.summary.method for r in b.runs)))))
         seen: dict[str, int] = defaultdict(int)
         for b in boards:
             base = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{b.task}-{Path(b.model).name}-{b.dtype}")
@@ -297,6 +298,18 @@ def separated(top: list[dict]) -> str:
     return "no (intervals overlap)" if a["lo"] <= b["hi"] else "yes (best's interval lies above)"
 
 
+def experiments(b: Board) -> str:
+    """The board's result folders by experiment (results/<experiment>/<task>...): two boards of one benchmark on one
+    machine (the leaderboard grid and a frontier study, say) differ in protocol, and their headings must say which is
+    which."""
+    return ", ".join(dict.fromkeys(r.rel.split("/")[0] for r in b.runs))
+
+
+def from_grid(b: Board) -> bool:
+    """Whether the board holds the leaderboard grid's folders (results/leaderboard-<fingerprint>/): listed first."""
+    return any(r.rel.startswith("leaderboard") for r in b.runs)
+
+
 def describe(b: Board) -> str:
     """The board's heading and caption (machine, flags, cores/threads, model, dtype, torch, commit, n); returns the
     short title every table of the board carries."""
@@ -309,7 +322,7 @@ def describe(b: Board) -> str:
     planned = (run.folder.config.get("resolved") or {}).get("n_selected")
     if planned and len(ar) < planned:     # a long run (the leaderboard) is accumulated and rendered as it goes
         what += f"; PARTIAL: {len(ar)} of the {planned} planned prompts measured so far"
-    b.heading = f"{b.task} · {b.model} · {b.dtype} · {len(ar)} prompts ({what})"
+    b.heading = f"{b.task} · {b.model} · {b.dtype} · {len(ar)} prompts ({what}) · {experiments(b)}"
     b.caption = (f"{env['processor']} ({flags(env)}), {env.get('cpu_count')} cores, {run.folder.threads} thread"
                  f"{'' if run.folder.threads == 1 else 's'} · "
                  f"{b.model} · {b.dtype} · torch {env['versions']['torch']} · commit {short(run.commit)} · n = "

@@ -256,3 +256,19 @@ def test_the_heading_counts_the_prompts_per_category_it_holds_not_the_planned_nu
     (b,) = [b for m in leaderboard.collect(tmp_path).machines for b in m.boards]
     leaderboard.describe(b)
     assert "(1 per category, 13 categories; PARTIAL: 13 of the 39" in b.heading and "3 per category" not in b.heading
+
+
+def test_two_boards_of_one_benchmark_say_which_experiment_and_the_grid_s_comes_first(tmp_path, monkeypatch):
+    """A frontier study of the same machine and benchmark is another protocol, hence another board: its heading (and
+    its "which drafter" line) names its experiment, and the leaderboard grid's board is listed before it."""
+    monkeypatch.setattr(leaderboard, "commit_time", lambda c: TIMES.get(c.removesuffix("-dirty")))
+    speed_folder(tmp_path, "mt_bench", EPYC, kind="leaderboard-afcf1aeb72d2", task="mt_bench", per_category=8,
+                 speedups={"pld": 1.5})
+    d = speed_folder(tmp_path, "mt_bench", EPYC, kind="frontier-stop", task="mt_bench", per_category=8,
+                     speedups={"bpd": 1.2, "pld": 1.4, "medusa": 0.9})
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "repeats": 3}))           # another protocol: another board
+    (machine,) = leaderboard.collect(tmp_path).machines
+    headings = [b.heading for b in machine.boards]
+    assert len(headings) == 2 and headings[0].endswith("· leaderboard-afcf1aeb72d2")
+    assert headings[1].endswith("· frontier-stop")
