@@ -48,7 +48,8 @@ CONVENTIONS = (
     "counting the bonus token (AR = 1). predicted = the speedup the machine's calibrated forward costs predict from "
     "the counters. verified/step = tokens the base scores per verify forward. step cost = the method's seconds per "
     "serial call over AR's. identical / near-tie / lost = prompts equal to greedy / certified near-ties (counted) / "
-    "not counted.")
+    "not counted. (auto: AR) = an `auto` row that priced every shape on the tune split and found none faster than AR "
+    "on this machine, so it ran AR's loop; it is never named the drafter to use.")
 
 
 @lru_cache(maxsize=None)
@@ -232,7 +233,15 @@ def ranked(runs: list[Run]) -> pd.DataFrame:
         if c not in df:
             df[c] = float("nan")
     df["lost"] = df.n_prompts - df.n_counted
+    df["nothing"] = [m in drafts_nothing(runs[LETTERS.index(x)]) for m, x in zip(df.method, df.run)]
     return df.sort_values("speedup_vs_ar", ascending=False, kind="stable", na_position="last").reset_index(drop=True)
+
+
+def drafts_nothing(run: Run) -> set[str]:
+    """The run's `auto` rows that sized themselves to AR (resolved `draft_nothing`: no shape pays on this machine):
+    they are AR's loop under another name, so the tables say so and never name them the drafter to use."""
+    resolved = (run.folder.config.get("resolved") or {}).get("methods") or {}
+    return {m for m, v in resolved.items() if isinstance(v, dict) and v.get("draft_nothing")}
 
 
 def by_category(b: Board) -> pd.DataFrame:
@@ -341,7 +350,7 @@ def fill(b: Board, sources: load.StandIns) -> None:
     b.rows = r = ranked(b.runs)
     title, tid = describe(b), f"{b.fingerprint}-{b.slug}"
     speed = pd.DataFrame({
-        "#": range(1, len(r) + 1), "method": r.method,
+        "#": range(1, len(r) + 1), "method": [m + (" (auto: AR)" if n else "") for m, n in zip(r.method, r.nothing)],
         "speedup [95% CI]": [ci(*x) for x in zip(r.speedup_vs_ar, r.speedup_ci_low, r.speedup_ci_high)],
         "τ": r.block_efficiency.map(num), "predicted": r.predicted_speedup.map(num),
         "verified/step": r.verify_tokens_per_step.map(lambda v: num(v, 1)), "step cost": r.step_cost.map(num),
@@ -363,7 +372,8 @@ def fill(b: Board, sources: load.StandIns) -> None:
                               f"(up to {POSITIONS} positions). source: this speed run's speed.jsonl, else a replay or "
                               "run of the same task, model, dtype and heads profile (greedy trajectories; its "
                               "config.json names its machine and heads), else n/a."))
-    top = best_two(r.rename(columns={"speedup_vs_ar": "speedup", "speedup_ci_low": "lo", "speedup_ci_high": "hi"}))
+    top = best_two(r[~r.nothing].rename(columns={"speedup_vs_ar": "speedup", "speedup_ci_low": "lo",
+                                                  "speedup_ci_high": "hi"}))
     b.verdict = f"**{b.heading}**: " + (" ".join(pick(top, 0)) if top else "no drafter measured")
     if len(top) > 1:
         b.verdict += f"; second {' '.join(pick(top, 1))}; separated: {separated(top)}"
@@ -385,7 +395,7 @@ def fill(b: Board, sources: load.StandIns) -> None:
                               f"{', '.join(f'{c} {n}' for c, n in counts.items())}."))
     which = []
     for c in order:
-        t = best_two(cat[cat.category == c])
+        t = best_two(cat[(cat.category == c) & ~cat.method.isin(set(r.method[r.nothing]))])
         (best, s1), (second, s2) = pick(t, 0), pick(t, 1)
         which.append({"category": c, "prompts": int(counts[c]), "best": best, "speedup [95% CI]": s1,
                       "second": second, "second [95% CI]": s2, "separated": separated(t) if t else "n/a"})

@@ -272,3 +272,20 @@ def test_two_boards_of_one_benchmark_say_which_experiment_and_the_grid_s_comes_f
     headings = [b.heading for b in machine.boards]
     assert len(headings) == 2 and headings[0].endswith("· leaderboard-afcf1aeb72d2")
     assert headings[1].endswith("· frontier-stop")
+
+
+def test_an_auto_row_that_sized_itself_to_ar_is_marked_and_never_named_best(tmp_path, monkeypatch, no_drawing):
+    """`auto` may find no shape faster than AR (trees on a CPU without AMX): that row is AR's loop under another
+    name. A timing jitter above AR must not make it "the drafter to use", overall or in a category."""
+    monkeypatch.setattr(leaderboard, "commit_time", lambda c: TIMES.get(c.removesuffix("-dirty")))
+    d = speed_folder(tmp_path, "spec_bench", EPYC, kind="leaderboard-afcf1aeb72d2",
+                     speedups={"medusa:nodes=auto": 1.3, "pld": 1.1, "bpd": 0.9})
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["resolved"]["methods"] = {"medusa:nodes=auto": {"draft_nothing": True}, "pld": {"tokens": 10}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    (b,) = leaderboard.collect(tmp_path).machines[0].boards
+    speed = b.tables[0].frame
+    assert "medusa:nodes=auto (auto: AR)" in set(speed.method) and "pld" in set(speed.method)
+    assert "pld" in b.verdict and "medusa" not in b.verdict
+    which = next(t.frame for t in b.tables if t.id.endswith("-which"))
+    assert "medusa:nodes=auto" not in set(which.best) and set(which.best) == {"pld"}
