@@ -16,7 +16,6 @@ board says PARTIAL with how many of the planned prompts it holds. So that a tabl
 """
 from __future__ import annotations
 
-import math
 import re
 import string
 import subprocess
@@ -29,16 +28,14 @@ import pandas as pd
 
 from .. import paths
 from ..experiments.speed import by_prompt_method, counted
-from ..stats import bootstrap_ratio
 from ..store import read_examples
 from . import load
+from .verdicts import MAX_COLUMNS, best_two, ci, fit, is_drafter, num, pick, separated  # noqa: F401 (tests)
 from .provenance import LEAKED, PUBLISHED_SINCE, keeps_state, missing, older_default, overlap  # noqa: F401 (tests read them here)
 
 SPEED_KINDS = ("speed", "leaderboard", "frontier")      # result kinds holding `bpdbench speed` folders
-MAX_COLUMNS = 12
 POSITIONS = 8                       # a_1..a_8 at most
 KEY_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
-NOT_DRAFTERS = ("ar", "hf-greedy")  # plain decoding loops: never "the drafter to use"
 PROTOCOL = ("limit", "offset", "data_file", "max_prompt_tokens", "heads_profile", "temperature", "top_p", "top_k")
 LETTERS = string.ascii_uppercase
 CONVENTIONS = (
@@ -262,51 +259,6 @@ def by_category(b: Board) -> pd.DataFrame:
     return pd.DataFrame(out, columns=["category", "method", "n", "speedup", "num", "den"])
 
 
-def is_drafter(label: str) -> bool:
-    m = load.method(label)
-    return label not in NOT_DRAFTERS and (m is None or m.name not in NOT_DRAFTERS)
-
-
-def ci(v: float, lo: float, hi: float) -> str:
-    if pd.isna(v):
-        return "n/a"
-    return f"{v:.2f}" if pd.isna(lo) or pd.isna(hi) else f"{v:.2f} [{lo:.2f}, {hi:.2f}]"
-
-
-def num(v, digits: int = 2) -> str:
-    return "n/a" if pd.isna(v) else f"{v:.{digits}f}"
-
-
-def fit(frame: pd.DataFrame, keep: int = 1, limit: int = MAX_COLUMNS) -> list[pd.DataFrame]:
-    """`frame` split into tables of at most `limit` columns, each repeating its first `keep` (the row labels)."""
-    rest = list(frame.columns[keep:])
-    if len(frame.columns) <= limit:
-        return [frame]
-    parts = math.ceil(len(rest) / (limit - keep))
-    size = math.ceil(len(rest) / parts)
-    return [frame[list(frame.columns[:keep]) + rest[i:i + size]] for i in range(0, len(rest), size)]
-
-
-def best_two(df: pd.DataFrame) -> list[dict]:
-    """The two fastest drafters of rows with method and speedup, with their interval (lo, hi: given, else
-    bootstrapped from the rows' num/den)."""
-    d = df[df.method.map(is_drafter) & df.speedup.notna()].sort_values("speedup", ascending=False, kind="stable")
-    top = d.head(2).to_dict("records")
-    for t in top:
-        if "lo" not in t:
-            t["lo"], t["hi"] = bootstrap_ratio(t["num"], t["den"])
-    return top
-
-
-def separated(top: list[dict]) -> str:
-    if len(top) < 2:
-        return "no second drafter"
-    a, b = top
-    if any(pd.isna(x) for x in (a["lo"], b["hi"])):
-        return "no interval (fewer than 2 prompts)"
-    return "no (intervals overlap)" if a["lo"] <= b["hi"] else "yes (best's interval lies above)"
-
-
 def experiments(b: Board) -> str:
     """The board's result folders by experiment (results/<experiment>/<task>...): two boards of one benchmark on one
     machine (the leaderboard grid and a frontier study, say) differ in protocol, and their headings must say which is
@@ -338,11 +290,6 @@ def describe(b: Board) -> str:
                  f"{len(ar)} prompts ({what}), {int(ar.tokens.sum()) if len(ar) else 0} new tokens (≤ "
                  f"{run.folder.max_new_tokens} per prompt), median of {run.folder.repeats} repeats")
     return f"{b.task} · {b.model} · {b.dtype} · {env['processor']}"
-
-
-def pick(top: list[dict], i: int) -> tuple[str, str]:
-    """(method, "speedup [interval]") of the i-th of best_two, or n/a."""
-    return (top[i]["method"], ci(top[i]["speedup"], top[i]["lo"], top[i]["hi"])) if len(top) > i else ("n/a",) * 2
 
 
 def fill(b: Board, sources: load.StandIns) -> None:
