@@ -3,6 +3,8 @@ for itself accepts everything (so block efficiency follows from γ alone); repla
 γ schedule grows and shrinks as transformers' does; the registry spelling builds, and bad setups fail in one line."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from bpdbench.engine import DraftContext, Limits, generate, ratios, replay
 from bpdbench.methods import Env, MethodError, parse
 from bpdbench.methods.sps import DraftModelDrafter
 from tests.conftest import make_tiny_model
+from tests.helpers import parse_error
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 
@@ -123,9 +126,7 @@ def test_a_confidence_stop_ends_each_draft_after_its_first_doubtful_token(tiny_m
                                              ("sps:stop=1", "stop must be < 1"),
                                              ("sps:stop=-0.1", "stop must be >= 0")])
 def test_bad_stops_are_one_line_errors(spelling, expect):
-    with pytest.raises(MethodError, match=expect) as e:
-        parse(spelling)
-    assert "\n" not in str(e.value)
+    assert re.search(expect, parse_error(spelling))
 
 
 @pytest.mark.parametrize("schedule", ["fixed", "heuristic"])
