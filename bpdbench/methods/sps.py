@@ -48,17 +48,17 @@ GAMMA_AUTO = 8            # gamma=auto: one replay at 8 draft tokens; a draft mo
 CACHES = ("own", "base")
 CACHE = Param("cache", str, "own: the draft prefills and keeps a KV cache of its own; base: it drafts on "
               "the target's cache, nothing to prefill (QSpec; Draft & Verify)", choices=CACHES)
-
-
-def cache_inputs(method: Method) -> frozenset[Input]:
-    """What a self-draft takes from the loop: the base's KV cache with `cache=base`."""
-    return frozenset({Input.BASE_CACHE}) if method.get("cache", "own") == "base" else frozenset()
 STOP = Param("stop", float, "stop drafting after a token the draft gives probability below this (transformers' "
              "assistant_confidence_threshold, 0.4 in its assisted generation; default 0: always `length` tokens)",
              low=0.0, high=1.0)
 SHARPEN = Param("sharpen", float, "at T > 0 the draft samples at T x sharpen (default 1): any draft stays exact under "
                 "the exact rule, and a sharpened one shows the lossy controls' error in a sampling certificate "
                 "(grids/sampling.toml)", low=0.05)
+
+
+def cache_inputs(method: Method) -> frozenset[Input]:
+    """What a self-draft takes from the loop: the base's KV cache with `cache=base`."""
+    return frozenset({Input.BASE_CACHE}) if method.get("cache", "own") == "base" else frozenset()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
