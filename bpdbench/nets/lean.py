@@ -7,7 +7,11 @@ concatenation. Where the weights are cheap to read (int4: about a third of a dec
 large share of a draft token. This forward keeps the arithmetic of transformers' Qwen2 layers (float32 RMSNorm,
 rotary embedding, grouped-query attention by `scaled_dot_product_attention`, SiLU MLP) and the model's own modules
 for every weight, so it drafts the same tokens up to the rounding of fused matmuls; what it drops is work, not
-maths. The draft stays a model the engine can call (`__call__` takes transformers' arguments and returns
+maths. A draft token (one row) of a quantized copy takes a shorter path still (`_token`): the kernels called
+directly, q and k rotated in one op, the hidden state kept as one row; the same ops on the same numbers, so the same
+logits bit for bit, 1.6-1.9 ms less per int4 token of the 0.5B model (24.6-24.9 ms against 26.3-26.5 at 700 tokens
+of context, Intel Xeon with avx512_bf16, 2 threads; the int4 matmuls alone take 18.0). The draft stays a model the
+engine can call (`__call__` takes transformers' arguments and returns
 `.logits`), so drafters, replay and the self-draft profile run it unchanged.
 """
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +27,8 @@ from transformers import DynamicCache
 
 from ..engine.cache import SlotCache
 from .quant import QuantLinear, joined
+
+Row = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
@@ -39,6 +45,7 @@ class _Layer:
     gate: Any
     up: Any
     down: Any
+    rows: SimpleNamespace | None = None     # one-row kernels of qkv, o, gate_up, down (`_token`), or None
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -72,6 +79,21 @@ def supported(model: Any) -> str | None:
     return None
 
 
+def _row(m: Any) -> Row:
+    """`m` over one row [1, in]: its kernel called directly where it is a QuantLinear that would call it anyway
+    (QuantLinear.forward's reshapes, casts and checks are a tenth of an int4 token), else the module."""
+    if not isinstance(m, QuantLinear) or m.inv_scale is not None or m.kernel not in ("int4", "int8"):
+        return m
+    if m.kernel == "int4":
+        q, group, sz, op4 = m.q, m.group, m.scale_zero, torch.ops.aten._weight_int4pack_mm_for_cpu
+        mm: Row = lambda h: op4(h, q, group, sz)                     # noqa: E731
+    else:
+        q, scale, op8 = m.q, m.scale, torch.ops.aten._weight_int8pack_mm
+        mm = lambda h: op8(h, q, scale)                              # noqa: E731
+    bias = m.bias
+    return mm if bias is None else (lambda h: mm(h) + bias)
+
+
 def _fused(modules: list[Any]) -> Any:
     """One module for several same-input linear layers, where they are QuantLinear copies that can share a kernel;
     dense layers stay apart (fusing them would copy the target's own weights)."""
@@ -101,6 +123,7 @@ class LeanDecoder:
         if not self.layers or self.layers[0].index != 0:
             raise ValueError("lean forward: layer 0 must be kept (the cache's length is read from its keys)")
         self.fused = sum((l.qkv is not None) + (l.gate_up is not None) for l in self.layers)
+        self.one_row = all(l.rows is not None for l in self.layers)
 
     def keeping(self, layers: list[int]) -> "LeanDecoder":
         """The same forward over only `layers` (indices), sharing this one's fused weights (a layer search tries
@@ -108,15 +131,20 @@ class LeanDecoder:
         out = copy.copy(self)
         by_index = {l.index: l for l in self.layers}
         out.layers = [by_index[i] for i in layers]
+        out.one_row = all(l.rows is not None for l in out.layers)
         if not out.layers or out.layers[0].index != 0:
             raise ValueError("lean forward: layer 0 must be kept (the cache's length is read from its keys)")
         return out
 
     def _layer(self, i: int, layer: Any) -> _Layer:
         a, m = layer.self_attn, layer.mlp
-        return _Layer(i, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
-                      _fused([a.q_proj, a.k_proj, a.v_proj]), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
-                      _fused([m.gate_proj, m.up_proj]), m.gate_proj, m.up_proj, m.down_proj)
+        out = _Layer(i, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                     _fused([a.q_proj, a.k_proj, a.v_proj]), a.q_proj, a.k_proj, a.v_proj, a.o_proj,
+                     _fused([m.gate_proj, m.up_proj]), m.gate_proj, m.up_proj, m.down_proj)
+        if out.qkv is not None and out.gate_up is not None:
+            out.rows = SimpleNamespace(qkv=_row(out.qkv), o=_row(out.o), gate_up=_row(out.gate_up),
+                                       down=_row(out.down))
+        return out
 
     @property
     def device(self) -> torch.device:
@@ -134,6 +162,8 @@ class LeanDecoder:
                  logits_to_keep: int = 0, **_: Any) -> SimpleNamespace:
         cache = past_key_values if past_key_values is not None else self.new_cache()
         n = input_ids.shape[1]
+        if n == 1 and input_ids.shape[0] == 1 and self.one_row:
+            return self._token(input_ids, cache)
         start = cache.get_seq_length()
         x = self.embed(input_ids)
         positions = torch.arange(start, start + n, device=x.device)[None]
@@ -147,6 +177,26 @@ class LeanDecoder:
         if logits_to_keep:
             x = x[:, -logits_to_keep:]
         return SimpleNamespace(logits=self.head(_norm(x, self.norm.weight, self.eps)), past_key_values=cache)
+
+    def _token(self, input_ids: torch.Tensor, cache: DynamicCache) -> SimpleNamespace:
+        """One token of one sequence through fused quantized layers: `_block`'s ops on a [1, d] row."""
+        start = cache.get_seq_length()
+        x = self.embed(input_ids)[0]
+        cos, sin = self.rotary(x[None], torch.arange(start, start + 1, device=x.device)[None])
+        cos, sin = cos[0], sin[0]                    # [1, head_dim]: broadcast over the q and k heads
+        h, kv, d = self.heads, self.kv_heads, self.head_dim
+        half, qk_width = d // 2, (h + kv) * d
+        for l in self.layers:
+            qkv = l.rows.qkv(_norm(x, l.norm1, self.eps))
+            qk = qkv[:, :qk_width].view(h + kv, d)
+            qk = qk * cos + torch.cat((-qk[:, half:], qk[:, :half]), -1) * sin        # _rotate, q and k at once
+            k, v = cache.update(qk[h:].view(1, kv, 1, d), qkv[:, qk_width:].view(1, kv, 1, d), l.index)
+            a = F.scaled_dot_product_attention(qk[:h].view(1, h, 1, d), k, v, scale=self.scale,
+                                               enable_gqa=h != kv)
+            x = x + l.rows.o(a.view(1, h * d))
+            g, u = l.rows.gate_up(_norm(x, l.norm2, self.eps)).chunk(2, -1)
+            x = x + l.rows.down(F.silu(g) * u)
+        return SimpleNamespace(logits=self.head(_norm(x, self.norm.weight, self.eps))[None], past_key_values=cache)
 
     def _block(self, l: _Layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor | None,
                cache: DynamicCache) -> torch.Tensor:

@@ -112,6 +112,28 @@ def test_fused_quantized_layers_equal_separate_ones(model, bits):
     assert [int(a.argmax()) for a in got] == [int(b.argmax()) for b in want]
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_draft_token_s_short_path_computes_the_block_s_numbers(model, bits):
+    """A quantized copy's one-row path (`_token`) against the general one (`_block`), token by token on the base's
+    cache copy and on its own, the kept layers of a skipping view included: the same logits and keys, bit for bit
+    (it drops calls, not arithmetic)."""
+    copy = quantized_copy(model, bits, 32, lambda m: isinstance(m, torch.nn.Linear))
+    prompt = [4, 9, 2, 77, 13, 5]
+    for keep in (None, [0, 2, 3]):
+        fast = LeanDecoder(copy, keep)
+        slow = LeanDecoder(copy, keep)
+        slow.one_row = False
+        assert fast.one_row
+        for make in (SlotCache, DynamicCache):
+            got_first, got = _decode(fast, prompt, 5, mine := make())
+            want_first, want = _decode(slow, prompt, 5, ref := make())
+            assert torch.equal(got_first, want_first)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+            assert torch.equal(mine.layers[2].keys, ref.layers[2].keys)
+            assert torch.equal(mine.layers[3].values, ref.layers[3].values)
+    assert not LeanDecoder(model).one_row            # the target's own (dense, unfused) layers: the general path
+
+
 def test_layers_that_cannot_share_a_kernel_stay_apart(model):
     copy = quantized_copy(model, 8, 32, lambda m: isinstance(m, torch.nn.Linear))
     other = quantized_copy(model, 4, 32, lambda m: isinstance(m, torch.nn.Linear))

@@ -76,3 +76,21 @@ def test_an_untimed_measurement_is_kept_as_it_is(env, tmp_path):
     out = selfdraft.cached(env, "k", "calibration", _measure(calls), timed=False)
     assert len(calls) == 1 and "others_cores" not in out
     assert selfdraft.cached(env, "k", "calibration", _measure(calls), timed=False) == out and len(calls) == 1
+
+
+def test_a_lean_draft_s_profile_is_keyed_by_its_forward_code(monkeypatch):
+    """A lean draft's cost follows its forward's code: the key names that code, so a cached profile from other code
+    is never read (an unchanged key kept the int4 cost measured before the one-token path, 7% dearer)."""
+    import inspect
+
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from bpdbench.nets import lean
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    draft = lean.LeanDecoder(model)
+    tag = selfdraft.code_tag(draft)
+    assert tag.startswith("-") and len(tag) == 9 and selfdraft.code_tag(model) == ""
+    source = inspect.getsource(lean)
+    monkeypatch.setattr(inspect, "getsource", lambda m: source + "# changed" if m is lean else source)
+    assert selfdraft.code_tag(draft) not in ("", tag)
