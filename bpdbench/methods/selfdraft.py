@@ -13,6 +13,7 @@ measures it once. Where the task has no tune split, `agreement` is null and `why
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import inspect
 import json
@@ -160,11 +161,18 @@ def _keep(env: Env, path: Path, what: str, out: dict) -> dict:
 
 def code_tag(draft: Any) -> str:
     """A lean draft's forward code, as a key suffix: its cost is that code's (a shorter one-token path made the int4
-    draft 7% cheaper), so a profile measured on other code is measured again, not read."""
+    draft 7% cheaper), so a profile measured on other code is measured again, not read. Its docstrings and comments
+    are not code: the syntax tree without them is what is hashed."""
     from ..nets import lean
     if not isinstance(draft, lean.LeanDecoder):
         return ""
-    return "-" + hashlib.sha256(inspect.getsource(lean).encode()).hexdigest()[:8]
+    tree = ast.parse(inspect.getsource(lean))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and \
+                isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return "-" + hashlib.sha256(ast.dump(tree).encode()).hexdigest()[:8]
 
 
 def profile(env: Env, draft: Any, key: str) -> dict:

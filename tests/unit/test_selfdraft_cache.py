@@ -92,5 +92,9 @@ def test_a_lean_draft_s_profile_is_keyed_by_its_forward_code(monkeypatch):
     tag = selfdraft.code_tag(draft)
     assert tag.startswith("-") and len(tag) == 9 and selfdraft.code_tag(model) == ""
     source = inspect.getsource(lean)
-    monkeypatch.setattr(inspect, "getsource", lambda m: source + "# changed" if m is lean else source)
+    with monkeypatch.context() as m:           # words only: a docstring and a comment changed
+        m.setattr(inspect, "getsource", lambda mod: source.replace('"""A lean forward', '"""The lean forward', 1)
+                  + "\n# a comment\n")
+        assert selfdraft.code_tag(draft) == tag
+    monkeypatch.setattr(inspect, "getsource", lambda mod: source + "\nCHANGED = 1\n")
     assert selfdraft.code_tag(draft) not in ("", tag)

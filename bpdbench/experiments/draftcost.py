@@ -1,0 +1,152 @@
+"""What one draft token of the target's int4 copy costs on this CPU, and two ways of making it cheaper measured:
+`python -m bpdbench.experiments.draftcost` (the registered 0.5B model, about 3 minutes on 2 cores).
+
+Why its own measurement: a self-draft's speedup is tokens per step over the cost of a step, and on a CPU where the
+verify of a few rows is dear (no AMX) the draft's share of a step decides whether it pays. This prints, for the
+numbers docs/methods.md quotes:
+- `path`: the one-row path of nets/lean.py (`LeanDecoder._token`) against the general one, interleaved, at two
+  context lengths, with the logits compared (equal bit for bit);
+- `parts`: the int4 matmuls alone (the bytes the copy must read) and the attention alone, the floor of a token;
+- `vocab`: a draft output projection over the N most frequent tokens of the shared corpus (FR-Spec's idea): how
+  often the target's argmax falls outside it, the draft's top-1 agreement with the target and the token's cost, on
+  the tune split of Spec-Bench and MT-Bench (never the evaluated prompts).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from .. import models
+from ..methods import selfdraft
+from ..methods.qdraft import GROUP, _is_linear
+from ..nets.lean import LeanDecoder
+from ..nets.quant import QuantLinear, quantized_copy
+
+
+class ShortlistHead(torch.nn.Module):
+    """An int4 output projection over `ids` only; every other token gets -inf (the draft never proposes it)."""
+
+    def __init__(self, weight: torch.Tensor, ids: torch.Tensor):
+        super().__init__()
+        self.ids, self.vocab = ids, weight.shape[0]
+        self.small = QuantLinear(weight[ids], None, 4, GROUP)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = x.new_full((*x.shape[:-1], self.vocab), float("-inf"))
+        out[..., self.ids] = self.small(x)
+        return out
+
+
+def _one_token(model, cache, x) -> float:
+    t = time.perf_counter()
+    model(x, past_key_values=cache)
+    took = time.perf_counter() - t
+    cache.crop(-1)
+    return took
+
+
+@torch.inference_mode()
+def path(copy, contexts: tuple[int, ...], reps: int) -> None:
+    fast, slow = LeanDecoder(copy), LeanDecoder(copy)
+    slow.one_row = False
+    for n in contexts:
+        cache = fast.new_cache()
+        fast(torch.randint(100, 20000, (1, n)), past_key_values=cache)
+        x = torch.randint(100, 20000, (1, 1))
+        a = fast(x, past_key_values=cache).logits
+        cache.crop(-1)
+        b = slow(x, past_key_values=cache).logits
+        cache.crop(-1)
+        times: dict[str, list[float]] = {"one-row": [], "general": []}
+        for r in range(reps):
+            order = (("one-row", fast), ("general", slow)) if r % 2 else (("general", slow), ("one-row", fast))
+            for name, m in order:
+                times[name].append(_one_token(m, cache, x))
+        ms = {k: round(1000 * statistics.median(v[5:]), 2) for k, v in times.items()}
+        print(f"path  context {n}: {ms} ms per int4 token; logits equal: {torch.equal(a, b)}", flush=True)
+
+
+@torch.inference_mode()
+def parts(copy, context: int, reps: int) -> None:
+    lean = LeanDecoder(copy)
+    cache = lean.new_cache()
+    lean(torch.randint(100, 20000, (1, context)), past_key_values=cache)
+    h, hm = torch.randn(1, 896, dtype=torch.bfloat16), torch.randn(1, 4864, dtype=torch.bfloat16)
+    q = torch.randn(1, lean.heads, 1, lean.head_dim, dtype=torch.bfloat16)
+
+    def matmuls() -> None:
+        for l in lean.layers:
+            l.rows.qkv(h), l.rows.o(h), l.rows.gate_up(h), l.rows.down(hm)
+        lean.head(h)
+
+    def attention() -> None:
+        for l in lean.layers:
+            layer = cache.layers[l.index]
+            torch.nn.functional.scaled_dot_product_attention(q, layer.keys, layer.values, enable_gqa=True)
+
+    for name, f in (("int4 matmuls", matmuls), ("attention", attention)):
+        f()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        print(f"parts context {context}: {name} alone {1000 * statistics.median(ts):.2f} ms", flush=True)
+
+
+@torch.inference_mode()
+def vocab(name: str, model, tok, copy, sizes: tuple[int, ...], prompts: int) -> None:
+    from ..artefacts.suffix import SuffixIndex, corpus_file
+    tokens = SuffixIndex.load(corpus_file(name)).tokens          # the corpus as SAM's index holds it
+    counts = np.bincount(tokens[tokens >= 0], minlength=model.lm_head.weight.shape[0])
+    order = np.argsort(-counts, kind="stable")
+    print(f"vocab corpus: {int(counts.sum())} tokens, {int((counts > 0).sum())} distinct ids", flush=True)
+    for task in ("spec_bench", "mt_bench"):
+        env = SimpleNamespace(cfg=SimpleNamespace(task=task, data_dir=None, max_prompt_tokens=2048), tok=tok)
+        ids, _, why = selfdraft.split_prompts(env, "tune", prompts)
+        if why:
+            print(f"vocab {task}: {why}")
+            continue
+        ref = selfdraft.greedy_rows(model, ids)
+        every = torch.cat(ref)
+        full = LeanDecoder(copy)
+        print(f"vocab {task} ({len(ids)} tune prompts, {len(every)} positions): full vocabulary agreement "
+              f"{selfdraft.agreement(ref, full, ids):.4f}, {selfdraft.step_ms(full, 512):.2f} ms", flush=True)
+        for n in sizes:
+            short = LeanDecoder(copy)
+            short.head = ShortlistHead(model.lm_head.weight, torch.tensor(np.sort(order[:n]), dtype=torch.long))
+            covered = torch.isin(every, short.head.ids).float().mean().item()
+            print(f"vocab {task} top {n}: argmax covered {covered:.4f}, agreement "
+                  f"{selfdraft.agreement(ref, short, ids):.4f}, {selfdraft.step_ms(short, 512):.2f} ms", flush=True)
+
+
+def main() -> None:
+    from ..hardware.fingerprint import current
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen2.5-coder-0.5b")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--parts", default="path,parts,vocab")
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    model, tok = models.load(a.model, a.dtype)
+    fp = current(a.threads)
+    print(f"{fp.cpu} ({' '.join(fp.flags)}), "
+          f"fingerprint {fp.key()}, {model.dtype}, {a.threads} threads, torch {torch.__version__}", flush=True)
+    copy = quantized_copy(model, 4, GROUP, _is_linear)
+    want = a.parts.split(",")
+    if "path" in want:
+        path(copy, (150, 700), 150)
+    if "parts" in want:
+        parts(copy, 700, 40)
+    if "vocab" in want:
+        vocab(a.model, model, tok, copy, (16384, 32768, 65536), 8)
+
+
+if __name__ == "__main__":
+    main()
