@@ -230,7 +230,8 @@ def ranked(runs: list[Run]) -> pd.DataFrame:
         if c not in df:
             df[c] = float("nan")
     df["lost"] = df.n_prompts - df.n_counted
-    df["nothing"] = [m in drafts_nothing(runs[LETTERS.index(x)]) for m, x in zip(df.method, df.run)]
+    nothing = {letter: drafts_nothing(run) for letter, run in zip(LETTERS, runs)}
+    df["nothing"] = [m in nothing[x] for m, x in zip(df.method, df.run)]
     return df.sort_values("speedup_vs_ar", ascending=False, kind="stable", na_position="last").reset_index(drop=True)
 
 
@@ -340,9 +341,9 @@ def fill(b: Board, sources: load.StandIns) -> None:
                               "Per category: sum of AR's median seconds / the method's over its counted prompts of "
                               "that category (speed.jsonl); prompts per category: "
                               f"{', '.join(f'{c} {n}' for c, n in counts.items())}."))
-    which = []
+    which, drafters = [], cat[~cat.method.isin(set(r.method[r.nothing]))]
     for c in order:
-        t = best_two(cat[(cat.category == c) & ~cat.method.isin(set(r.method[r.nothing]))])
+        t = best_two(drafters[drafters.category == c])
         (best, s1), (second, s2) = pick(t, 0), pick(t, 1)
         which.append({"category": c, "prompts": int(counts[c]), "best": best, "speedup [95% CI]": s1,
                       "second": second, "second [95% CI]": s2, "separated": separated(t) if t else "n/a"})
