@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from types import SimpleNamespace
+from typing import Callable
 
 import numpy as np
 import torch
 
 from .. import models
+from ..hardware import timing
 from ..methods import selfdraft
 from ..methods.qdraft import GROUP, _is_linear
 from ..nets.lean import LeanDecoder
@@ -42,12 +43,15 @@ class ShortlistHead(torch.nn.Module):
         return out
 
 
-def _one_token(model, cache, x) -> float:
-    t = time.perf_counter()
-    model(x, past_key_values=cache)
-    took = time.perf_counter() - t
-    cache.crop(-1)
-    return took
+def _medians(fns: dict[str, Callable[[], object]], reps: int, before: Callable[[str], None] | None = None
+             ) -> dict[str, float]:
+    """Median ms of each function, after one untimed call each, interleaved by the project's one timer."""
+    for name, f in fns.items():
+        if before is not None:
+            before(name)
+        f()
+    runs = timing.interleaved(fns, reps, before=before)
+    return {k: round(1000 * statistics.median(t for t, _ in v), 2) for k, v in runs.items()}
 
 
 @torch.inference_mode()
@@ -58,16 +62,16 @@ def path(copy, contexts: tuple[int, ...], reps: int) -> None:
         cache = fast.new_cache()
         fast(torch.randint(100, 20000, (1, n)), past_key_values=cache)
         x = torch.randint(100, 20000, (1, 1))
+
+        def back(_: str = "") -> None:           # untimed: the last call's token out of the cache again
+            if cache.get_seq_length() > n:
+                cache.crop(n - cache.get_seq_length())
         a = fast(x, past_key_values=cache).logits
-        cache.crop(-1)
+        back()
         b = slow(x, past_key_values=cache).logits
-        cache.crop(-1)
-        times: dict[str, list[float]] = {"one-row": [], "general": []}
-        for r in range(reps):
-            order = (("one-row", fast), ("general", slow)) if r % 2 else (("general", slow), ("one-row", fast))
-            for name, m in order:
-                times[name].append(_one_token(m, cache, x))
-        ms = {k: round(1000 * statistics.median(v[5:]), 2) for k, v in times.items()}
+        back()
+        ms = _medians({"one-row": lambda: fast(x, past_key_values=cache),
+                       "general": lambda: slow(x, past_key_values=cache)}, reps, back)
         print(f"path  context {n}: {ms} ms per int4 token; logits equal: {torch.equal(a, b)}", flush=True)
 
 
@@ -76,7 +80,9 @@ def parts(copy, context: int, reps: int) -> None:
     lean = LeanDecoder(copy)
     cache = lean.new_cache()
     lean(torch.randint(100, 20000, (1, context)), past_key_values=cache)
-    h, hm = torch.randn(1, 896, dtype=torch.bfloat16), torch.randn(1, 4864, dtype=torch.bfloat16)
+    cfg = lean.config
+    h = torch.randn(1, cfg.hidden_size, dtype=torch.bfloat16)
+    hm = torch.randn(1, cfg.intermediate_size, dtype=torch.bfloat16)
     q = torch.randn(1, lean.heads, 1, lean.head_dim, dtype=torch.bfloat16)
 
     def matmuls() -> None:
@@ -89,14 +95,8 @@ def parts(copy, context: int, reps: int) -> None:
             layer = cache.layers[l.index]
             torch.nn.functional.scaled_dot_product_attention(q, layer.keys, layer.values, enable_gqa=True)
 
-    for name, f in (("int4 matmuls", matmuls), ("attention", attention)):
-        f()
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            f()
-            ts.append(time.perf_counter() - t)
-        print(f"parts context {context}: {name} alone {1000 * statistics.median(ts):.2f} ms", flush=True)
+    for name, ms in _medians({"int4 matmuls": matmuls, "attention": attention}, reps).items():
+        print(f"parts context {context}: {name} alone {ms:.2f} ms", flush=True)
 
 
 @torch.inference_mode()

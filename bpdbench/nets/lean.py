@@ -9,8 +9,8 @@ rotary embedding, grouped-query attention by `scaled_dot_product_attention`, SiL
 for every weight, so it drafts the same tokens up to the rounding of fused matmuls; what it drops is work, not
 maths. A draft token (one row) of a quantized copy takes a shorter path still (`_token`): the kernels called
 directly, q and k rotated in one op, the hidden state kept as one row; the same ops on the same numbers, so the same
-logits bit for bit, 7% less per int4 token of the 0.5B model (`python -m bpdbench.experiments.draftcost`: 25.2
-against 26.9 ms at 700 tokens of context, Intel Xeon with avx512_bf16, 2 threads; the int4 matmuls alone take 18.5).
+logits bit for bit, 7% less per int4 token of the 0.5B model (`python -m bpdbench.experiments.draftcost`: 25.3
+against 27.1 ms at 700 tokens of context, Intel Xeon with avx512_bf16, 2 threads; the int4 matmuls alone take 18.5).
 The draft stays a model the engine can call (`__call__` takes transformers' arguments and returns `.logits`), so
 drafters, replay and the self-draft profile run it unchanged.
 """
