@@ -9,7 +9,10 @@ numbers docs/methods.md quotes:
 - `parts`: the int4 matmuls alone (the bytes the copy must read) and the attention alone, the floor of a token;
 - `vocab`: a draft output projection over the N most frequent tokens of the shared corpus (FR-Spec's idea): how
   often the target's argmax falls outside it, the draft's top-1 agreement with the target and the token's cost, on
-  the tune split of Spec-Bench and MT-Bench (never the evaluated prompts).
+  the tune split of Spec-Bench and MT-Bench (never the evaluated prompts);
+- `rescore`: the int4 projection's top k rescored by the target's own rows (`qdraft:rescore=k`, nets/lean.py
+  RescoredHead): the same agreement on the same tune prompts, and a token's cost against the plain one's,
+  interleaved.
 """
 from __future__ import annotations
 
@@ -125,13 +128,41 @@ def vocab(name: str, model, tok, copy, sizes: tuple[int, ...], prompts: int) -> 
                   f"{selfdraft.agreement(ref, short, ids):.4f}, {selfdraft.step_ms(short, 512):.2f} ms", flush=True)
 
 
+@torch.inference_mode()
+def rescore(model, tok, copy, ks: tuple[int, ...], prompts: int, reps: int) -> None:
+    plain = LeanDecoder(copy)
+    head = model.get_output_embeddings()
+    drafts = {k: plain.rescoring(head.weight, head.bias, k) for k in ks}
+    for task in ("spec_bench", "mt_bench"):
+        env = SimpleNamespace(cfg=SimpleNamespace(task=task, data_dir=None, max_prompt_tokens=2048), tok=tok)
+        ids, _, why = selfdraft.split_prompts(env, "tune", prompts)
+        if why:
+            print(f"rescore {task}: {why}")
+            continue
+        ref = selfdraft.greedy_rows(model, ids)
+        got = {"int4 head": selfdraft.agreement(ref, plain, ids)}
+        got.update({f"top {k} rescored": selfdraft.agreement(ref, d, ids) for k, d in drafts.items()})
+        print(f"rescore {task} ({len(ids)} tune prompts, {sum(len(r) for r in ref)} positions): agreement "
+              f"{ {k: round(v, 4) for k, v in got.items()} }", flush=True)
+    cache = plain.new_cache()
+    plain(torch.randint(100, 20000, (1, 700)), past_key_values=cache)
+    x = torch.randint(100, 20000, (1, 1))
+
+    def back(_: str = "") -> None:
+        if cache.get_seq_length() > 700:
+            cache.crop(700 - cache.get_seq_length())
+    fns = {"int4 head": lambda: plain(x, past_key_values=cache)}
+    fns.update({f"top {k} rescored": (lambda d=d: d(x, past_key_values=cache)) for k, d in drafts.items()})
+    print(f"rescore context 700: {_medians(fns, reps, back)} ms per int4 token", flush=True)
+
+
 def main() -> None:
     from ..hardware.fingerprint import current
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen2.5-coder-0.5b")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--parts", default="path,parts,vocab")
+    p.add_argument("--parts", default="path,parts,vocab,rescore")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     model, tok = models.load(a.model, a.dtype)
@@ -146,6 +177,8 @@ def main() -> None:
         parts(copy, 700, 40)
     if "vocab" in want:
         vocab(a.model, model, tok, copy, (16384, 32768, 65536), 8)
+    if "rescore" in want:
+        rescore(model, tok, copy, (2, 4, 8, 16), 8, 150)
 
 
 if __name__ == "__main__":

@@ -155,10 +155,18 @@ def build(env: Env, method: Method) -> DraftModelDrafter:
     copy = quantized(env, top_bits, group, scales, top_rounding)
     draft = lean_runner(env, copy, method) or copy
     lean = "-lean" if draft is not copy else ""
+    rescore = method.get("rescore", 0)
+    if rescore:
+        if not lean:
+            raise MethodError(f"{method.label}: rescore= rescores the lean forward's output projection, and this "
+                              f"draft runs the library's; drop rescore= or forward=transformers")
+        head = env.model.get_output_embeddings()
+        draft = draft.rescoring(head.weight, getattr(head, "bias", None), rescore)
+        lean += f"-r{rescore}"
     prof = profile(env, draft, f"int{top_bits}-g{group}{tag(top_rounding)}{lean}")
     resolved = {"bits": top_bits, "group": group, "length": length, "levels": levels, "window": window,
                 "scales": calibrated(env, top_bits, group, scales, top_rounding, _is_linear)[2],
-                "kernels": kernels(copy), "forward": "lean" if lean else "transformers",
+                "kernels": kernels(copy), "forward": "lean" if lean else "transformers", "rescore": rescore,
                 **({"stop": stop} if stop else {}), "profile": prof}
     if levels == 2:
         lower_copy = quantized(env, 4, group, scales, rounding)
@@ -189,6 +197,9 @@ def _check(method: Method) -> None:
         raise MethodError(f"{method.label}: levels=2 drafts a fixed length (each int8 forward checks an int4 guess); "
                           f"drop stop= or levels=")
     check_stop(method, "length")
+    if method.get("rescore", 0) and method.get("forward", "lean") != "lean":
+        raise MethodError(f"{method.label}: rescore= rescores the lean forward's output projection; drop rescore= "
+                          f"or forward=transformers")
     if method.get("cache", "own") == "base":
         clash = (["runtime=gguf"] if method.get("runtime", "torch") == "gguf" else []) + \
             (["levels=2"] if method.get("levels", 1) == 2 else []) + (["window="] if "window" in method.params else [])
@@ -196,7 +207,8 @@ def _check(method: Method) -> None:
             raise MethodError(f"{method.label}: cache=base drafts one torch copy on the base's cache, over the "
                               f"whole context; drop {', '.join(clash)}")
     if method.get("runtime", "torch") == "gguf":
-        fixed = [k for k in ("bits", "group", "levels", "scales", "rounding", "forward") if k in method.params]
+        fixed = [k for k in ("bits", "group", "levels", "scales", "rounding", "forward", "rescore")
+                 if k in method.params]
         if fixed:
             raise MethodError(f"{method.label}: runtime=gguf drafts with the GGUF file's own blocks; drop "
                               f"{', '.join(fixed)}=")
@@ -250,6 +262,9 @@ SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 we
                            choices=ROUNDINGS),
                      Param("runtime", str, "torch: a quantized copy with torch's weight-only kernels; gguf: the "
                            "registered model's own GGUF file run by llama.cpp", choices=RUNTIMES),
+                     Param("rescore", int, "the draft's top N tokens at each position scored again by the "
+                           "target's own output rows (0: none, the published copy; 8: nets/lean.py RescoredHead)",
+                           low=0),
                      CACHE, FORWARD, STOP,
                      Param("quant", str, "runtime=gguf: the file's own blocks, or a copy requantized by llama.cpp "
                            "(made once into the cache)", choices=QUANTS)),

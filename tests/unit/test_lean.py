@@ -134,6 +134,50 @@ def test_a_draft_token_s_short_path_computes_the_block_s_numbers(model, bits):
     assert not LeanDecoder(model).one_row            # the target's own (dense, unfused) layers: the general path
 
 
+def test_a_rescored_head_scores_its_top_k_with_the_target_s_rows(model):
+    """`rescoring`: at every position the int4 projection's top k hold the target's rows times the draft's hidden
+    state (float32), every other token the int4 score, and where the target's choice is among the k the draft makes it;
+    with k = the vocabulary the draft's logits are the target's projection of its hidden state. At one row (the short
+    path) and over a prompt's rows."""
+    copy = quantized_copy(model, 4, 32, lambda m: isinstance(m, torch.nn.Linear))
+    lean, w = LeanDecoder(copy), model.lm_head.weight
+    seen: list[torch.Tensor] = []
+    lean.head = _Seen(copy.lm_head, seen)
+    k = 5
+    rescored = lean.rescoring(w, None, k)
+    everything = lean.rescoring(w, None, 10**6)
+    assert everything.head.k == w.shape[0]
+    prompt = [4, 9, 2, 77, 13, 5]
+    for rows in (prompt, prompt[:1]):
+        seen.clear()
+        with torch.inference_mode():
+            own = lean(torch.tensor([rows])).logits[0].float()
+            got = rescored(torch.tensor([rows])).logits[0]
+            full = everything(torch.tensor([rows])).logits[0]
+        h = seen[0].reshape(-1, w.shape[1]).float()
+        exact = h @ w.float().T
+        top = own.topk(k, -1).indices
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got.gather(1, top), exact.gather(1, top))
+        rest = torch.ones_like(got, dtype=torch.bool).scatter_(1, top, False)
+        assert torch.equal(got[rest], own[rest])
+        torch.testing.assert_close(full, exact)
+        found = (top == exact.argmax(-1, keepdim=True)).any(-1)       # where the target's choice is in the top k,
+        assert found.any() and torch.equal(got.argmax(-1)[found], exact.argmax(-1)[found])   # the draft makes it
+
+
+class _Seen(torch.nn.Module):
+    """A projection that keeps what it was given (the draft's final hidden states)."""
+
+    def __init__(self, head, seen: list):
+        super().__init__()
+        self.head, self.seen = head, seen
+
+    def forward(self, x):
+        self.seen.append(x.detach().clone())
+        return self.head(x)
+
+
 def test_layers_that_cannot_share_a_kernel_stay_apart(model):
     copy = quantized_copy(model, 8, 32, lambda m: isinstance(m, torch.nn.Linear))
     other = quantized_copy(model, 4, 32, lambda m: isinstance(m, torch.nn.Linear))

@@ -73,7 +73,8 @@ SPELLINGS = ("qdraft", "qdraft:bits=8,length=3", "qdraft:levels=2,length=5", "qd
              "layerskip:bits=8,length=2", "qdraft:cache=base,length=3", "qdraft:cache=base,bits=8",
              "layerskip:cache=base", "layerskip:bits=8,cache=base,length=3", "qdraft:forward=transformers,length=3",
              "layerskip:forward=transformers,skip=2", "qdraft:cache=base,forward=transformers",
-             "qdraft:cache=base,length=5,stop=0.05", "layerskip:skip=2,length=4,stop=0.05")
+             "qdraft:cache=base,length=5,stop=0.05", "layerskip:skip=2,length=4,stop=0.05",
+             "qdraft:rescore=4,length=3", "qdraft:cache=base,rescore=2,length=4")
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -262,7 +263,10 @@ def test_a_draft_on_the_base_cache_accepts_all_of_itself_and_leaves_the_cache_as
                                              ("layerskip:forward=fast", "forward must be one of"),
                                              ("qdraft:length=auto,stop=0.4", "length=auto sizes a fixed-length"),
                                              ("layerskip:length=auto,stop=0.4", "pass length=N with stop="),
-                                             ("qdraft:levels=2,stop=0.4", "drop stop= or levels=")])
+                                             ("qdraft:levels=2,stop=0.4", "drop stop= or levels="),
+                                             ("qdraft:rescore=8,forward=transformers", "drop rescore= or forward"),
+                                             ("qdraft:runtime=gguf,rescore=8", "drop rescore="),
+                                             ("qdraft:rescore=-1", "rescore must be >= 0")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
     assert re.search(expect, parse_error(spelling))
 
@@ -289,15 +293,17 @@ def test_too_many_skipped_layers_is_refused(env):
         m.spec.build(env, m)
 
 
-@pytest.mark.parametrize("sharpen,cache,stop", [(1.0, "own", 0.0), (0.3, "own", 0.0), (1.0, "base", 0.0),
-                                                (0.3, "own", 0.8)])
-def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen, cache, stop):
+@pytest.mark.parametrize("sharpen,cache,stop,rescore", [(1.0, "own", 0.0, 0), (0.3, "own", 0.0, 0),
+                                                        (1.0, "base", 0.0, 0), (0.3, "own", 0.8, 0),
+                                                        (1.0, "base", 0.0, 2)])
+def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen, cache, stop, rescore):
     """T > 0 (tests/unit/test_sampling.py's Markov target): q from the target's int4 copy, sampled and reported in
     full; the first three tokens follow the target (chi-square, false alarm 1e-3); the same drafts accepted
     always fail at p < 1e-6. A sharpened draft (sampled at T x 0.3) is as exact: the rule corrects any q; so is
     the copy drafting on the target's own cache (`cache=base`), and a sharpened one whose drafts end at its first
     sample of q below 0.8 (`stop=0.8`: the length is a function of the draft's own samples; sharpened, so that
-    the control still fails where the stop keeps only confident drafts)."""
+    the control still fails where the stop keeps only confident drafts), and one whose top 2 are rescored by the
+    target's rows (`rescore=2`: q is the int4 scores with two of them replaced, still a distribution)."""
     from tests.unit.test_sampling import PARAMS, PROMPT, TARGET, exact_joint
     from bpdbench.engine.sampling import SpeculativeSampling
     from bpdbench.methods.sps import BaseCacheDrafter
@@ -307,6 +313,9 @@ def test_sampling_with_a_quantized_draft_is_exact_and_a_lossy_rule_fails(sharpen
     draft = copy.copy(TARGET)
     draft.lm_head = QuantLinear(TARGET.lm_head.weight, None, 4, 110)      # one scale per row: q differs from p
     assert draft.lm_head.group == 110
+    if rescore:
+        from bpdbench.nets.lean import RescoredHead
+        draft.lm_head = RescoredHead(draft.lm_head, TARGET.lm_head.weight, None, rescore)
 
     def sample(n: int, rule: str, seed: int) -> Counter:
         counts: Counter = Counter()
