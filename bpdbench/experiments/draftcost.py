@@ -11,8 +11,8 @@ numbers docs/methods.md quotes:
   often the target's argmax falls outside it, the draft's top-1 agreement with the target and the token's cost, on
   the tune split of Spec-Bench and MT-Bench (never the evaluated prompts);
 - `rescore`: the int4 projection's top k rescored by the target's own rows (`qdraft:rescore=k`, nets/lean.py
-  RescoredHead): the same agreement on the same tune prompts, and a token's cost against the plain one's,
-  interleaved.
+  RescoredHead): how often the target's argmax is among the int4 top k, the agreement on the same tune prompts,
+  and a token's cost against the plain one's, interleaved.
 """
 from __future__ import annotations
 
@@ -140,9 +140,16 @@ def rescore(model, tok, copy, ks: tuple[int, ...], prompts: int, reps: int) -> N
             print(f"rescore {task}: {why}")
             continue
         ref = selfdraft.greedy_rows(model, ids)
+        n = sum(len(r) for r in ref)
+        covered = dict.fromkeys(ks, 0)
+        for p, want in zip(ids, ref):                   # is the target's argmax among the int4 projection's top k?
+            top = plain(torch.tensor([p])).logits[0].topk(max(ks), -1).indices
+            for k in ks:
+                covered[k] += int((top[:, :k] == want[:, None]).any(-1).sum())
         got = {"int4 head": selfdraft.agreement(ref, plain, ids)}
         got.update({f"top {k} rescored": selfdraft.agreement(ref, d, ids) for k, d in drafts.items()})
-        print(f"rescore {task} ({len(ids)} tune prompts, {sum(len(r) for r in ref)} positions): agreement "
+        print(f"rescore {task} ({len(ids)} tune prompts, {n} positions): target's argmax in the int4 top k "
+              f"{ {k: round(c / n, 4) for k, c in covered.items()} }; agreement "
               f"{ {k: round(v, 4) for k, v in got.items()} }", flush=True)
     cache = plain.new_cache()
     plain(torch.randint(100, 20000, (1, 700)), past_key_values=cache)

@@ -12,8 +12,8 @@ directly, q and k rotated in one op, the hidden state kept as one row; the same 
 logits bit for bit, 7% less per int4 token of the 0.5B model (`python -m bpdbench.experiments.draftcost`: 25.3
 against 27.1 ms at 700 tokens of context, Intel Xeon with avx512_bf16, 2 threads; the int4 matmuls alone take 18.5).
 `rescoring(weight, k)` gives a quantized draft the target's own output rows for the `k` tokens its int4 projection
-ranks highest (`RescoredHead`). The draft stays a model the engine can call (`__call__` takes transformers' arguments and returns `.logits`), so
-drafters, replay and the self-draft profile run it unchanged.
+ranks highest (`RescoredHead`). The draft stays a model the engine can call (`__call__` takes transformers'
+arguments and returns `.logits`), so drafters, replay and the self-draft profile run it unchanged.
 """
 from __future__ import annotations
 
@@ -106,13 +106,14 @@ def _fused(modules: list[Any]) -> Any:
 class RescoredHead(torch.nn.Module):
     """A draft's output projection whose `k` highest-scoring tokens are scored again by the target's own rows, in
     float32: the draft's choice among them is then the one the target's projection of the draft's hidden state makes.
-    Why: an int4 output projection costs a self-draft agreement for nothing its 24 int4 layers lose (the 0.5B model's
-    int4 copy agrees with the target on 0.791 of the Spec-Bench tune positions, and on 0.839 with the target's
-    bfloat16 projection over the same hidden states), while reading the bfloat16 projection (272 MB) would cost three
-    draft tokens' worth of bytes; the target's argmax is among the int4 top 8 at every one of those positions, and
-    rescoring 8 rows reads 14 KB. The idea is the paper's (rescore a draft's top-k with a better scorer) and
-    SVD-softmax's (a cheap preview, then the exact scores of its few best). Every other token keeps the draft's own
-    score, so the draft's distribution stays a distribution (speculative sampling stays exact for any q)."""
+    Why: the int4 output projection costs a self-draft agreement beyond what its 24 int4 layers cost (the 0.5B
+    model's int4 copy agrees with the target on 0.791 of the Spec-Bench tune positions, and on 0.839 with the
+    target's bfloat16 projection over the same hidden states), while reading the bfloat16 projection (272 MB) would
+    cost about three draft tokens' worth of bytes; the target's argmax is among the int4 top 8 at every one of those
+    positions, and rescoring 8 rows reads 14 KB. The idea is the paper's (rescore a draft's top-k with a better
+    scorer) and SVD-softmax's (a cheap preview, then the exact scores of its few best). Every other token keeps the
+    draft's own score, so the draft's distribution stays a distribution (speculative sampling stays exact for any
+    q)."""
 
     def __init__(self, head: Any, weight: torch.Tensor, bias: torch.Tensor | None, k: int):
         super().__init__()

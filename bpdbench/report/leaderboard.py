@@ -9,7 +9,9 @@ board says PARTIAL with how many of the planned prompts it holds. So that a tabl
 - a folder is placed only when its config.json records the machine (environment.fingerprint, cpu_flags, processor),
   the commit and torch's version; older folders are listed as left out, with what they lack;
 - page = fingerprint; board = (task, model, dtype, protocol: prompts, new tokens, repeats, threads, heads profile,
-  sampling). Only a board's folders of its newest commit are kept, the others left out with the reason; those are
+  sampling; and whether it is the leaderboard grid's, so that a study of a few rows under the same protocol at a
+  newer commit sits beside the grid's board and never retires it). Only a board's folders of its newest commit are
+  kept, the others left out with the reason; those are
   merged (a method measured twice: the first folder's; heads of another version: left out), each row's speedup
   still against its own folder's AR;
 - every Markdown table has at most MAX_COLUMNS columns (wider ones are split); the wide dumps stay in the CSVs.
@@ -185,10 +187,10 @@ def collect(results: Path) -> Leaderboard:
                 left.append((rel, why))
                 continue
             run = read_run(f, rel)
-            groups[(run.env["fingerprint"], f.task, f.model, f.dtype, run.protocol)
+            groups[(run.env["fingerprint"], f.task, f.model, f.dtype, run.protocol, rel.startswith("leaderboard"))
                    ].append(run)
     by_machine: dict[str, list[Board]] = defaultdict(list)
-    for (fp, task, model, dtype, _), runs in groups.items():
+    for (fp, task, model, dtype, *_), runs in groups.items():
         runs = sorted(runs, key=lambda r: r.newness, reverse=True)
         kept, out = [], []
         for r in sorted([r for r in runs if r.commit == runs[0].commit], key=lambda r: r.rel):

@@ -274,6 +274,21 @@ def test_two_boards_of_one_benchmark_say_which_experiment_and_the_grid_s_comes_f
     assert headings[1].endswith("· frontier-stop")
 
 
+def test_a_newer_study_under_the_grid_s_protocol_sits_beside_the_grid_s_board(tmp_path, monkeypatch):
+    """A frontier study of a few rows, newer and under the same protocol as the leaderboard grid's folder, is its own
+    board: the grid's board keeps its folder (not left out as older), the study's is listed after it."""
+    monkeypatch.setattr(leaderboard, "commit_time", lambda c: TIMES.get(c.removesuffix("-dirty")))
+    speed_folder(tmp_path, "mt_bench", EPYC, kind="leaderboard-afcf1aeb72d2", task="mt_bench", per_category=8,
+                 commit="c0", speedups={"pld": 1.5, "bpd": 1.1})
+    speed_folder(tmp_path, "mt_bench", EPYC, kind="frontier-rescore", task="mt_bench", per_category=8, commit="c1",
+                 speedups={"pld": 1.6})
+    board = leaderboard.collect(tmp_path)
+    (machine,) = board.machines
+    assert [[r.rel for r in b.runs] for b in machine.boards] == [["leaderboard-afcf1aeb72d2/mt_bench"],
+                                                                  ["frontier-rescore/mt_bench"]]
+    assert not board.left_out
+
+
 def test_an_auto_row_that_sized_itself_to_ar_is_marked_and_never_named_best(tmp_path, monkeypatch, no_drawing):
     """`auto` may find no shape faster than AR (trees on a CPU without AMX): that row is AR's loop under another
     name. A timing jitter above AR must not make it "the drafter to use", overall or in a category."""
