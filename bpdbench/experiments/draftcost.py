@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from types import SimpleNamespace
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -102,6 +102,18 @@ def parts(copy, context: int, reps: int) -> None:
         print(f"parts context {context}: {name} alone {ms:.2f} ms", flush=True)
 
 
+def _tune_sets(model, tok, prompts: int, part: str) -> Iterator[tuple[str, list[list[int]], list[torch.Tensor]]]:
+    """(benchmark, its first tune prompts, the target's argmax after each of their positions) for Spec-Bench and
+    MT-Bench: never the evaluated prompts."""
+    for task in ("spec_bench", "mt_bench"):
+        env = SimpleNamespace(cfg=SimpleNamespace(task=task, data_dir=None, max_prompt_tokens=2048), tok=tok)
+        ids, _, why = selfdraft.split_prompts(env, "tune", prompts)
+        if why:
+            print(f"{part} {task}: {why}")
+            continue
+        yield task, ids, selfdraft.greedy_rows(model, ids)
+
+
 @torch.inference_mode()
 def vocab(name: str, model, tok, copy, sizes: tuple[int, ...], prompts: int) -> None:
     from ..artefacts.suffix import SuffixIndex, corpus_file
@@ -109,13 +121,7 @@ def vocab(name: str, model, tok, copy, sizes: tuple[int, ...], prompts: int) -> 
     counts = np.bincount(tokens[tokens >= 0], minlength=model.lm_head.weight.shape[0])
     order = np.argsort(-counts, kind="stable")
     print(f"vocab corpus: {int(counts.sum())} tokens, {int((counts > 0).sum())} distinct ids", flush=True)
-    for task in ("spec_bench", "mt_bench"):
-        env = SimpleNamespace(cfg=SimpleNamespace(task=task, data_dir=None, max_prompt_tokens=2048), tok=tok)
-        ids, _, why = selfdraft.split_prompts(env, "tune", prompts)
-        if why:
-            print(f"vocab {task}: {why}")
-            continue
-        ref = selfdraft.greedy_rows(model, ids)
+    for task, ids, ref in _tune_sets(model, tok, prompts, "vocab"):
         every = torch.cat(ref)
         full = LeanDecoder(copy)
         print(f"vocab {task} ({len(ids)} tune prompts, {len(every)} positions): full vocabulary agreement "
@@ -133,13 +139,7 @@ def rescore(model, tok, copy, ks: tuple[int, ...], prompts: int, reps: int) -> N
     plain = LeanDecoder(copy)
     head = model.get_output_embeddings()
     drafts = {k: plain.rescoring(head.weight, head.bias, k) for k in ks}
-    for task in ("spec_bench", "mt_bench"):
-        env = SimpleNamespace(cfg=SimpleNamespace(task=task, data_dir=None, max_prompt_tokens=2048), tok=tok)
-        ids, _, why = selfdraft.split_prompts(env, "tune", prompts)
-        if why:
-            print(f"rescore {task}: {why}")
-            continue
-        ref = selfdraft.greedy_rows(model, ids)
+    for task, ids, ref in _tune_sets(model, tok, prompts, "rescore"):
         n = sum(len(r) for r in ref)
         covered = dict.fromkeys(ks, 0)
         for p, want in zip(ids, ref):                   # is the target's argmax among the int4 projection's top k?
