@@ -57,6 +57,15 @@ def _medians(fns: dict[str, Callable[[], object]], reps: int, before: Callable[[
     return {k: round(1000 * statistics.median(t for t, _ in v), 2) for k, v in runs.items()}
 
 
+def _rewinder(cache, n: int) -> Callable[..., None]:
+    """An untimed `before` for the timer: the last call's token out of the `n`-token cache again, so every timed
+    token sees the same context."""
+    def back(_: str = "") -> None:
+        if cache.get_seq_length() > n:
+            cache.crop(n - cache.get_seq_length())
+    return back
+
+
 @torch.inference_mode()
 def path(copy, contexts: tuple[int, ...], reps: int) -> None:
     fast, slow = LeanDecoder(copy), LeanDecoder(copy)
@@ -65,10 +74,7 @@ def path(copy, contexts: tuple[int, ...], reps: int) -> None:
         cache = fast.new_cache()
         fast(torch.randint(100, 20000, (1, n)), past_key_values=cache)
         x = torch.randint(100, 20000, (1, 1))
-
-        def back(_: str = "") -> None:           # untimed: the last call's token out of the cache again
-            if cache.get_seq_length() > n:
-                cache.crop(n - cache.get_seq_length())
+        back = _rewinder(cache, n)
         a = fast(x, past_key_values=cache).logits
         back()
         b = slow(x, past_key_values=cache).logits
@@ -154,10 +160,7 @@ def rescore(model, tok, copy, ks: tuple[int, ...], prompts: int, reps: int) -> N
     cache = plain.new_cache()
     plain(torch.randint(100, 20000, (1, 700)), past_key_values=cache)
     x = torch.randint(100, 20000, (1, 1))
-
-    def back(_: str = "") -> None:
-        if cache.get_seq_length() > 700:
-            cache.crop(700 - cache.get_seq_length())
+    back = _rewinder(cache, 700)
     fns = {"int4 head": lambda: plain(x, past_key_values=cache)}
     fns.update({f"top {k} rescored": (lambda d=d: d(x, past_key_values=cache)) for k, d in drafts.items()})
     print(f"rescore context 700: {_medians(fns, reps, back)} ms per int4 token", flush=True)

@@ -187,7 +187,7 @@ def collect(results: Path) -> Leaderboard:
                 left.append((rel, why))
                 continue
             run = read_run(f, rel)
-            groups[(run.env["fingerprint"], f.task, f.model, f.dtype, run.protocol, rel.startswith("leaderboard"))
+            groups[(run.env["fingerprint"], f.task, f.model, f.dtype, run.protocol, grid_folder(rel))
                    ].append(run)
     by_machine: dict[str, list[Board]] = defaultdict(list)
     for (fp, task, model, dtype, *_), runs in groups.items():
@@ -269,9 +269,14 @@ def experiments(b: Board) -> str:
     return ", ".join(dict.fromkeys(r.rel.split("/")[0] for r in b.runs))
 
 
+def grid_folder(rel: str) -> bool:
+    """Whether a result folder is the leaderboard grid's (results/leaderboard-<fingerprint>/...)."""
+    return rel.startswith("leaderboard")
+
+
 def from_grid(b: Board) -> bool:
-    """Whether the board holds the leaderboard grid's folders (results/leaderboard-<fingerprint>/): listed first."""
-    return any(r.rel.startswith("leaderboard") for r in b.runs)
+    """Whether the board holds the leaderboard grid's folders: listed first."""
+    return any(grid_folder(r.rel) for r in b.runs)
 
 
 def describe(b: Board) -> str:
