@@ -20,6 +20,12 @@ correct exactly, and each source's chain is (each is certified on its own).
 The calibration (`resolved.<label>.calibration`): per source, draft position and probability bin, the tokens that
 were reached (all before them accepted) and accepted, and the rate (Laplace-smoothed), from replaying each source
 alone over the target's greedy continuations of the tune prompts; cached per machine (methods/selfdraft.cached).
+
+`length` sets the model source's draft length, `nodes` the tree's budget; `auto` sizes them on this machine, one
+replay per (length, budget) pair (methods/search.py `Combos`: a budget of one chain and of two for each length 2-6),
+priced on this machine's cost of a forward. Why: the default shape (6 model tokens, 12 nodes) is what paid on an
+Intel Xeon with AMX, where a verify of 13 rows costs 1.3 decode steps; where bfloat16 lacks AMX it costs about 2,
+and the default hybrid fell behind its model source alone (results/leaderboard-1c87efb94143/spec_bench).
 """
 from __future__ import annotations
 
@@ -30,10 +36,11 @@ from typing import Any
 
 from ..engine import DraftContext, Limits, Proposal, TreeScorer, generate, replay, teacher_forced
 from ..engine import state as drafter_state
-from .base import Method, MethodError, MethodSpec, Param
+from .base import AUTO, Method, MethodError, MethodSpec, Param
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
 from .contract import needs_scorer
 from .env import Env
+from .search import Combos
 from .selfdraft import cached, tune_prompts
 
 # the model source: the int4 copy on the target's cache, 6 tokens (results/frontier-length: 1.70x AR alone on 8
@@ -43,6 +50,10 @@ POSITIONS = 8                         # draft positions calibrated apart; deeper
 EDGES = (0.5, 0.8, 0.95)              # draft-probability bins: [0, .5), [.5, .8), [.8, .95), [.95, 1]
 CAL_TOKENS = 48                       # greedy tokens continued from each tune prompt for the calibration
 SOURCES = ("retrieval", "model")
+# auto: the model's draft length and the node budget are one shape (a longer model draft is worth verifying only
+# with room for it beside the retrieval draft); one replay per pair, priced on this machine's cost of a forward
+LENGTHS = (2, 3, 4, 5, 6)
+BUDGETS = (4, 6, 8, 12, 16)           # nodes=auto with a given length: one replay per budget
 
 
 def source_spelling(raw: str) -> str:
@@ -205,13 +216,45 @@ def calibrate(env: Env, retrieval: Any, model: Any, rm: Method, mm: Method) -> d
     return cached(env, f"hybrid-{key}", "hybrid calibration", measure, timed=False)   # acceptance only
 
 
+def _model(method: Method) -> Method:
+    """The model source, its draft length set by the hybrid's `length` where given."""
+    mm = _parse(method.get("model", MODEL))
+    length = method.concrete("length")
+    return mm if length is None else Method(mm.spec, {**mm.params, "length": length})
+
+
+def _check(method: Method) -> None:
+    """`length=` sets the model source's draft length: the source must have one, spelled in one place."""
+    if "length" not in method.params:
+        return
+    mm = _parse(method.get("model", MODEL))
+    if not any(p.name == "length" for p in mm.spec.params):
+        raise MethodError(f"{method.label}: length= sets the model source's draft length and {mm.name} has none; "
+                          f"drop length= and give {mm.name}'s own shape in model=")
+    if "model" in method.params and "length" in mm.params:
+        raise MethodError(f"{method.label}: the model source's length is given twice (in model= and length=); "
+                          "keep one")
+
+
+def _combos(method: Method) -> list[dict]:
+    """The shapes `auto` replays: (length, nodes) pairs, each length with a budget of one chain and of two."""
+    lengths = LENGTHS if method.get("length") == AUTO else (method.get("length"),)
+    if method.get("nodes") != AUTO:
+        return [{"length": n} for n in lengths]
+    if lengths == (None,):
+        return [{"nodes": b} for b in BUDGETS]
+    return [{**({"length": n} if method.get("length") == AUTO else {}), "nodes": b}
+            for n in lengths for b in sorted({n, 2 * n})]
+
+
 def build(env: Env, method: Method) -> HybridDrafter:
-    rm, mm = _parse(method.get("retrieval", RETRIEVAL)), _parse(method.get("model", MODEL))
+    rm, mm = _parse(method.get("retrieval", RETRIEVAL)), _model(method)
     nodes = method.get("nodes", NODES)
     retrieval, model = env.build(rm), env.build(mm)
     record = calibrate(env, retrieval, model, rm, mm)
     skip = method.get("skip", record["skip"])
     env.resolved[method.label] = {"retrieval": rm.label, "model": mm.label, "nodes": nodes, "skip": skip,
+                                  **({"length": mm.get("length")} if "length" in method.params else {}),
                                   "calibration": record}
     d = HybridDrafter(method.label, retrieval, model, SourceCalibration.from_dict(record["table"]), skip, nodes)
     d.needs_hidden = any(HIDDEN in declared(m) or HIDDEN in consumes(x, m) for m, x in ((rm, retrieval), (mm, model)))
@@ -220,7 +263,7 @@ def build(env: Env, method: Method) -> HybridDrafter:
 
 def _inputs(method: Method) -> frozenset[str]:
     """What the hybrid takes from the loop: what its sources take."""
-    sources = (_parse(method.get("retrieval", RETRIEVAL)), _parse(method.get("model", MODEL)))
+    sources = (_parse(method.get("retrieval", RETRIEVAL)), _model(method))
     return frozenset().union(*(declared(m) for m in sources)) - {RESET, OBSERVE}
 
 
@@ -236,7 +279,10 @@ SPECS = [MethodSpec("hybrid", "one token tree from a retrieval and a model sourc
                     (Param("retrieval", source_spelling, f"the free source, parameters separated by ';' (default "
                            f"{RETRIEVAL})"),
                      Param("model", source_spelling, f"the paid source (default {MODEL})"),
-                     Param("nodes", int, f"most draft nodes verified (default {NODES})", low=1),
+                     Param("length", int, "the model source's draft length (default: the source's own; auto: sized "
+                           "with nodes on this machine)", low=1, auto=True),
+                     Param("nodes", int, f"most draft nodes verified (default {NODES}; auto: the budget fastest on "
+                           "this machine)", low=1, auto=True),
                      Param("skip", float, "the model drafts only while the retrieval draft's expected length is "
                            "below this (default: the model's own mean, measured on the tune split)", low=0.0)),
-                    _needs, inputs=_inputs)]
+                    _needs, check=_check, inputs=_inputs, shapes=Combos(_combos))]

@@ -14,6 +14,8 @@ adding an auto-sized drafter meant editing it, and a draft network's search live
   verified (drafters that learn from their own verify forwards: Token Recycling's matrix, Lookahead's pool).
 - `RankTree`: the best token tree of every size from per-depth, per-rank acceptance (medusa:nodes=auto).
 - `Budgets`: one replay per node budget of a dynamic tree (EAGLE-2's, tree=dynamic,nodes=auto).
+- `Combos`: one replay per combination of several parameters, none a truncation of another (a hybrid's model
+  length and node budget).
 - `Either`: one search or another by the spelling (a dynamic tree or a chain).
 """
 from __future__ import annotations
@@ -193,6 +195,19 @@ class Budgets(Search):
 
     def choose(self, method: Method, runs: Runs, cost: shapes.CostModel, per_step: PerStep) -> shapes.Shape:
         return shapes.pick(dynamic_options(runs, cost, per_step))
+
+
+@dataclass(frozen=True)
+class Combos(Search):
+    """One replay per combination the method enumerates (`combos(method)`: dicts of the `auto` parameters'
+    values), compared like `Sizes`: measured tokens per step against the mean cost of the forwards verified."""
+    combos: Callable[[Method], list[dict]]
+
+    def plans(self, env: Any, method: Method) -> list[tuple[Method, dict]]:
+        return [(with_values(given(method), **c), dict(c)) for c in self.combos(method)]
+
+    def choose(self, method: Method, runs: Runs, cost: shapes.CostModel, per_step: PerStep) -> shapes.Shape:
+        return shapes.pick(sized_options(runs, cost, per_step))
 
 
 def sized_options(runs: Runs, cost: shapes.CostModel, per_step: PerStep) -> list[shapes.Option]:

@@ -21,6 +21,7 @@ from bpdbench.methods.hybrid import SourceCalibration, HybridDrafter, merge
 from bpdbench.methods.registry import parse
 from tests.helpers import parse_error
 from tests.unit.test_qdraft import PROMPTS, env  # noqa: F401 (env: the 6-layer tiny model, xsum's tune prompts)
+from tests.unit.test_shapes import session_for  # noqa: F401 (a session on the tiny model, costs swapped by tests)
 
 LIMITS = Limits(24)
 RETRIEVAL = "retrieval=sam;static=none;fallback=none"      # no corpus index: the tiny tokenizer's would be slow
@@ -119,9 +120,38 @@ def test_calibration_weighs_by_the_measured_rate():
 
 @pytest.mark.parametrize("spelling,expect", [("hybrid:model=hybrid", "cannot be a source"),
                                              ("hybrid:model=hf-pld", "whole decoder"),
-                                             ("hybrid:nodes=0", "nodes must be >= 1")])
+                                             ("hybrid:nodes=0", "nodes must be >= 1"),
+                                             ("hybrid:model=pld,length=3", "pld has none"),
+                                             ("hybrid:model=qdraft;length=3,length=auto", "given twice"),
+                                             ("hybrid:length=two", "not a int or auto")])
 def test_bad_spellings_are_one_line_errors(spelling, expect):
     assert re.search(expect, parse_error(spelling))
+
+
+def test_length_and_nodes_auto_replay_each_pair_and_choose_by_this_machine_s_costs(session_for):
+    """`hybrid:length=auto,nodes=auto` replays one hybrid per (model length, node budget) pair and takes the fastest
+    on this machine's cost of a forward: with flat costs and free drafting a longest shape, with a verify of more
+    than a few rows costing many steps a short one (chosen again from the cached replays); the length reaches the
+    model source and the decoding stays the target's greedy output."""
+    from bpdbench.hardware.shapes import TableCost
+    s, (m,), logs, costs = session_for(f"hybrid:{RETRIEVAL},model=qdraft;cache=base,length=auto,nodes=auto")
+    assert m.auto == ["length", "nodes"]
+    d = s.drafter(m)
+    rec = s.env.resolved[m.label]
+    chosen = rec["auto"]["params"]
+    pairs = [c["params"] for c in rec["auto"]["curve"] if c["params"]]
+    assert len(pairs) == 2 * len(hybrid.LENGTHS) and all(set(p) == {"length", "nodes"} for p in pairs)
+    assert (rec["length"], rec["nodes"]) == (chosen["length"], chosen["nodes"]) == (d.model.gamma, d.nodes)
+    assert rec["model"] == f"qdraft:length={chosen['length']},cache=base"
+    assert chosen["length"] >= 4                      # flat costs, free drafting: a long draft pays
+    for ex in s.examples:
+        prompt = s.prompt(ex)
+        assert s.decode(d, prompt).tokens == s.reference.get(prompt, s.limits)[0]
+    measured = sum("measuring" in line for line in logs)
+    costs["cost"] = TableCost({1: 1.0, 3: 1.05, 4: 9.0, 64: 200.0}, step_ms=1e9)    # more than 3 rows: expensive
+    short = s.drafter(m)
+    assert sum("measuring" in line for line in logs) == measured
+    assert s.env.resolved[m.label]["nodes"] <= 2 and short.model.gamma == s.env.resolved[m.label]["length"]
 
 
 def test_sampling_with_both_sources_is_exact_and_a_lossy_rule_fails():
