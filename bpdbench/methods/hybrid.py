@@ -24,7 +24,7 @@ alone over the target's greedy continuations of the tune prompts; cached per mac
 `length` sets the model source's draft length, `nodes` the tree's budget; `auto` sizes them on this machine, one
 replay per (length, budget) pair (methods/search.py `Combos`: a budget of one chain and of two for each length 2-6),
 priced on this machine's cost of a forward. Why: the default shape (6 model tokens, 12 nodes) is what paid on an
-Intel Xeon with AMX, where a verify of 13 rows costs 1.3 decode steps; where bfloat16 lacks AMX it costs about 2,
+Intel Xeon with AMX, where a verify of 13 rows costs about 1.1 decode steps; where bfloat16 lacks AMX about 2,
 and the default hybrid fell behind its model source alone (results/leaderboard-1c87efb94143/spec_bench).
 """
 from __future__ import annotations
