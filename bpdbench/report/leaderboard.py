@@ -11,9 +11,8 @@ board says PARTIAL with how many of the planned prompts it holds. So that a tabl
 - page = fingerprint; board = (task, model, dtype, protocol: prompts, new tokens, repeats, threads, heads profile,
   sampling; and whether it is the leaderboard grid's, so that a study of a few rows under the same protocol at a
   newer commit sits beside the grid's board and never retires it). Only a board's folders of its newest commit are
-  kept, the others left out with the reason; those are
-  merged (a method measured twice: the first folder's; heads of another version: left out), each row's speedup
-  still against its own folder's AR;
+  kept, the others left out with the reason; those are merged (a method measured twice: the first folder's; heads of
+  another version: left out), each row's speedup still against its own folder's AR;
 - every Markdown table has at most MAX_COLUMNS columns (wider ones are split); the wide dumps stay in the CSVs.
 """
 from __future__ import annotations
