@@ -47,6 +47,8 @@ class RunConfig:
     top_p: float | None = None
     top_k: int | None = None
     seed: int | None = None               # example i draws from a generator seeded with seed + i (default 0)
+    prompts: str | None = None            # a draw file (`bpdbench draw`): exactly these eval prompts, in its order
+    turns: int | None = None              # decode the first N turns of multi-turn questions (None: the first)
 
     @property
     def sampling(self):
@@ -78,6 +80,8 @@ class RunConfig:
                 raise ConfigError(f"--{name} must be positive, got {getattr(self, name)}")
         if not 0.0 <= self.draft_threshold < 1.0:
             raise ConfigError(f"--draft-threshold must be in [0, 1), got {self.draft_threshold}")
+        if self.turns is not None and self.turns < 1:
+            raise ConfigError(f"--turns must be >= 1, got {self.turns}")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from . import (cnn_dailymail, lambada, mt_bench, multi_news, newsroom, prompts, samsum, spec_bench, squad,
                xsum)
 from .base import (DataError, Example, Task, corpus_files, default_data_dir, encode_prompt, encode_prompt_checked,
-                   load_examples, seen, select, split, split_of, splits, SPLITS)
+                   load_examples, question_of, seen, select, split, split_of, splits, SPLITS,
+                   with_turns)
 
 _MODULES = (lambada, squad, cnn_dailymail, samsum, xsum, multi_news, newsroom, mt_bench, spec_bench, prompts)
 TASKS: dict[str, Task] = {module.TASK.name: module.TASK for module in _MODULES}
@@ -18,4 +19,4 @@ def get_task(name: str) -> Task:
         raise ValueError(f"unknown task {name!r}; valid: {', '.join(TASKS)}") from None
 
 
-__all__ = ["TASKS", "corpus_files", "encode_prompt", "encode_prompt_checked", "DataError", "Example", "Task", "default_data_dir", "get_task", "load_examples", "seen", "select", "split", "split_of", "splits", "SPLITS"]
+__all__ = ["TASKS", "corpus_files", "encode_prompt", "encode_prompt_checked", "DataError", "Example", "Task", "default_data_dir", "get_task", "load_examples", "question_of", "seen", "select", "split", "split_of", "splits", "SPLITS", "with_turns"]

@@ -27,6 +27,7 @@ class Example:
     category: str | None = None       # e.g. MT-Bench / Spec-Bench category
     turns: tuple[str, ...] = ()       # all user turns of a multi-turn chat prompt (turns[0] == prompt)
     unit: str | None = None           # examples sharing a unit (SQuAD article) land on the same side of the split
+    turn: int = 0                     # which of `turns` this example asks (0: the first); see `with_turns`
 
 
 @dataclass(frozen=True)
@@ -235,20 +236,53 @@ def select(examples: list[Example], offset: int = 0, limit: int | None = None) -
     return examples[offset:] if limit is None else examples[offset:offset + limit]
 
 
-def _template(tok, task: Task, text: str) -> str:
+TURN_SUFFIX = "-t"       # the id of turn t (1-based) of question q is f"{q}-t{t}" for t >= 2
+
+
+def with_turns(examples: list[Example], turns: int | None) -> list[Example]:
+    """Each multi-turn question followed by its later turns (up to `turns` in all), as Spec-Bench decodes MT-Bench:
+    turn t asks turns[t-1] after the model's own answers to the turns before it (`encode_prompt_checked`'s
+    `answers`). A later turn is its own example, id "<question>-t<t>", so it is timed, certified and resumed like
+    any prompt; `question_of` maps it back to the unit the statistics resample."""
+    if not turns or turns <= 1:
+        return list(examples)
+    out: list[Example] = []
+    for ex in examples:
+        out.append(ex)
+        out += [Example(id=f"{ex.id}{TURN_SUFFIX}{t + 1}", prompt=ex.turns[t], reference=None, category=ex.category,
+                        turns=ex.turns, unit=ex.unit, turn=t) for t in range(1, min(turns, len(ex.turns)))]
+    return out
+
+
+def question_of(example_id: str, turn: int) -> str:
+    """The question a turn belongs to (the id itself for a first turn)."""
+    return example_id.rsplit(TURN_SUFFIX, 1)[0] if turn else example_id
+
+
+def _template(tok, task: Task, text: str, history: tuple[tuple[str, str], ...] = ()) -> str:
+    """The prompt text: the chat template over earlier (question, answer) turns and this question, else raw text."""
     if task.chat and getattr(tok, "chat_template", None):
-        return tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
-    return text
+        messages = [m for q, a in history for m in ({"role": "user", "content": q},
+                                                      {"role": "assistant", "content": a})]
+        return tok.apply_chat_template(messages + [{"role": "user", "content": text}], tokenize=False,
+                                       add_generation_prompt=True)
+    return "".join(q + a for q, a in history) + text
 
 
-def encode_prompt_checked(tok, task: Task, example: Example, max_prompt_tokens: int) -> tuple[list[int], int]:
+def encode_prompt_checked(tok, task: Task, example: Example, max_prompt_tokens: int,
+                          answers: tuple[str, ...] = ()) -> tuple[list[int], int]:
     """(token ids, length before truncation). An over-long prompt keeps the *end* of its text (the question); in a
     chat template the user message is cut, not the template, so the chat header and generation prompt survive.
-    The caller records the original length, so a truncation is never silent."""
-    ids = tok(_template(tok, task, example.prompt), add_special_tokens=False)["input_ids"]
+    The caller records the original length, so a truncation is never silent. A later turn (`example.turn` > 0)
+    needs the model's `answers` to the turns before it; its conversation is kept whole or cut from the front."""
+    if len(answers) != example.turn:
+        raise ValueError(f"example {example.id} is turn {example.turn + 1}: it needs the {example.turn} earlier "
+                         f"answer(s), got {len(answers)}")
+    history = tuple(zip(example.turns[:example.turn], answers))
+    ids = tok(_template(tok, task, example.prompt, history), add_special_tokens=False)["input_ids"]
     if len(ids) <= max_prompt_tokens:
         return ids, len(ids)
-    if task.chat and getattr(tok, "chat_template", None):
+    if task.chat and getattr(tok, "chat_template", None) and not history:
         content = tok(example.prompt, add_special_tokens=False)["input_ids"]
         keep = max_prompt_tokens - (len(ids) - len(content))
         if keep > 0:

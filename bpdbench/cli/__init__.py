@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("calibrate", results.calibrate),
     ("alpha-law", decode.alpha_law),
     ("audit", results.audit),
+    ("draw", results.draw),
 )
 for _name, _command in COMMANDS:
     app.command(_name)(_command)

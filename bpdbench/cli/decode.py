@@ -130,6 +130,11 @@ def speed(task: Annotated[str, typer.Option(help="task (mt_bench, spec_bench, pr
           limit: PromptLimit = 20, offset: Offset = 0,
           per_category: Annotated[Optional[int], typer.Option(help="first N prompts of each category instead of "
                                                                    "--limit (Spec-Bench)")] = None,
+          prompts: Annotated[Optional[str], typer.Option(help="a draw file (`bpdbench draw`): exactly its eval "
+                                                              "prompts, in its order")] = None,
+          turns: Annotated[Optional[int], typer.Option(help="decode the first N turns of multi-turn questions, "
+                                                            "each after the model's own greedy answers (MT-Bench: "
+                                                            "2, as Spec-Bench)")] = None,
           repeats: Annotated[int, typer.Option(help="timed repeats per prompt and method (median kept)")] = 3,
           max_new_tokens: Annotated[int, typer.Option(help="max new tokens")] = 128, dtype: Dtype = "auto",
           device: Device = "cpu", threads: Threads = None, k: K = 16,
@@ -141,14 +146,14 @@ def speed(task: Annotated[str, typer.Option(help="task (mt_bench, spec_bench, pr
           alpha_file: AlphaFile = None, no_auto_train: NoAutoTrain = False, temperature: Temperature = None,
           top_p: TopP = None, top_k: TopK = None, seed: Seed = None, heads_path: HeadsPath = None) -> None:
     """Wall-clock speedup over our greedy loop (ar) of every method on identical outputs: speed.jsonl, speed.csv,
-    speed_by_category.csv, config.json."""
+    speed_by_category.csv, speed_by_subtask.csv, config.json."""
     from ..experiments.execute import execute
     from ..experiments.plan import prepare
     cfg = run_config(task=task, model=model, heads=heads, heads_profile=heads_profile, limit=limit, offset=offset,
                      max_new_tokens=max_new_tokens, dtype=dtype, k=k, threads=threads, data_dir=data_dir,
                      data_file=data_file, out=out, alpha_file=alpha_file, no_auto_train=no_auto_train,
                      heads_path=heads_path, device=device, temperature=temperature, top_p=top_p, top_k=top_k,
-                     seed=seed)
+                     seed=seed, prompts=prompts, turns=turns)
     if assistant:
         methods = ",".join(f"hf-assisted:assistant={assistant}" if m == "hf-assisted" else m
                            for m in methods.split(","))

@@ -138,3 +138,33 @@ def audit(results: Annotated[Optional[str], typer.Option(help="results directory
     print(f"{len(found)} folders, {len(found) - len(dirty)} clean, {len(dirty)} with overlap ({audits.RULE})")
     if strict and dirty:
         raise typer.Exit(1)
+
+
+@one_line_errors
+def draw(task: Annotated[str, typer.Option(help="task whose eval prompts to draw")] = "spec_bench",
+         per_subtask: Annotated[int, typer.Option(help="prompts per subtask (Spec-Bench: each of its 6 tasks)")] = 8,
+         seed: Annotated[int, typer.Option(help="the draw's seed (recorded in the file)")] = 0,
+         exclude: Annotated[Optional[list[str]], typer.Option(help="another draw file whose prompts to leave out "
+                                                                   "(repeatable): a replication draw")] = None,
+         out: Annotated[str, typer.Option(help="the draw file to write, e.g. grids/draws/spec_bench-board.json")]
+         = ...,
+         results: Annotated[Optional[str], typer.Option(help="results directory whose evaluated prompts are left "
+                                                             "out (default: the checkout's results/)")] = None) -> None:
+    """Draw a board's prompts once: eval prompts no committed folder evaluated, the same number per subtask."""
+    from .. import paths
+    from ..experiments import draw as draws
+    root = Path(results) if results else paths.results_root()
+    if not root.is_dir():
+        raise FileNotFoundError(f"no results directory at {root}; pass --results DIR")
+    target = Path(out)
+    skip = frozenset()
+    if target.exists():          # drawing again: the folders made from this very draw are not "others"
+        skip = frozenset(draws.made_from(root, target))
+    left_out = draws.evaluated(root, task, skip)
+    for other in exclude or []:
+        left_out |= set(draws.read(other, task))
+    made = draws.make(task, per_subtask, seed, left_out)
+    draws.write(made, target)
+    counts = {s: list(made.subtasks.values()).count(s) for s in sorted(set(made.subtasks.values()))}
+    print(f"{target}: {len(made.ids)} prompts ({', '.join(f'{k} {v}' for k, v in counts.items())}), seed {seed}; "
+          f"{made.excluded} eval prompts left out as already evaluated or excluded")

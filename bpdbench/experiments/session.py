@@ -9,6 +9,7 @@ can be checked is checked before the model loads.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,7 +65,8 @@ class Session:
 
     def prompt_info(self, example) -> tuple[list[int], int | None]:
         """(prompt ids, original token count when the prompt was truncated else None); warns on the first one."""
-        ids, n = task_registry.encode_prompt_checked(self.tok, self.task, example, self.cfg.max_prompt_tokens)
+        ids, n = task_registry.encode_prompt_checked(self.tok, self.task, example, self.cfg.max_prompt_tokens,
+                                                     self.answers(example))
         if n <= len(ids):
             return ids, None
         if not self.extra.get("warned_truncation"):
@@ -72,6 +74,21 @@ class Session:
             self.log(f"warning: example {example.id}: prompt of {n} tokens truncated to its last "
                      f"{len(ids)} (max_prompt_tokens); recorded per example as prompt_truncated_from")
         return ids, n
+
+    def answers(self, example) -> tuple[str, ...]:
+        """The model's own greedy answers to the turns before `example.turn`, as Spec-Bench builds MT-Bench's second
+        turn (greedy even at T > 0, so every method's turn 2 asks the same conversation); from the greedy
+        reference cache, decoded once per question."""
+        out: list[str] = []
+        for t in range(example.turn):
+            earlier = dataclasses.replace(example, id=task_registry.question_of(example.id, example.turn),
+                                          prompt=example.turns[t], turn=t)
+            ids = task_registry.encode_prompt_checked(self.tok, self.task, earlier, self.cfg.max_prompt_tokens,
+                                                      tuple(out))[0]
+            tokens = self.reference.get(ids, self.limits)[0]
+            out.append(self.tok.decode([t_ for t_ in tokens if t_ not in self.limits.eos_ids],
+                                       skip_special_tokens=True))
+        return tuple(out)
 
     def drafter(self, method: Method) -> Drafter:
         if method.spec.external:

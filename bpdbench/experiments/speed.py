@@ -30,15 +30,18 @@ from typing import Any, Callable
 
 import pandas as pd
 
+import tasks as task_registry
+
 from ..config import RunConfig
 from ..engine import Counters
 from ..engine.state import restore, snapshot
 from ..hardware import contention
 from ..methods import Method, MethodUnavailable, Output
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
-from ..stats import bootstrap_ratio
 from . import drift, prediction
 from .carry import CarriedState
+from .draw import subtask
+from .speed_summary import counted, summarize  # noqa: F401 (callers read them here)
 from .reference import first_divergence
 from .plan import Plan
 from .session import Log, open_session
@@ -52,8 +55,10 @@ UNUSED = ("method", "rescorer", "alpha", "resume", "check_lossless")  # RunConfi
 
 @dataclass
 class Timed(Output):
-    """Our loop's output with the counters of that very decode (acceptance per draft position)."""
+    """Our loop's output with the counters of that very decode (acceptance per draft position) and its prefill's
+    seconds (the decode speedup leaves out the prefill, which every method pays alike)."""
     counters: Counters | None = None
+    prefill_seconds: float | None = None
 
 
 @dataclass
@@ -68,7 +73,7 @@ class Decoder:
         g = s.decode(self.drafter, prompt, s.acceptance(index))
         sizes = Counter(prediction.size_key(n, tree, rows) for n, tree, rows in g.verify_log)
         return Timed(g.tokens, g.counters.serial_calls, g.seconds["draft"], g.counters.verified, dict(sizes),
-                        g.counters)
+                     g.counters, g.seconds["prefill"])
 
 
 def decoders(s, methods: list[Method], log: Log) -> tuple[dict, dict]:
@@ -111,7 +116,7 @@ def _work(rs: list) -> dict:
 
 
 def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int = 0, sampled: bool = False,
-            certify: Callable | None = None, log: Log = print) -> list[dict]:
+            certify: Callable | None = None, log: Log = print, subtask: str | None = None) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat. A greedy
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
     experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt. A busy call is
@@ -140,7 +145,11 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
         if sampled:        # draws: compared with the method's own first repeat (the seed makes them reproducible)
             wrong = next((o.tokens for _, o in rs if o.tokens != rs[0][1].tokens), None)
         med = median(times)
-        records.append({"id": ex.id, "category": ex.category, "method": m, "prompt_tokens": len(prompt),
+        prefills, turn = [getattr(o, "prefill_seconds", None) for _, o in rs], getattr(ex, "turn", 0)
+        records.append({"id": ex.id, "category": ex.category, "subtask": subtask,
+                        "question": task_registry.question_of(ex.id, turn), "turn": turn + 1,
+                        "method": m, "prompt_tokens": len(prompt),
+                        "prefill_s": None if None in prefills else median(prefills),
                         "tokens": len(rs[0][1].tokens), "serial_calls": rs[0][1].serial_calls, "times": times,
                         "median_s": med, "spread": (max(times) - min(times)) / med if med else 0.0,
                         "identical": wrong is None,
@@ -170,86 +179,6 @@ def _load() -> float:
         return round(os.getloadavg()[0], 2)
     except OSError:
         return float("nan")
-
-
-def summarize(records: list[dict], keys: tuple[str, ...] = ("method",), cal=None) -> pd.DataFrame:
-    """Ratios of sums over the prompts where a method reproduced ar; excluded pairs are counted, not hidden. With a
-    calibration, each row also has its predicted speedup and engine efficiency (experiments/prediction.py); every
-    ratio has a bootstrap 95% interval over prompts. `repeat_drift` checks that repeats did the same work
-    (experiments/drift.py); `accept_per_position` is a_1..a_k over the counted prompts."""
-    df = pd.DataFrame(prediction.annotate([dict(r) for r in records], cal))
-    if "predicted_s" in df:
-        df["ar_pred_s"] = df["id"].map(df[df.method == "ar"].set_index("id")["predicted_s"])
-    ar = df[df.method == "ar"].set_index("id")
-    df["ar_s"] = df["id"].map(ar["median_s"])
-    df["ar_calls"] = df["id"].map(ar["serial_calls"])
-    df["ar_tokens"] = df["id"].map(ar["tokens"])
-    sampled = "sampled" in df.columns and bool(df["sampled"].fillna(False).any())
-    rows = []
-    for key, g in df.groupby(list(keys), sort=False, dropna=False):
-        ok = g[counted(g)]
-        tokens, seconds, calls = int(ok.tokens.sum()), float(ok.median_s.sum()), ok.serial_calls
-        known = len(ok) > 0 and calls.notna().all() and calls.sum() > 0
-        ar_step = float(ok.ar_s.sum()) / float(ok.ar_calls.sum()) if len(ok) else float("nan")
-        speedup = _speedup(ok, seconds, tokens, sampled)
-        ar_pred = float(ok.ar_pred_s.sum()) if "ar_pred_s" in ok and len(ok) else 0.0
-        near = g[_kind(g) == "near_tie"]
-        rows.append({**dict(zip(keys, key if isinstance(key, tuple) else (key,))), "n_prompts": len(g),
-                     "n_identical": int(g.identical.astype(bool).sum()), "n_counted": len(ok),
-                     "n_near_tie": len(near), "near_tie_tokens": int(near.diverged_tokens.sum()) if len(near) else 0,
-                     "tokens": tokens, "seconds": seconds,
-                     "tokens_per_s": tokens / seconds if seconds else float("nan"),
-                     "speedup_vs_ar": speedup, **_intervals(ok, sampled, known),
-                     **prediction.summary_columns(ok, ar_pred, speedup),
-                     "load_average_max": float(g.load_average.max()) if "load_average" in g else float("nan"),
-                     "others_cores_max": float(g.others_cores.max()) if "others_cores" in g else float("nan"),
-                     "block_efficiency": tokens / float(calls.sum()) if known else float("nan"),
-                     "step_cost": seconds / float(calls.sum()) / ar_step if known and ar_step else float("nan"),
-                     **_drafting(ok, ar_step),
-                     "median_spread": float(g.spread.median()),
-                     "accept_per_position": drift.acceptance_per_position(ok)})
-    return drift.with_drift(pd.DataFrame(rows), df, keys)
-
-
-def _kind(g: pd.DataFrame) -> pd.Series:
-    return g["certificate"] if "certificate" in g else pd.Series([None] * len(g), index=g.index)
-
-
-def counted(g: pd.DataFrame) -> pd.Series:
-    """The prompts a ratio sums over: identical to ar, or a certified bfloat16 near-tie (a different but equally
-    greedy continuation, timed over the same budget); a lost divergence never counts (and fails the run)."""
-    return g.identical.astype(bool) | (_kind(g) == "near_tie")
-
-
-def _intervals(ok: pd.DataFrame, sampled: bool, known: bool) -> dict:
-    """Bootstrap 95% intervals over prompts of the speedup (greedy: ar seconds / method seconds; sampled: per
-    token) and of block efficiency."""
-    if sampled:
-        lo, hi = bootstrap_ratio((ok.ar_s / ok.ar_tokens * ok.tokens).tolist(), ok.median_s.tolist())
-    else:
-        lo, hi = bootstrap_ratio(ok.ar_s.tolist(), ok.median_s.tolist())
-    blo, bhi = (bootstrap_ratio(ok.tokens.tolist(), ok.serial_calls.tolist()) if known
-                else (float("nan"), float("nan")))
-    return {"speedup_ci_low": lo, "speedup_ci_high": hi, "block_efficiency_ci_low": blo,
-            "block_efficiency_ci_high": bhi}
-
-
-def _speedup(ok: pd.DataFrame, seconds: float, tokens: int, sampled: bool) -> float:
-    """Greedy: the same tokens, so a ratio of seconds. Sampled: outputs differ in length, so per token."""
-    if not seconds:
-        return float("nan")
-    if not sampled:
-        return float(ok.ar_s.sum()) / seconds
-    return (float(ok.ar_s.sum()) / float(ok.ar_tokens.sum())) / (seconds / tokens) if tokens else float("nan")
-
-
-def _drafting(ok: pd.DataFrame, ar_step: float) -> dict:
-    """Drafting cost per decode step (proposals only: prefill and verify excluded), in ms and in AR decode steps."""
-    if "draft_s" not in ok or not len(ok) or ok.draft_s.isna().any():
-        return {"draft_ms_per_step": float("nan"), "draft_vs_ar_step": float("nan")}
-    steps = float((ok.serial_calls - 1).sum())
-    ms = 1000 * float(ok.draft_s.sum()) / steps if steps else float("nan")
-    return {"draft_ms_per_step": ms, "draft_vs_ar_step": ms / (1000 * ar_step) if ar_step else float("nan")}
 
 
 def report_divergence(summary: pd.DataFrame, records: list[dict], log: Log,
@@ -316,12 +245,16 @@ def _resumable(out: Path, config: dict, resume: bool, jsonl: AppendOnlyJsonl) ->
 
 
 def _summaries(records: list[dict], cal, out: Path) -> pd.DataFrame:
-    """speed.csv and speed_by_category.csv of `records`, each replaced atomically (a reader never sees half)."""
+    """speed.csv, speed_by_category.csv and speed_by_subtask.csv of `records`, each replaced atomically (a reader
+    never sees half)."""
     summary = summarize(records, cal=cal)
     write_atomic(out / "speed.csv", summary.to_csv(index=False))
     if any(r["category"] for r in records):
         write_atomic(out / "speed_by_category.csv",
                      summarize(records, ("category", "method"), cal).to_csv(index=False))
+    if any(r.get("subtask") for r in records):      # Spec-Bench's six tasks: the board's columns
+        write_atomic(out / "speed_by_subtask.csv",
+                     summarize(records, ("subtask", "method"), cal).to_csv(index=False))
     return summary
 
 
@@ -373,7 +306,8 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):
         if ex.id in done:
             continue
-        recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify, log)
+        recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify, log,
+                       subtask(s.task, ex))
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(
