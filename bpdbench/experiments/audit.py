@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import tasks as task_registry
+from tasks.base import TURN_SUFFIX
 
 PER_EXAMPLE = ("examples.jsonl", "speed.jsonl", "replay.jsonl", "samples.jsonl")
 RULE = "tasks.splits/1"          # train: index % 10 == 9 (SQuAD by article); tune: the tail, 8% per tune group
@@ -38,8 +39,8 @@ def overlap(task: str, ids: list[str] | set[str], artefacts: dict[str, dict] | N
             data_dir: str | None = None, data_file: str | None = None) -> dict:
     """Counts of evaluated ids per split (train, tune, eval, and ids the task's data does not hold) and, per
     artefact that recorded what it saw, how many evaluated ids it saw."""
-    ids = {str(i) for i in ids}
     where = _split_of(task, data_dir, data_file)
+    ids = {_question(str(i), where) for i in ids}
     counts = {name: 0 for name in (*task_registry.SPLITS, "unknown")}
     for i in ids:
         counts[where.get(i, "unknown")] += 1
@@ -54,6 +55,12 @@ def overlap(task: str, ids: list[str] | set[str], artefacts: dict[str, dict] | N
     out["clean"] = not (out["in_train"] or out["in_tune"] or
                         any(a["overlap"] is None or a["overlap"] for a in out["artefacts"].values()))
     return out
+
+
+def _question(example_id: str, where: dict[str, str]) -> str:
+    """A later turn's id ("<question>-t2", tasks.with_turns) stands for its question, which the data holds."""
+    base = example_id.rsplit(TURN_SUFFIX, 1)[0]
+    return base if example_id not in where and base in where else example_id
 
 
 def record(cfg, examples, resolved: dict) -> dict | None:

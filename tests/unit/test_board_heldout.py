@@ -108,3 +108,11 @@ def test_bad_draw_files_are_one_line_errors(tmp_path: Path):
         select_examples(RunConfig(task="spec_bench", prompts=str(stale)))
     with pytest.raises(ConfigError, match="not both"):
         select_examples(RunConfig(task="spec_bench", prompts=str(BOARD)), per_category=1)
+
+
+@needs_data
+def test_the_audit_counts_a_second_turn_as_its_question():
+    from bpdbench.experiments.audit import overlap
+    seen = {"heads": {"ids": {"mt_bench": ["81"]}, "sha256": "x"}}
+    out = overlap("mt_bench", ["81-t2", "82"], seen)
+    assert out["evaluated"] == 2 and out["not_in_data"] == 0 and out["artefacts"]["heads"]["overlap"] == 1
