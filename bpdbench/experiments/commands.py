@@ -1,4 +1,4 @@
-"""One function per CLI command: config in, result files out, a Markdown table on stdout."""
+"""One function per CLI command: config in, result files out, a table on stdout (replay: terminal.py's)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,6 +7,7 @@ import pandas as pd
 
 from ..store import OutputLock
 from .summary import to_markdown
+from .terminal import replay_table, show
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
 from .plan import Plan
 from .session import Log, open_session
@@ -35,7 +36,8 @@ def replay(plan: Plan, log: Log) -> pd.DataFrame:
         s = open_session(plan, log)
         df = replay_lib.replay_methods(s, list(plan.methods), plan.out, resume=plan.resume,
                                        per_category=plan.per_category, lock=lock)
-    print(to_markdown(df))
+    show(replay_table(df), f"replayed on greedy trajectories (outputs greedy's by construction, not timed); every "
+         f"column in {plan.out / 'replay.csv'}")
     return df
 
 

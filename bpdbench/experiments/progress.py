@@ -4,9 +4,11 @@ from __future__ import annotations
 import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from .certificate import LostExamples
 from .plan import Plan
+from .summary import SUMMARY_CSV
 from .execute import execute
-from .summary import to_markdown
+from .terminal import run_table, run_verdict, show
 
 
 def run_with_progress(plan: Plan, console) -> dict:
@@ -24,7 +26,12 @@ def run_with_progress(plan: Plan, console) -> dict:
             bar.update(job, advance=1, stats=f"{totals['tokens'] / totals['seconds']:.1f} tok/s  block eff "
                        f"{totals['tokens'] / totals['calls']:.2f}")
 
-        row = execute(plan, lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress)
-    print(to_markdown(pd.DataFrame([row]).drop(columns=["accepted_per_head"])))
-    console.print(f"results in {plan.out}")
+        try:
+            row = execute(plan, lambda m: bar.console.print(m, highlight=False, soft_wrap=True), progress)
+        except LostExamples:        # every record and the summary are written: show them before the error line
+            if (plan.out / SUMMARY_CSV).exists():
+                lost = pd.read_csv(plan.out / SUMMARY_CSV).iloc[0].to_dict()
+                show(run_table([lost]), run_verdict(lost, plan.out))
+            raise
+    show(run_table([row]), run_verdict(row, plan.out))
     return row

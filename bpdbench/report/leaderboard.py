@@ -97,9 +97,8 @@ class Run:
 
     @property
     def newness(self) -> tuple:
-        t = commit_time(self.commit)
-        return (t if t is not None else (self.folder.path / "speed.jsonl").stat().st_mtime,
-                self.commit.endswith("-dirty"))
+        t = commit_time(self.commit)     # unknown here: oldest, never a checkout's file times (not reproducible)
+        return (t if t is not None else float("-inf"), self.commit.endswith("-dirty"))
 
     @property
     def ar(self) -> pd.DataFrame:

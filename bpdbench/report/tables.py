@@ -2,11 +2,13 @@
 
 Reads `results/replay/<task>/replay.csv` (lattice methods on shared greedy trajectories), `results/oracle/<task>/
 oracle.csv`, `results/analysis/<task>/{repetition,entropy}.csv` and `results/runs/*/summary.csv`, and writes CSV +
-Markdown under `results/tables/`, with the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours, PNGs
-where the paper has a figure (plots.py), and the computed hardware-utilization table (hardware.py, from
-`results/replay/<task>/replay.jsonl`), the Medusa tree variants from `results/medusa/<task>/replay.csv`, the
-per-machine speed leaderboard from `results/speed*/<folder>/` (leaderboard.py, html.py; the wide speed CSVs beside
-it), and the float32 certificates from `results/certificates/*/summary.csv`.
+Markdown under `results/tables/`: the paper's numbers (`../shared/paper/reference_tables.csv`) beside ours in the
+paper's task groups and, under every table that reproduces one of the paper's, what it reproduces and how the setups
+differ (paper.py); PNGs where the paper has a figure (plots.py); the computed hardware-utilization table
+(hardware.py, from `results/replay/<task>/replay.jsonl`); the Medusa tree variants from
+`results/medusa/<task>/replay.csv`; the per-machine speed leaderboard from `results/speed*/<folder>/`
+(leaderboard.py, html.py; the wide speed CSVs beside it); and the float32 certificates from
+`results/certificates/*/summary.csv`.
 Every folder is found and read by load.py, whose `method` column already holds current labels: the readers here
 select and pivot.
 """
@@ -18,24 +20,17 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from .. import paths
-from . import load
+from . import load, paper
 from .hardware import hardware_table
+from .paper import TASK_ORDER, lattice_table, lattice_wide  # noqa: F401 (lattice_table: tests read it here)
 from .plots import lines_by_task
 from ..experiments.summary import to_markdown
 
 if TYPE_CHECKING:
     from .leaderboard import Leaderboard
 
-PAPER_METHOD = {"neural-m": "neural-61m", "oracle:k=16": "oracle-k16"}   # our label -> the paper table's name
-LATTICE_METHODS = ["bpd", "neural-m", "ngram4", "16best-0gram", "16best-ngram4", "oracle:k=16"]
 CERTIFICATE_COLUMNS = ["task", "method", "dtype", "n_examples", "new_tokens", "block_efficiency", "lossless_rate"]
 RETIRED = ("speed.md", "speed_by_category.md")   # mixed machines, commits and models in one table: see leaderboard
-TASK_ORDER = ["lambada", "squad", "cnn_dailymail", "samsum", "multi_news", "xsum", "newsroom", "mt_bench"]
-
-
-def reference_tables() -> pd.DataFrame | None:
-    path = paths.REPO.parent / "shared" / "paper" / "reference_tables.csv"
-    return pd.read_csv(path) if path.exists() else None
 
 
 def speed_table(results: Path, name: str) -> pd.DataFrame:
@@ -54,66 +49,32 @@ def speed_table(results: Path, name: str) -> pd.DataFrame:
     return df.round(3) if not df.empty else df
 
 
-def lattice_table(results: Path) -> pd.DataFrame:
-    ours = load.table(results, "replay", "replay.csv")
-    if ours.empty:
-        return ours
-    ours = ours[ours.method.isin(LATTICE_METHODS)]
-    ref = reference_tables()
-    rows = []
-    for (task, method), g in ours.groupby(["task", "method"], sort=False):
-        r = g.iloc[-1]
-        row = {"task": task, "method": method, "n_examples": int(r.n_examples),
-               "block_efficiency": round(float(r.block_efficiency), 3)}
-        base = ours[(ours.task == task) & (ours.method == "bpd")]
-        if method not in ("bpd", "oracle:k=16") and not base.empty:
-            row["relative_change_pct"] = round(100 * (r.block_efficiency / base.block_efficiency.iloc[-1] - 1), 2)
-        if ref is not None:
-            p = ref[(ref.task == task) & (ref.method == PAPER_METHOD.get(method, method))]
-            if not p.empty:
-                row["paper_block_efficiency"] = p.block_efficiency.iloc[0]
-                row["paper_relative_change_pct"] = p.relative_change_pct.iloc[0]
-        rows.append(row)
-    df = pd.DataFrame(rows)
-    df["_t"] = df.task.map(lambda t: TASK_ORDER.index(t) if t in TASK_ORDER else 99)
-    df["_m"] = df.method.map(LATTICE_METHODS.index)
-    return df.sort_values(["_t", "_m"]).drop(columns=["_t", "_m"]).reset_index(drop=True)
-
-
-def lattice_wide(df: pd.DataFrame) -> pd.DataFrame:
-    """The paper's layout: one row per task, one column per method ("ours (paper)")."""
-    def cell(r) -> str:
-        s = f"{r.block_efficiency:.2f}"
-        if pd.notna(r.get("relative_change_pct")):
-            s += f" ({r.relative_change_pct:+.1f}%)"
-        if pd.notna(r.get("paper_block_efficiency")):
-            s += f" [paper {r.paper_block_efficiency:.2f}]"
-        return s
-    wide = df.assign(cell=df.apply(cell, axis=1)).pivot(index="task", columns="method", values="cell")
-    wide = wide[[m for m in LATTICE_METHODS if m in wide.columns]]
-    order = [t for t in TASK_ORDER if t in wide.index] + [t for t in wide.index if t not in TASK_ORDER]
-    return wide.loc[order].reset_index()
-
-
 def build(results: Path | None = None) -> list[Path]:
     results = results or paths.results_root()
     out = results / "tables"
     out.mkdir(parents=True, exist_ok=True)
     written = []
 
-    def emit(name: str, df: pd.DataFrame, title: str, markdown: bool = True) -> None:
+    def emit(name: str, df: pd.DataFrame, title: str, markdown: bool = True, source: str | None = None) -> None:
+        """`source`: the result kind whose folders made a table that reproduces the paper's (paper.REPRODUCES);
+        the lines naming what it reproduces and how the setups differ go under it."""
         if df.empty:
             return
         df.to_csv(out / f"{name}.csv", index=False)
         written.append(out / f"{name}.csv")
         if markdown:
-            (out / f"{name}.md").write_text(f"# {title}\n\n" + to_markdown(df))
+            lines = paper.notes(name, results, source) if source else []
+            (out / f"{name}.md").write_text(f"# {title}\n\n" + to_markdown(df) + "".join(f"\n{x}\n" for x in lines))
             written.append(out / f"{name}.md")
 
     lat = lattice_table(results)
-    emit("top16_lattice", lat, "Block efficiency with the top-16 lattice (ours vs paper)")
+    emit("top16_lattice", lat, "Block efficiency with the top-16 lattice, ours beside the paper's, in the paper's "
+         "task groups (relative_change_pct: against the same side's BPD; ours_vs_paper_pct: ours against the "
+         "paper's)", source="replay")
     if not lat.empty:
-        emit("top16_lattice_wide", lattice_wide(lat), "Block efficiency, paper layout: ours (rel. change) [paper]")
+        emit("top16_lattice_wide", lattice_wide(lat), "Block efficiency with the top-16 lattice, the paper's layout "
+             "in its task groups: ours (change vs our BPD), the paper's (change vs its BPD), ours against the "
+             "paper's", source="replay")
 
     def plot(name: str, df: pd.DataFrame, x: str, y: str, xlabel: str, ylabel: str, title: str, **kw) -> None:
         path = lines_by_task(df, x, y, out / f"{name}.png", xlabel, ylabel, title, task_order=TASK_ORDER, **kw)
@@ -127,31 +88,33 @@ def build(results: Path | None = None) -> list[Path]:
         by_h = rep[replayed.where(lambda m: m.label in bpd and m.get("threshold") is None)]
         by_h = by_h.assign(heads=by_h.method.map(lambda m: heads_of[m] or 8))
         emit("efficiency_vs_heads", by_h.pivot_table(index="task", columns="heads", values="block_efficiency")
-             .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed; 8 = all heads)")
+             .round(3).reset_index(), "Block efficiency vs number of heads (plain BPD, replayed; 8 = all heads)",
+             source="replay")
         plot("efficiency_vs_heads", by_h, "heads", "block_efficiency", "heads used (h)", "block efficiency",
              "Block efficiency vs number of heads (plain BPD)")
     if not rep.empty and (rep.method == "medusa").any():
         med = rep[rep.method.isin(["bpd", "16best-0gram", "medusa", "oracle:k=16"])]
         emit("medusa_vs_bpd", med.pivot_table(index="task", columns="method", values="block_efficiency").round(3)
-             .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)")
+             .reset_index(), "Medusa tree (mc_sim_7b_63, 63 candidates) vs linear BPD, block efficiency (replayed)",
+             source="replay")
     trees = load.table(results, "medusa", "replay.csv")   # `bpdbench replay --out results/medusa/<task>`
     if not trees.empty:
         emit("medusa_trees", trees.pivot_table(index="task", columns="method", values="block_efficiency", sort=False)
              .round(3).reset_index(), "Medusa trees vs linear BPD on the same trajectories: mc_sim_7b_63, a tree "
              "built from the heads' measured accuracy (medusa-auto), and mc_sim over a lattice re-ranked by "
-             "neural-m (medusa-neural-m); block efficiency, replayed")
+             "neural-m (medusa-neural-m); block efficiency, replayed", source="medusa")
     oracle = load.table(results, "oracle", "oracle.csv")
-    emit("oracle_vs_k", oracle, "Oracle block efficiency vs k")
+    emit("oracle_vs_k", oracle, "Oracle block efficiency vs k", source="oracle")
     plot("oracle_vs_k", oracle, "k", "block_efficiency", "k (top-k per head)", "oracle block efficiency",
          "Oracle block efficiency vs k", log2_x=True)
     emit("repetition", load.table(results, "analysis", "repetition.csv"),
-         "Consecutive repetition in drafts, before/after 2-gram rescoring")
+         "Consecutive repetition in drafts, before/after 2-gram rescoring", source="analysis")
     entropy = load.table(results, "analysis", "entropy.csv")
-    emit("entropy", entropy, "Per-head entropy and h_max")
+    emit("entropy", entropy, "Per-head entropy and h_max", source="analysis")
     plot("entropy", entropy, "head", "mean_entropy", "head", "mean entropy (nats)", "Mean entropy per head")
     emit("hardware_utilization", hardware_table(results, task_order=TASK_ORDER),
          "Hardware utilization per generated token: computed from the model config and measured counters "
-         "(ratios of sums), not measured with hardware counters")
+         "(ratios of sums), not measured with hardware counters", source="replay")
     # The wide dumps stay CSV only (every machine, commit and model in one file); the Markdown is per machine.
     emit("speed", speed_table(results, "speed.csv"), "", markdown=False)
     emit("speed_by_category", speed_table(results, "speed_by_category.csv"), "", markdown=False)

@@ -50,6 +50,11 @@ def test_run_writes_results_and_certifies(tiny_model_dir, prompts_file, tmp_path
     assert config["config"]["dtype"] == "float32" and "git_commit" in config["environment"]
     assert "torch" in config["environment"]["versions"] and config["environment"]["threads"] >= 1
     assert (out / "summary.md").read_text().startswith("| task |")
+    # the terminal summary: the reader's columns, the certificate counts (not the bare lossless_rate), the file
+    for col in ("method", "examples", "block efficiency", "certified (exact + near-tie)", "lost", "tokens/s"):
+        assert col in text, text
+    assert "3 of 3 outputs certified, 0 lost" in text and "lossless_rate" not in text, text
+    assert f"{row.block_efficiency:.3f}" in text and str(out / "summary.csv") in text.replace("\n", ""), text
 
 
 def test_ar_block_efficiency_is_exactly_one(tiny_model_dir, prompts_file, tmp_path):
