@@ -138,6 +138,9 @@ def load_examples(task: Task, data_dir: Path | None, data_file: Path | None = No
     """Read a task's JSONL; a missing or malformed file raises a one-line `DataError` telling the user what to supply."""
     if data_file is not None:
         data_file = Path(data_file)
+        if data_file.is_dir():
+            raise DataError(f"{task.name}: --data-file {data_file} is a directory; pass the JSONL file in it, or "
+                            f"the directory as --data-dir ({task.layout})")
         if not data_file.is_file():
             raise DataError(f"{task.name}: data file not found: {data_file} ({task.layout})")
         return _parse_file(task, data_file)

@@ -5,7 +5,11 @@ from .base import Example, Task
 
 
 def parse(record: dict) -> Example:
-    return Example(id=str(record["id"]), prompt=str(record["prompt"]))
+    """A prompt must be text: str(None) would decode the word "None" and exit 0 (ValueError: a one-line DataError)."""
+    prompt = record["prompt"]
+    if not isinstance(prompt, str):
+        raise ValueError(f"'prompt' must be a string, got {type(prompt).__name__}")
+    return Example(id=str(record["id"]), prompt=prompt)
 
 
 TASK = Task(name="prompts", group="CHAT", chat=True, files=(), layout="JSONL with fields id, prompt",

@@ -162,6 +162,9 @@ RUN_CASES = [
     ("out-under-file", lambda a, t, m: with_opts(a, out=write_lines(t / "g.txt", []) / "sub"), ["is a file"]),
     ("out-unwritable", lambda a, t, m: with_opts(a, out="/sys/bpdbench-out"), ["--out", "writable directory"]),
     ("data-missing", lambda a, t, m: with_opts(a, data_file=t / "none.jsonl"), ["not found", "none.jsonl"]),
+    ("data-file-is-dir", lambda a, t, m: with_opts(a, data_file=t), ["is a directory", "--data-dir"]),
+    ("null-prompt", lambda a, t, m: with_opts(a, data_file=write_lines(t / "n.jsonl", [{"id": "a", "prompt": None}])),
+     ["n.jsonl:1", "'prompt' must be a string", "NoneType"]),
     ("duplicate-ids", lambda a, t, m: with_opts(a, data_file=write_lines(t / "d.jsonl", [
         {"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}])),
      ["'a'", "lines 1 and 3", "unique"]),

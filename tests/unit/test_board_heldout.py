@@ -116,3 +116,8 @@ def test_the_audit_counts_a_second_turn_as_its_question():
     seen = {"heads": {"ids": {"mt_bench": ["81"]}, "sha256": "x"}}
     out = overlap("mt_bench", ["81-t2", "82"], seen)
     assert out["evaluated"] == 2 and out["not_in_data"] == 0 and out["artefacts"]["heads"]["overlap"] == 1
+
+
+def test_turns_below_one_is_refused():
+    with pytest.raises(ConfigError, match="--turns must be >= 1"):
+        RunConfig(turns=0).validate()
