@@ -155,6 +155,9 @@ def speed(task: Annotated[str, typer.Option(help="task (mt_bench, spec_bench, pr
                      heads_path=heads_path, device=device, temperature=temperature, top_p=top_p, top_k=top_k,
                      seed=seed, prompts=prompts, turns=turns)
     if assistant:
+        if "hf-assisted" not in methods.split(","):
+            raise ValueError(f"--assistant {assistant} names hf-assisted's draft model, but --methods has no plain "
+                             f"hf-assisted; add it, or spell hf-assisted:assistant={assistant} in --methods")
         methods = ",".join(f"hf-assisted:assistant={assistant}" if m == "hf-assisted" else m
                            for m in methods.split(","))
     from ..experiments.plan import SpeedOptions

@@ -272,6 +272,13 @@ OTHER_CASES = [
     ("certify-rule", ["certify", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
                       "--method", "bpd", "--temperature", "1", "--rules", "lenient", "--out", "{tmp}/c"],
      ["unknown rule", "always-accept"]),
+    ("speed-assistant-unused", ["speed", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
+                                "--methods", "ar,pld", "--assistant", "nope", "--out", "{tmp}/s"],
+     ["--assistant nope", "no plain hf-assisted"]),
+    ("speed-prompts-missing", ["speed", "--task", "spec_bench", "--model", "{model}", "--prompts", "{tmp}/none.json",
+                               "--out", "{tmp}/s"], ["no such draw file", "bpdbench draw"]),
+    ("speed-turns-zero", ["speed", "--task", "mt_bench", "--model", "{model}", "--turns", "0", "--out", "{tmp}/s"],
+     ["--turns", ">= 1"]),
     ("speed-top-k", ["speed", "--task", "prompts", "--data-file", "{prompts}", "--model", "{model}",
                      "--temperature", "1", "--top-k", "-1", "--out", "{tmp}/s"], ["--top-k", ">= 0"]),
 ]
