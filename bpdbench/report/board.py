@@ -139,9 +139,15 @@ def describe(b: Board) -> str:
         lo, hi = int(counts.min()), int(counts.max())
         what = f"{lo if lo == hi else f'{lo}-{hi}'} per {noun}, {what}"
     planned = (run.folder.config.get("resolved") or {}).get("n_selected")
-    b.partial = bool(planned and len(ar) < planned)
+    drawn = [str(x) for x in ((run.folder.config.get("draw") or {}).get("ids") or [])]
+    if drawn:             # the board's committed draw: the questions it must hold
+        done = set((ar.question if "question" in ar else ar.id).astype(str))
+        have, planned = len(done & set(drawn)), len(drawn)
+    else:                 # older folders: the examples the run selected
+        have = len(ar)
+    b.partial = bool(planned and have < planned)
     if b.partial:         # a long run (the leaderboard) is accumulated and rendered as it goes
-        what += f"; PARTIAL: {len(ar)} of the {planned} planned prompts measured so far"
+        what += f"; PARTIAL: {have} of the {planned} planned prompts measured so far"
     experiments = ", ".join(dict.fromkeys(r.rel.split("/")[0] for r in b.runs))
     r = b.rows[b.rows.method == "ar"]
     ms = f" · AR {r.ms_per_token.iloc[0]:.1f} ms/token" if len(r) and pd.notna(r.ms_per_token.iloc[0]) else ""

@@ -123,6 +123,19 @@ def test_one_page_one_board_studies_apart_and_the_index_marks_partial(tmp_path):
     assert "PARTIAL" in row and "older (" in row                 # this fixture's cell is not today's grid
 
 
+def test_a_board_with_a_committed_draw_is_partial_until_every_drawn_question_is_measured(tmp_path):
+    r = tmp_path / "results"
+    d = folder(r, "leaderboard-afcf1aeb72d2/spec_bench", {"null": 1.0, "pld": 1.3}, today=True, per_task=1)
+    cfg = json.loads((d / "config.json").read_text())
+    drawn = [f"{t}-0" for t in TASKS]
+    (d / "config.json").write_text(json.dumps({**cfg, "draw": {"seed": 1, "ids": drawn}}))
+    (b,) = machine(r).boards
+    assert not b.partial and "6 prompts (1 per task, 6 tasks)" in b.heading    # 7 records: MT-Bench has 2 turns
+    (d / "config.json").write_text(json.dumps({**cfg, "draw": {"seed": 1, "ids": [*drawn, "rag-1"]}}))
+    (b,) = machine(r).boards
+    assert b.partial and "PARTIAL: 6 of the 7 planned prompts" in b.heading
+
+
 def test_a_board_is_one_commit_and_one_sweep_and_the_page_says_when_boards_differ(tmp_path):
     r = tmp_path / "results"
     folder(r, "leaderboard-afcf1aeb72d2/spec_bench", {"pld": 1.4}, sha="aaaa")
