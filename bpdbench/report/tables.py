@@ -239,8 +239,8 @@ def leaderboard_rows(lb: "Leaderboard") -> pd.DataFrame:
             keys = {"fingerprint": m.fingerprint, "cpu": m.processor, "board": b.slug, "task": b.task,
                     "model": b.model, "dtype": b.dtype, "commit": b.runs[0].commit, "study": b.study,
                     "refused": b.refused}
-            df = b.rows.drop(columns=["run"]).assign(rank=range(1, len(b.rows) + 1)).merge(acc, on="method",
-                                                                                               how="left")
+            rank = pd.array([pd.NA] * len(b.rows) if b.refused else range(1, len(b.rows) + 1), dtype="Int64")
+            df = b.rows.drop(columns=["run"]).assign(rank=rank).merge(acc, on="method", how="left")
             if len(b.engines):
                 df = pd.concat([df, b.engines.drop(columns=["run"]).assign(rank=pd.NA, engine=True)],
                                ignore_index=True)

@@ -162,6 +162,9 @@ def test_the_null_row_checks_the_noise_floor_and_refuses_a_board_outside_it(tmp_
     assert b.refused.startswith("REFUSED: the noise-floor row `null` reads 1.0") and "load average" in b.refused
     assert "REFUSED" in b.verdict and "pld 1.4" not in b.verdict and b.figure() is None
     assert set(b.tables[0].frame["#"]) == {"—"} and not any(t.id.endswith("-which") for t in b.tables)
+    from bpdbench.report import tables
+    rows = tables.leaderboard_rows(leaderboard.collect(r))
+    assert rows["rank"].isna().all() and rows.refused.str.startswith("REFUSED").all()
     r = tmp_path / "none"
     folder(r, "leaderboard-afcf1aeb72d2/spec_bench", {"pld": 1.4}, today=True)      # today's protocol, no null
     assert "REFUSED: no `null` row" in machine(r).boards[0].refused
