@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 import tomllib
 from functools import lru_cache
-from pathlib import Path
 
 import pandas as pd
 
