@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,8 +39,11 @@ _MADE_BY: ContextVar[dict | None] = ContextVar("made_by", default=None)
 @contextlib.contextmanager
 def made_by(grid: str, cell: str) -> Iterator[None]:
     """Every config.json written inside records {"sweep": {"grid": grid, "cell": cell}}: the recipe of the result.
-    Outside config["config"], so it never decides whether a folder is finished or resumable."""
-    token = _MADE_BY.set({"grid": grid, "cell": cell})
+    Outside config["config"], so it never decides whether a folder is finished or resumable. `grid_sha256` (the
+    file's content, where it is readable) tells two sweeps of one grid path apart: a board takes one sweep."""
+    file = next((p for p in (Path(grid), paths.REPO / grid) if p.is_file()), None)
+    digest = hashlib.sha256(file.read_bytes()).hexdigest()[:16] if file else None
+    token = _MADE_BY.set({"grid": grid, "cell": cell, **({"grid_sha256": digest} if digest else {})})
     try:
         yield
     finally:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .leaderboard import Leaderboard, Table, flags
+from .pages import boards, machines, status
+from .runs import Board, Leaderboard, Table
 
 STYLE = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em auto; max-width: 1350px; color: #222; }
@@ -60,16 +61,6 @@ if (wanted && document.getElementById(wanted[1])) {
 """
 
 
-def machines(lb: Leaderboard) -> pd.DataFrame:
-    """The index: one row per machine page (both renderers link its first column)."""
-    return pd.DataFrame([{"machine": m.fingerprint, "CPU": m.processor, "flags": flags({"cpu_flags": m.flags}),
-                          "cores": m.cores, "benchmarks": ", ".join(dict.fromkeys(f"{b.task} ({b.dtype})"
-                                                                                  for b in m.boards)),
-                          "tables": sum(len(b.tables) for b in m.boards),
-                          "folders": sum(len(b.runs) for b in m.boards)} for m in lb.machines],
-                        columns=["machine", "CPU", "flags", "cores", "benchmarks", "tables", "folders"])
-
-
 def _text(s: str) -> str:
     """Escaped text with the Markdown bold the verdicts use."""
     return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(s))
@@ -88,28 +79,45 @@ def _png(data: bytes | None, alt: str) -> str:
     return f'<p><img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}"></p>'
 
 
+def _board(b: Board) -> list[str]:
+    return [f'<h3 id="{b.fingerprint}-{b.slug}">{html.escape(b.heading)}</h3>',
+            f'<p class="caption">{html.escape(b.caption)}</p>',
+            *(f'<p class="note">{_text(x)}</p>' for x in status(b)),
+            _png(b.figure(), f"speedup bars, {b.heading}"), *(_table(t) for t in b.tables)]
+
+
 def page(lb: Leaderboard) -> str:
-    """The whole page: the machine index, what was left out, then per machine its verdicts and boards."""
+    """The whole page, in the Markdown pages' structure: the machine index and the grid's boards, what was left
+    out, then per machine its verdicts, the grid's boards, and its studies apart."""
     index = machines(lb).map(lambda v: html.escape(v) if isinstance(v, str) else v)
     index["machine"] = index.machine.map(lambda fp: f'<a href="#{fp}">{fp}</a>')
     parts = ["<h1>bpdbench leaderboard: one section per machine</h1>",
-             '<p class="note">Rendered by <code>bpdbench tables</code> from results/speed*/ folders only. A table '
-             "never mixes machines (CPU fingerprint), models, dtypes, commits or protocols; folders that do not "
-             "record their machine are left out. Click a header to sort.</p>",
+             '<p class="note">Rendered by <code>bpdbench tables</code> from results/speed*/, results/leaderboard*/ '
+             "and results/frontier*/ folders. A machine's section holds the leaderboard grid's boards (one per "
+             "benchmark, model and dtype), then its studies apart. A table never mixes machines (CPU fingerprint), "
+             "models, dtypes, commits, sweeps or protocols; folders that do not record their machine are left out. "
+             "Click a header to sort.</p>",
              _table(Table("machines", "Machines", index), "h2", escaped=True)]
+    grid = boards(lb)
+    if not grid.empty:
+        parts.append(_table(Table("boards", "The grid's boards", grid), "h2"))
     if lb.left_out:
         left = pd.DataFrame(lb.left_out, columns=["folder", "why left out"])
         parts.append(_table(Table("left-out", "Left out", left), "h2"))
     for m in lb.machines:
         parts.append(f'<h2 id="{m.fingerprint}">{html.escape(m.processor)} (fingerprint {m.fingerprint})</h2>')
         parts.append(f'<p class="caption">CPU flags: {html.escape(" ".join(m.flags))}; {m.cores} cores</p>')
+        if m.commits:
+            parts.append(f'<p class="note">{_text(m.commits)}</p>')
         parts.append("<h3>Which drafter on this machine</h3><ul>"
                      + "".join(f"<li>{_text(b.verdict)}</li>" for b in m.boards) + "</ul>")
         for b in m.boards:
-            parts.append(f'<h3 id="{m.fingerprint}-{b.slug}">{html.escape(b.heading)}</h3>')
-            parts.append(f'<p class="caption">{html.escape(b.caption)}</p>')
-            parts.append(_png(b.figure(), f"speedup bars, {b.heading}"))
-            parts.extend(_table(t) for t in b.tables)
+            parts.extend(_board(b))
+        if m.studies:
+            parts.append(f'<h3 id="{m.fingerprint}-studies">Studies on this machine (not the leaderboard grid: '
+                         "never its answer)</h3>")
+            for b in m.studies:
+                parts.extend(_board(b))
     return ("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>bpdbench leaderboard</title>"
             f"<style>{STYLE}</style></head>\n<body>\n" + "\n".join(parts) + f"\n<script>{SCRIPT}</script>\n"
             "</body></html>\n")

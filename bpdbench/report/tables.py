@@ -179,59 +179,33 @@ def _speed_figure(folder: load.ResultFolder, out: Path) -> list[Path]:
 
 def leaderboard_files(results: Path, out: Path) -> list[Path]:
     """The per-machine leaderboard (report/leaderboard.py): tables/leaderboard.md (the index),
-    tables/leaderboard/<fingerprint>.md with a PNG per board, tables/leaderboard.csv (every board's rows, numeric)
-    and the self-contained tables/leaderboard.html."""
-    from . import html, leaderboard as lb_lib
+    tables/leaderboard/<fingerprint>.md (the grid's boards) and <fingerprint>-studies.md with a PNG per ranked board
+    (report/pages.py), tables/leaderboard.csv (every board's rows, numeric) and the self-contained
+    tables/leaderboard.html."""
+    from . import html, leaderboard as lb_lib, pages
     lb = lb_lib.collect(results)
-    pages = out / "leaderboard"
-    pages.mkdir(exist_ok=True)
-    for old in [*pages.glob("*.md"), *pages.glob("*.png")]:       # pages of machines no longer in the results
-        old.unlink()
-    written: list[Path] = []
-    for m in lb.machines:
-        text = [f"# Leaderboard: {m.processor}, fingerprint {m.fingerprint}", "",
-                f"CPU flags: {' '.join(m.flags)}; {m.cores} cores. One board per benchmark, model, dtype and protocol, "
-                "from one commit; rows ranked by speedup. [All machines](../leaderboard.md)", "",
-                "## Which drafter on this machine", "", *(f"- {b.verdict}" for b in m.boards), ""]
-        for b in m.boards:
-            text += [f"## {b.heading}", "", b.caption, ""]
-            if b.figure():
-                png = pages / f"{m.fingerprint}-{b.slug}.png"
-                png.write_bytes(b.figure())
-                written.append(png)
-                text += [f"![speedup over AR, {b.heading}]({png.name})", ""]
-            for t in b.tables:
-                text += [f"### {t.title}", "", to_markdown(t.frame), t.note, ""]
-        path = pages / f"{m.fingerprint}.md"
-        path.write_text("\n".join(text))
-        written.append(path)
-    index = html.machines(lb)
-    index["machine"] = index.machine.map(lambda fp: f"[{fp}](leaderboard/{fp}.md)")
-    text = ["# Leaderboard: one page per machine", "",
-            "Rendered from results/speed*/ by `bpdbench tables`; the same tables, sortable, with figures: "
-            "[leaderboard.html](leaderboard.html). A table never mixes machines (CPU fingerprint), models, dtypes, "
-            "commits or protocols. The wide dumps of every folder are speed.csv and speed_by_category.csv.", "",
-            to_markdown(index) if not index.empty else "No speed folder records its machine.", ""]
-    if lb.left_out:
-        text += ["## Left out", "", to_markdown(pd.DataFrame(lb.left_out, columns=["folder", "why"])), ""]
-    (out / "leaderboard.md").write_text("\n".join(text))
+    written = pages.write(lb, out)
     rows = leaderboard_rows(lb)
     if not rows.empty:
         rows.to_csv(out / "leaderboard.csv", index=False)
         written.append(out / "leaderboard.csv")
-    return [*written, out / "leaderboard.md", html.write(lb, out / "leaderboard.html")]
+    return [*written, html.write(lb, out / "leaderboard.html")]
 
 
 def leaderboard_rows(lb: "Leaderboard") -> pd.DataFrame:
     """Every board's ranked rows with the machine, board and per-position acceptance as numbers (the CSV)."""
     frames = []
     for m in lb.machines:
-        for b in m.boards:
+        for b in [*m.boards, *m.studies]:
             acc = pd.DataFrame([{"method": k, **{f"a_{j + 1}": v for j, v in enumerate(a)}, "acceptance_source": src}
                                 for k, (a, src) in b.accept.items()] or None, columns=None if b.accept else ["method"])
             keys = {"fingerprint": m.fingerprint, "cpu": m.processor, "board": b.slug, "task": b.task,
-                    "model": b.model, "dtype": b.dtype, "commit": b.runs[0].commit}
-            df = b.rows.drop(columns=["run"]).assign(rank=range(1, len(b.rows) + 1)).merge(acc, on="method",
-                                                                                               how="left")
+                    "model": b.model, "dtype": b.dtype, "commit": b.runs[0].commit, "study": b.study,
+                    "refused": b.refused}
+            rank = pd.array([pd.NA] * len(b.rows) if b.refused else range(1, len(b.rows) + 1), dtype="Int64")
+            df = b.rows.drop(columns=["run"]).assign(rank=rank).merge(acc, on="method", how="left")
+            if len(b.engines):
+                df = pd.concat([df, b.engines.drop(columns=["run"]).assign(rank=pd.NA, engine=True)],
+                               ignore_index=True)
             frames.append(pd.concat([pd.DataFrame([keys] * len(df)), df], axis=1))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -4,6 +4,7 @@ config.json names the grid and cell that made it without that (or where it ran) 
 cells run in-process, as a Ray worker runs them."""
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -36,7 +37,8 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     assert not kinds.finished(pld, first.results)            # one example more to decode
     assert cells.run_cell(pld, 0, "sweep/g", None)["status"] == "ok"    # resumed with a fresh greedy folder
     meta = json.loads((first.results / pld.rel / "config.json").read_text())
-    assert meta["sweep"] == {"grid": str(path.resolve()), "cell": "sampling/xsum/pld-T0"}
+    assert meta["sweep"] == {"grid": str(path.resolve()), "cell": "sampling/xsum/pld-T0",
+                             "grid_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
     assert meta["config"]["greedy_dir"] != str(tmp_path / "cache" / "greedy") and meta["config"]["limit"] == 2
     assert kinds.finished(pld, first.results)
     examples = [json.loads(x) for x in (first.results / pld.rel / "examples.jsonl").read_text().splitlines()]

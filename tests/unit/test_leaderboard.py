@@ -1,6 +1,8 @@
-"""The per-machine leaderboard (report/leaderboard.py) on synthetic speed folders: one page per CPU fingerprint, no
-table mixing dtypes, models or commits, every Markdown table at most 12 columns, headings that name the CPU, rows
-ranked by speedup, acceptance per draft position from the run or a stand-in replay, old folders left out."""
+"""The per-machine leaderboard (report/leaderboard.py) on synthetic speed folders: one page per CPU fingerprint (the
+grid's boards) and one of its studies (here the results/speed* folders, which no grid made), no table mixing dtypes,
+models or commits, every Markdown table at most 12 columns, headings that name the CPU, rows ranked by speedup,
+acceptance per draft position from the run or a stand-in replay, old folders left out. The new page structure,
+noise floor and paired verdicts: tests/unit/test_leaderboard_board.py."""
 from __future__ import annotations
 
 import json
@@ -90,7 +92,8 @@ def test_one_page_per_fingerprint_and_old_folders_left_out(results, no_drawing):
     out.mkdir()
     tables.leaderboard_files(results, out)
     pages = sorted(p.name for p in (out / "leaderboard").glob("*.md"))
-    assert pages == ["afcf1aeb72d2.md", "f48c4d64e244.md"]
+    assert pages == ["afcf1aeb72d2-studies.md", "afcf1aeb72d2.md", "f48c4d64e244-studies.md", "f48c4d64e244.md"]
+    assert all(not m.boards for m in lb.machines)           # no folder here is the leaderboard grid's
     index = (out / "leaderboard.md").read_text()
     assert "[afcf1aeb72d2](leaderboard/afcf1aeb72d2.md)" in index and "Intel(R) Xeon(R) Processor" in index
     left = dict(lb.left_out)
@@ -103,14 +106,14 @@ def test_a_table_never_mixes_machines_dtypes_models_or_commits(results):
     lb = leaderboard.collect(results)
     keys = []
     for m in lb.machines:
-        for b in m.boards:
+        for b in [*m.boards, *m.studies]:
             envs = [r.env for r in b.runs]
             assert {e["fingerprint"] for e in envs} == {m.fingerprint}
             assert {r.folder.model for r in b.runs} == {b.model} and {r.folder.dtype for r in b.runs} == {b.dtype}
             assert len({e["git_commit"] for e in envs}) == 1
             keys.append((m.fingerprint, b.task, b.model, b.dtype))
     assert len(keys) == len(set(keys)) == 5              # bf16, fp32 and 1.5B apart; the field folder merged
-    (merged,) = [b for m in lb.machines for b in m.boards
+    (merged,) = [b for m in lb.machines for b in m.studies
                  if (b.task, b.model, b.dtype) == ("mt_bench", "m-0.5b", "bfloat16")]
     assert [r.rel for r in merged.runs] == ["speed-field/mt_bench-field", "speed/mt_bench"]
     assert merged.rows.method.value_counts().max() == 1 and "rest" in set(merged.rows.method)
@@ -126,8 +129,9 @@ def test_every_markdown_table_fits_twelve_columns_and_names_the_cpu(results, no_
     assert headers and all(line.count("|") - 1 <= leaderboard.MAX_COLUMNS for line in headers)
     page = (out / "leaderboard" / "f48c4d64e244.md").read_text()
     assert page.startswith("# Leaderboard: Intel(R) Xeon(R) Processor, fingerprint f48c4d64e244")
+    page = (out / "leaderboard" / "f48c4d64e244-studies.md").read_text()
     assert page.count("Speedup by category (1/2)") == 1                 # 13 categories, 15 methods: split
-    for b in leaderboard.collect(results).machines[1].boards:
+    for b in leaderboard.collect(results).machines[1].studies:
         for what in ("Intel(R) Xeon(R) Processor", "avx2 avx512f avx512_bf16 amx_bf16", "2 cores, 2 threads",
                      b.dtype, "torch 2.13.0+cpu", "commit c1", "n = ", "new tokens"):
             assert what in b.caption, (what, b.caption)
@@ -138,25 +142,25 @@ def test_every_markdown_table_fits_twelve_columns_and_names_the_cpu(results, no_
 def test_rows_are_ranked_by_speedup_and_the_verdict_names_the_best(results):
     lb = leaderboard.collect(results)
     for m in lb.machines:
-        for b in m.boards:
+        for b in m.studies:
             s = b.rows.speedup_vs_ar.tolist()
             assert s == sorted(s, reverse=True)
             shown = b.tables[0].frame
             assert shown["#"].tolist() == list(range(1, len(shown) + 1))
             assert shown.method.tolist() == b.rows.method.tolist()
-    (epyc,) = lb.machines[0].boards
+    (epyc,) = lb.machines[0].studies
     assert epyc.rows.method.iloc[0] == "pld" and "pld 1.5" in epyc.verdict
     which = [t for t in epyc.tables if t.id.endswith("-which")][0].frame
-    assert len(which) == 13 and set(which.best) == {"pld"}
+    assert which.method.tolist() == ["pld", "bpd", "medusa"] and which["against the best"].iloc[0] == "best"
 
 
 def test_acceptance_per_position_from_the_run_a_replay_or_na(results):
     lb = leaderboard.collect(results)
-    (epyc,) = lb.machines[0].boards                    # speed.jsonl with steps and accepted_per_head
+    (epyc,) = lb.machines[0].studies                   # speed.jsonl with steps and accepted_per_head
     a, src = epyc.accept["pld"]
     assert src == "this run" and a == pytest.approx([8 / 23, 4 / 23, 1 / 23])
     assert "ar" not in epyc.accept
-    xeon = [b for b in lb.machines[1].boards if b.task == "mt_bench" and b.dtype == "bfloat16"
+    xeon = [b for b in lb.machines[1].studies if b.task == "mt_bench" and b.dtype == "bfloat16"
             and b.model == "m-0.5b"][0]
     assert xeon.accept["bpd"] == ([], "n/a")
     replay = results / "replay" / "mt_bench"                          # a stand-in replay of the same setting
@@ -166,7 +170,7 @@ def test_acceptance_per_position_from_the_run_a_replay_or_na(results):
         "methods": ["bpd"], "environment": {"dtype": "bfloat16"}}))
     (replay / "replay.jsonl").write_text(json.dumps({"id": "a", "new_tokens": 9, "bpd": {
         "steps": 10, "accepted_per_head": [5, 2, 0, 0]}}) + "\n")
-    xeon = [b for b in leaderboard.collect(results).machines[1].boards if b.task == "mt_bench"
+    xeon = [b for b in leaderboard.collect(results).machines[1].studies if b.task == "mt_bench"
             and b.dtype == "bfloat16" and b.model == "m-0.5b"][0]
     assert xeon.accept["bpd"] == ([0.5, 0.2, 0.0, 0.0], "replay/mt_bench")
 
@@ -269,9 +273,9 @@ def test_two_boards_of_one_benchmark_say_which_experiment_and_the_grid_s_comes_f
     cfg = json.loads((d / "config.json").read_text())
     (d / "config.json").write_text(json.dumps({**cfg, "repeats": 3}))           # another protocol: another board
     (machine,) = leaderboard.collect(tmp_path).machines
-    headings = [b.heading for b in machine.boards]
-    assert len(headings) == 2 and headings[0].endswith("· leaderboard-afcf1aeb72d2")
-    assert headings[1].endswith("· frontier-stop")
+    (grid,), (study,) = machine.boards, machine.studies
+    assert grid.heading.endswith("· leaderboard-afcf1aeb72d2") and study.heading.endswith("· frontier-stop")
+    assert "frontier-stop" in study.why_study
 
 
 def test_a_newer_study_under_the_grid_s_protocol_sits_beside_the_grid_s_board(tmp_path, monkeypatch):
@@ -284,8 +288,8 @@ def test_a_newer_study_under_the_grid_s_protocol_sits_beside_the_grid_s_board(tm
                  speedups={"pld": 1.6})
     board = leaderboard.collect(tmp_path)
     (machine,) = board.machines
-    assert [[r.rel for r in b.runs] for b in machine.boards] == [["leaderboard-afcf1aeb72d2/mt_bench"],
-                                                                  ["frontier-rescore/mt_bench"]]
+    assert [[r.rel for r in b.runs] for b in [*machine.boards, *machine.studies]] == [
+        ["leaderboard-afcf1aeb72d2/mt_bench"], ["frontier-rescore/mt_bench"]]
     assert not board.left_out
 
 
@@ -303,4 +307,4 @@ def test_an_auto_row_that_sized_itself_to_ar_is_marked_and_never_named_best(tmp_
     assert "medusa:nodes=auto (auto: AR)" in set(speed.method) and "pld" in set(speed.method)
     assert "pld" in b.verdict and "medusa" not in b.verdict
     which = next(t.frame for t in b.tables if t.id.endswith("-which"))
-    assert "medusa:nodes=auto" not in set(which.best) and set(which.best) == {"pld"}
+    assert not any("medusa" in m for m in which.method) and which.method.iloc[0] == "pld"
