@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments.speed import counted
-from . import checks, load
+from . import checks, load, replication
 from .runs import LETTERS, Board, Run, Table, flags, grid_name, short
 from .verdicts import against_best, ci, fit, is_drafter, num, verdict, which_table
 
@@ -231,6 +231,13 @@ def fill(b: Board, sources: load.StandIns, training: dict) -> None:
                                   f"Per {noun}: sum of AR's median seconds / the method's over its counted prompts of "
                                   f"that {noun} (speed.jsonl); prompts per {noun}: "
                                   f"{', '.join(f'{c} {n}' for c, n in counts.items())}."))
+    for run in b.runs:
+        again = replication.table(run.folder.path)
+        if again is not None and len(again):
+            b.tables.append(Table(f"{tid}-replication", f"Replication on a disjoint draw: {title}", again,
+                                  f"The board's rows timed again, each against its own AR, on a second draw of "
+                                  f"prompts disjoint from the board's ({replication.partner(run.folder.path).name}); "
+                                  f"replicated = the replication's speedup lies within the board's 95% interval."))
     if b.refused:
         b.verdict = f"**{b.heading}**: {b.refused}"
         return

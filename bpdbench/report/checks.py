@@ -60,8 +60,9 @@ def noise_floor(rows: pd.DataFrame, today: bool) -> tuple[str, str]:
 
 
 def today_protocol(records: pd.DataFrame, summary: pd.DataFrame) -> bool:
-    """Whether a folder was made under today's speed protocol (per-question records, #MAT in speed.csv)."""
-    return "question" in records or "mat" in summary
+    """Whether a folder was made under today's speed protocol: its records name their question (`speed` writes it
+    since the board's protocol; speed.csv columns alone are recomputed for old folders too, so they cannot tell)."""
+    return "question" in records
 
 
 @lru_cache(maxsize=None)

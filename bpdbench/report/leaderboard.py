@@ -23,7 +23,7 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
-from . import checks, load
+from . import checks, load, replication
 from .board import CONVENTIONS, POSITIONS, acceptance, describe, fill, ranked, training_reports  # noqa: F401
 from .provenance import LEAKED, PUBLISHED_SINCE, keeps_state, missing, older_default, overlap  # noqa: F401 (tests)
 from .runs import (LETTERS, Board, Leaderboard, Machine, Run, Table, commit_time, flags, grid_name,  # noqa: F401
@@ -61,6 +61,8 @@ def collect(results: Path) -> Leaderboard:
     for kind in [k for prefix in SPEED_KINDS for k in load.kinds(results, prefix)]:
         for f in load.folders(results, kind, "speed.csv"):
             rel = str(f.path.relative_to(results))
+            if replication.partner_of(f.path) is not None:
+                continue            # a board's replication: a table of that board (report/replication.py)
             why = missing(f) or overlap(f)
             if why:
                 left.append((rel, why))

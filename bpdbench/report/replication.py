@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from .load import read_csv
+
 BOARD, REPLICATION = "-board", "-replication"
 
 
@@ -21,6 +23,14 @@ def partner(board: Path) -> Path | None:
         return None
     other = board.with_name(board.name[: -len(BOARD)] + REPLICATION)
     return other if (other / "speed.csv").is_file() else None
+
+
+def partner_of(again: Path) -> Path | None:
+    """The board folder a replication folder belongs to, if that board exists beside it."""
+    if not again.name.endswith(REPLICATION):
+        return None
+    board = again.with_name(again.name[: -len(REPLICATION)] + BOARD)
+    return board if (board / "speed.csv").is_file() else None
 
 
 def compare(board: pd.DataFrame, again: pd.DataFrame) -> pd.DataFrame:
@@ -47,7 +57,7 @@ def table(board: Path) -> pd.DataFrame | None:
     again = partner(board)
     if again is None:
         return None
-    out = compare(pd.read_csv(board / "speed.csv"), pd.read_csv(again / "speed.csv"))
+    out = compare(read_csv(board / "speed.csv"), read_csv(again / "speed.csv"))
     fmt = lambda v, lo, hi: f"{v:.2f} [{lo:.2f}, {hi:.2f}]"  # noqa: E731
     return pd.DataFrame({
         "method": out.method,

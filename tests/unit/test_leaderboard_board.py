@@ -265,3 +265,14 @@ def test_another_engine_s_rows_stand_apart_and_are_never_named_the_drafter(tmp_p
     engines = next(t.frame for t in b.tables if t.id.endswith("-engines"))
     assert engines.method.tolist() == ["llamacpp"] and engines["certified against"].iloc[0] == "llamacpp"
     assert float(engines["ms/token"].iloc[0]) > 0
+
+
+def test_the_replication_folder_is_a_table_of_its_board_not_a_board(tmp_path):
+    r = tmp_path / "results"
+    folder(r, "leaderboard-afcf1aeb72d2/spec_bench-board", {"null": 1.0, "pld": 1.4}, today=True)
+    folder(r, "leaderboard-afcf1aeb72d2/spec_bench-replication", {"null": 1.0, "pld": 1.4}, today=True, seed=5,
+           per_task=1)
+    m = machine(r)
+    assert [b.runs[0].rel for b in m.boards] == ["leaderboard-afcf1aeb72d2/spec_bench-board"] and not m.studies
+    (table,) = [t for t in m.boards[0].tables if t.id.endswith("-replication")]
+    assert list(table.frame.method) == ["null", "pld"] and set(table.frame.replicated) <= {"within", "outside"}
