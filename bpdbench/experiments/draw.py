@@ -157,6 +157,15 @@ def read(path: str | Path, task: str) -> list[str]:
     return ids
 
 
+def record(path: str | Path, task: str) -> dict:
+    """What a result folder records of the draw it evaluated (config.json "draw"): the file as given, its seed, its
+    ids and its content hash, so the board says which prompts it planned and a changed draw file is seen."""
+    p = _resolve(path)
+    data = json.loads(p.read_text())
+    return {"file": str(path), "task": task, "seed": data.get("seed"), "per_subtask": data.get("per_subtask"),
+            "ids": read(p, task), "sha256": hashlib.sha256(p.read_bytes()).hexdigest()[:16]}
+
+
 def violations(results: Path, draw_file: Path) -> list[str]:
     """"folder: ids" for every committed folder not made from `draw_file` that evaluated one of its prompts: what
     makes a board's prompts no longer held out (tests/unit/test_board_heldout.py fails on any)."""

@@ -282,6 +282,9 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     config["config"], config["methods"] = args, list(fns)
     config["resolved"]["skipped"] = skipped
     config["prompts"] = [ex.id for ex in s.examples]     # what "finished" means: the sweep checks the JSONL has all
+    if cfg.prompts:
+        from .draw import record
+        config["draw"] = record(cfg.prompts, cfg.task)
     config = json.loads(json.dumps(config, default=str))
     records = _resumable(out, config, resume, jsonl)
     if not resume:

@@ -62,3 +62,4 @@ def test_speed_on_a_draw_with_second_turns(tiny_model_dir, tmp_path):
     assert set(by_task[by_task.subtask == "mt_bench"].n_prompts) == {4}
     config = json.loads((out / "config.json").read_text())
     assert config["config"]["prompts"] == str(drawn) and config["config"]["turns"] == 2
+    assert config["draw"]["ids"] == ["161", "81", "162", "82"] and len(config["draw"]["sha256"]) == 16
