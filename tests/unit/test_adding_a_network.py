@@ -174,3 +174,23 @@ def test_prefill_data_is_sharded_resumable_and_records_what_it_saw(loaded, tiny_
         assert set(group) <= train, task_name
     held, kept = ds.split(held_out=True), ds.split(held_out=False)
     assert held and kept and not {int(ds.units[s]) for s in held} & {int(ds.units[s]) for s in kept}
+
+
+def test_every_trainer_trains_from_prefill_data(loaded, tiny_model_dir, tmp_path, monkeypatch):
+    """Each objective (positional, unrolled, prefix) and the blockwise heads fit a few steps on the same prefill data
+    and score held-out agreement on it; the reports say which data they saw."""
+    from bpdbench.train import heads, network
+    model, tok = loaded
+    model_name = str(tiny_model_dir)
+    data = replace(tiny_data(monkeypatch, tmp_path / "cache", model, tok, model_name), layers=())
+    profile = replace(network.PROFILES["ci"], steps=4, depth=2, data=data)
+    for name in ("medusa", "eagle", "hydra++"):
+        report = network.read_report(network.train(name, profile, model_name, model, tok, log=lambda m: None))
+        assert report["data"]["kind"] == "prefill" and report["positions"] == 768, name
+        assert report["fit"]["steps"] == 4 and report["heldout"]["positions"] > 0, name
+    p = replace(heads.PROFILES["ci"], steps=4, num_heads=2, shortlist=64, data=data)
+    out = heads.train(model_name, p, model, tok, log=lambda m: None)
+    report = network.read_report(out)
+    assert report["data"]["kind"] == "prefill" and report["data"]["positions"] == 768
+    assert report["fit"]["steps"] == 4 and len(report["heldout"]["top1"]) == 2
+    assert report["seen"]["split"] == "train"
