@@ -194,3 +194,29 @@ def test_every_trainer_trains_from_prefill_data(loaded, tiny_model_dir, tmp_path
     assert report["data"]["kind"] == "prefill" and report["data"]["positions"] == 768
     assert report["fit"]["steps"] == 4 and len(report["heldout"]["top1"]) == 2
     assert report["seen"]["split"] == "train"
+
+
+def test_a_wrapper_hands_each_inner_drafter_its_own_layers_with_the_rows_it_sat_out():
+    """methods/compose.Wrapper: the loop collects the union of its inner drafters' layers; each inner drafter gets
+    its own, in its order, preceded by the rows of the steps it sat out (as its final states are)."""
+    from types import SimpleNamespace
+
+    from bpdbench.engine import DraftContext, Layers
+    from bpdbench.methods.compose import Wrapper
+    a, b, plain = (SimpleNamespace(hidden_layers=Layers((2, 0))), SimpleNamespace(hidden_layers=Layers((1, 2))),
+                   SimpleNamespace())
+
+    class Both(Wrapper):
+        def inner_drafters(self):
+            return [a, b, plain]
+    w = Both()
+    assert w.hidden_layers == Layers((2, 0, 1))
+    rows = lambda n, k: torch.arange(n * k * 1.0).reshape(n, k, 1)        # noqa: E731 [n, k, d=1]
+    first = DraftContext([1, 2, 3], None, 4, accepted_hidden=torch.zeros(2, 1), accepted_layers=rows(2, 3))
+    w.hold(b, first)                                                       # b sits the first step out
+    assert torch.equal(w.context_for(a, first).accepted_layers, first.accepted_layers[:, [0, 1]])
+    assert w.context_for(plain, first).accepted_layers is None
+    second = DraftContext([1, 2, 3, 4], None, 4, accepted_hidden=torch.ones(1, 1), accepted_layers=rows(1, 3) + 100)
+    got = w.context_for(b, second)
+    assert got.accepted_hidden.shape[0] == 3
+    assert torch.equal(got.accepted_layers, torch.cat([first.accepted_layers, second.accepted_layers])[:, [2, 0]])
