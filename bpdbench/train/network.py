@@ -1,7 +1,9 @@
 """`bpdbench train-network NAME --profile quick|full|ci`: train one draft model on the cached distillation data.
 
-Every drafter (Medusa-1 heads, KOALA, Hydra, Hydra++, Amphista, EAGLE) reads the same dataset (train/distill.py:
-built once per model and budget), fits with the same loop (train/fit.py: soft-label distillation on a sampled
+Every drafter (Medusa-1 heads, KOALA, Hydra, Hydra++, Amphista, EAGLE: the networks registered in
+nets/registry.py, each by its own module) reads the same dataset (train/data.py: the greedy distillation data of
+train/distill.py, or teacher-forced prefill data, train/prefill.py; built once per model and budget), fits with the
+same loop (train/fit.py: soft-label distillation on a sampled
 candidate set, a time budget) and is scored the same way (train/objectives.agreement: held-out per-depth top-1 /
 top-16 agreement with the base's greedy continuation, drafting over the shortlist), so differences between them are
 the architectures', not their data's or budgets'. The report, written next to the weights, records the data's size
