@@ -61,6 +61,7 @@ class PrefillBudget:
     shortlist_rank: int = 65536
     seed: int = 0
     name: str = ""
+    states: str = "bfloat16"              # stored states: "bfloat16" (half the bytes) or "made" (the forward's dtype)
 
 
 # bench: about 2 hours of 2 cores for the data and one network's fit (train/network.PROFILES["bench"]). Prefill runs
@@ -71,7 +72,7 @@ class PrefillBudget:
 # ci: fp32 and tiny, for tests.
 BUDGETS = named({"prefill-bench": PrefillBudget(1_000_000, layers="low-mid-high"),
                  "prefill-ci": PrefillBudget(2048, chunk=32, batch=4, shard_positions=256, dtype="float32",
-                                             max_prompt_tokens=64, shortlist_rank=4096)})
+                                             max_prompt_tokens=64, shortlist_rank=4096, states="made")})
 
 
 def path_for(model: str, name: str) -> Path:
@@ -230,7 +231,7 @@ def build(model_name: str, budget: str | PrefillBudget, model=None, tok=None, lo
     model, tok = base_on(model_name, dtype, device, model, tok)
     n_layers = int(model.config.num_hidden_layers)
     layers = layers_for(b, n_layers)
-    keep = torch.bfloat16 if dtype == "bfloat16" else torch.float32
+    keep = torch.bfloat16 if b.states == "bfloat16" or dtype == "bfloat16" else torch.float32
     with seal.build_lock(partial, log):
         wanted = _settings(b, model_name, dtype)
         if (partial / "settings.json").exists() and json.loads((partial / "settings.json").read_text()) != wanted:
@@ -334,7 +335,8 @@ def _finish(partial: Path, out: Path, b: PrefillBudget, model_name: str, model, 
             "sources": sources, "greedy_data": sorted({g for r in records for g in r.get("greedy_data", [])}),
             "seconds": round(sum(r["seconds"] for r in records), 1),
             "generation_seconds": round(sum(r["seconds"] for r in records), 1),
-            "dtype": dtype, "dtype_reason": why, "hidden_dtype": "bfloat16" if dtype == "bfloat16" else "float32",
+            "dtype": dtype, "dtype_reason": why,
+            "hidden_dtype": "bfloat16" if b.states == "bfloat16" or dtype == "bfloat16" else "float32",
             "layers": list(layers.indices) if layers else [], "base_layers": n_layers,
             "environment": environment(torch.get_num_threads(), device, dtype),
             "seen": tasks.seen({t: sorted(g) for t, g in ids.items()}, "train")}

@@ -159,7 +159,7 @@ def test_prefill_data_is_sharded_resumable_and_records_what_it_saw(loaded, tiny_
     assert set(meta["sources"]) == {"greedy", "train", "corpus"} and sum(meta["sources"].values()) == 768
     assert meta["greedy_data"] == ["ci"] and meta["model"] == model_name
     assert meta["layers"] == list(Layers.low_mid_high(model.config.num_hidden_layers).indices)
-    assert ds.layers.shape == (768, 3, ds.d) and meta["dtype"] == "float32"
+    assert ds.layers.shape == (768, 3, ds.d) and meta["dtype"] == meta["hidden_dtype"] == "float32"
     assert int(ds.greedy.sum()) == meta["greedy_positions"] > 0
     assert torch.equal(ds.greedy, ds.next_ids == ds.top_ids[:, 0])
     # the stored states are those whose projection gave the stored top-8 (one forward, kept in its dtype)
