@@ -67,7 +67,7 @@ class PrefillBudget:
 # bench: about 2 hours of 2 cores for the data and one network's fit (train/network.PROFILES["bench"]). Prefill runs
 # at ~434 tokens/s on 2 AVX512-BF16 cores (measured elsewhere); the top-8 over the 152k-row projection costs about
 # a quarter more (the projection is 136M of the 0.5B model's 494M weights), so ~340 positions/s: 1,000,000
-# positions take ~49 minutes, leaving ~71 minutes (8,400 core-seconds) for the fit. The kept layers (EAGLE-3's three)
+# positions take ~49 minutes, leaving ~70 minutes (8,400 core-seconds) for the fit. The kept layers (EAGLE-3's three)
 # cost memory, not forwards: 1M positions x 4 states x 896 x 2 bytes = 7.2 GB on disk and in memory.
 # ci: fp32 and tiny, for tests.
 BUDGETS = named({"prefill-bench": PrefillBudget(1_000_000, layers="low-mid-high"),
