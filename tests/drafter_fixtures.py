@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-NAMES = ("medusa", "koala", "koala-hydra", "hydra", "hydra++", "amphista", "eagle")
+from bpdbench.nets.registry import networks
+
+# every registered network (nets/registry.py) whose layers the greedy data holds (the final state only)
+NAMES = tuple(name for name, spec in networks().items() if spec.layers is None)
 STEPS = 150
 LR = 1e-2       # tiny models learn their cycles in a few hundred steps at this rate; the real profiles keep theirs
 

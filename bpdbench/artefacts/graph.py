@@ -208,8 +208,11 @@ def _sealed(folder: Path, last_written: str) -> bool:
     return (folder / last_written).is_file() and not seal.problem(folder)
 
 
+PREFILL_FILE = "meta.json"     # teacher-forced prefill data (train/prefill.py): shards, rank and this, sealed whole
+
+
 def _distill_present(a: Artefact) -> bool:
-    return _sealed(_distill_path(a), DISTILL_FILE)
+    return _sealed(_distill_path(a), DISTILL_FILE) or _sealed(_distill_path(a), PREFILL_FILE)
 
 
 def _make_distill(a: Artefact, auto_train: bool, log: Log) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-MINUTES = {"quick": 10, "full": 60, "ci": 1}     # a trained profile's expected minutes on 2 CPU cores
+MINUTES = {"quick": 10, "full": 60, "bench": 120, "ci": 1}   # a trained profile's expected minutes on 2 CPU cores
 
 # kind -> the function that builds it. The command runtime registers them (experiments.session.register_builders:
 # the trainers' and a method's first use), so decoding code asks for a build by kind and never imports a trainer.

@@ -46,18 +46,24 @@ def build_history(model: Model = DEFAULT_MODEL,
 
 @one_line_errors
 def distill_data(model: Model = DEFAULT_MODEL,
-                 profile: Annotated[str, typer.Option(help="data budget: quick | full | ci")] = "quick",
+                 profile: Annotated[str, typer.Option(help="data budget: quick | full | ci (greedy, decode "
+                                                          "speed) | prefill-bench | prefill-ci (teacher-forced "
+                                                          "text)")] = "quick",
                  device: Device = "cpu", threads: Threads = None) -> None:
     """Build (once) the cached distillation dataset every draft-network trainer reads: greedy continuations of held-out
-    prompts with the base's hidden states and top-8 log-probs."""
-    from ..train import distill
-    if profile not in distill.BUDGETS:
-        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(distill.BUDGETS)}")
+    prompts, or teacher-forced passes over train-split and corpus text (prefill-*: resumable), with the base's hidden
+    states and top-8 log-probs."""
+    from ..train import distill, prefill
+    if profile not in distill.BUDGETS and profile not in prefill.BUDGETS:
+        raise ValueError(f"unknown profile '{profile}'; valid: {', '.join([*distill.BUDGETS, *prefill.BUDGETS])}")
     check_device(device)
     set_threads(threads)
     path = distill.path_for(model, profile)
-    if (path / distill.FILE).exists():
+    if (path / distill.FILE).exists() or (path / "meta.json").exists():
         log(f"distillation data '{profile}' for {model} is cached at {path}; delete it to rebuild")
+        return
+    if profile in prefill.BUDGETS:
+        prefill.build(model, profile, log=log, device=device)
         return
     distill.build(model, profile, log=log, device=device)
 
@@ -66,7 +72,8 @@ def distill_data(model: Model = DEFAULT_MODEL,
 def train_network(name: Annotated[str, typer.Argument(help="medusa | koala | koala-hydra | hydra | hydra++ | "
                                                            "amphista | eagle")],
                   model: Model = DEFAULT_MODEL,
-                  profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | ci")] = "quick",
+                  profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | bench (about 2 h: "
+                                                            "teacher-forced prefill data) | ci")] = "quick",
                   adversarial: Annotated[float, typer.Option(help="KOALA's adversarial weight (koala, koala-hydra; "
                                                                   "saved as NAME-adv)")] = 0.0,
                   out: Annotated[Optional[str], typer.Option(help="default: the draft-network cache")] = None,

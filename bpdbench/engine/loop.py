@@ -21,7 +21,7 @@ from .cache import CacheFactory, new_cache
 from .counters import Counters
 from .events import OnStep, StepEvent
 from .tree import Tree, build_tree, compact_cache, inner_nodes, is_chain, model_inputs
-from .types import DraftContext, Drafter, EmptyDrafter, Feedback, Proposal
+from .types import DraftContext, Drafter, EmptyDrafter, Feedback, Layers, Proposal, layers_of, select_layers
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,7 @@ class State:
     hidden: torch.Tensor        # [d] final hidden state that produced context[-1]
     context: list[int]          # prompt + decided tokens
     fresh: torch.Tensor | None = None   # [m, d] hidden states of the positions decided since the last proposal
+    fresh_layers: torch.Tensor | None = None   # [m, k, d] the same positions' declared layers (Layers), if any
 
 
 @dataclass
@@ -77,53 +78,68 @@ class Verified:
     past: int                   # cache length before the verify forward
     topk: torch.Tensor | None = None   # [n_nodes, k] the base's top-k ids per node, for drafters with feedback_k
     topk_s: float = 0.0         # seconds the top-k took: the drafter's work, counted as drafting (`generate`)
+    layers: torch.Tensor | None = None  # [n_nodes, k, d] the drafter's declared layers (Layers), if any
 
 
 TREE_ROWS = 256     # cache rows beyond prompt + new tokens that a preallocated cache reserves for a verify's tree
 
 
+def forward(model, layers: Layers | None = None, **inputs):
+    """The base's forward (`model.model`) and the declared layers of its first row ([n, k, d], None without
+    `layers`): only the selected hidden states are kept (`output_hidden_states` by index), so a drafter that
+    declares none makes the forward exactly what it was."""
+    if layers is None:
+        return model.model(**inputs), None
+    out = model.model(**inputs, output_hidden_states=list(layers.indices))
+    return out, select_layers(out.hidden_states, layers)
+
+
 def prefill(model, prompt_ids: list[int], acceptance: Acceptance = GREEDY, memo: dict | None = None,
-            new_tokens: int = 0, cache: CacheFactory | None = None) -> State:
+            new_tokens: int = 0, cache: CacheFactory | None = None, layers: Layers | None = None) -> State:
     """The prompt's forward and the first token. With a `memo` (many sampled decodes of one prompt, as `certify`
     runs) the forward is computed once and its cache copied per decode: same numbers, one serial call counted.
     Every prompt position's hidden state is kept (`State.fresh`) for drafters that run over the base's features.
     `new_tokens`: sizes a preallocated cache (cache.py) so no step reallocates it. `cache`: makes the base's cache
-    from (device, capacity) instead of the device's choice (`new_cache`): how a measurement compares two kinds."""
-    key = ("prefill", tuple(prompt_ids))
+    from (device, capacity) instead of the device's choice (`new_cache`): how a measurement compares two kinds.
+    `layers`: the drafter's declared layers, kept for every prompt position (`State.fresh_layers`)."""
+    key = ("prefill", tuple(prompt_ids), layers)
     if memo is not None and key in memo:
-        cache, hidden, logits = memo[key]
+        cache, hidden, logits, chosen = memo[key]
         cache = copy.deepcopy(cache)
     else:
         cache = (cache or new_cache)(model.device, len(prompt_ids) + new_tokens + TREE_ROWS)
         x = torch.tensor([prompt_ids], device=model.device)
-        hidden = model.model(input_ids=x, past_key_values=cache, use_cache=True).last_hidden_state[0]
+        out, chosen = forward(model, layers, input_ids=x, past_key_values=cache, use_cache=True)
+        hidden = out.last_hidden_state[0]
         logits = model.lm_head(hidden[-1:])
         if memo is not None:
-            memo[key] = (copy.deepcopy(cache), hidden, logits)
+            memo[key] = (copy.deepcopy(cache), hidden, logits, chosen)
     nxt = acceptance.first(logits)
-    return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden)
+    return State(cache, hidden[-1], list(prompt_ids) + [nxt], hidden, chosen)
 
 
 def verify(model, state: State, proposal: Proposal, acceptance: Acceptance = GREEDY, feedback_k: int = 0,
-           lazy: bool = True) -> Verified:
+           lazy: bool = True, layers: Layers | None = None) -> Verified:
     """One serial call: the base scores [next token] + every proposed path (a chain, or a trie of several), plus
     the proposal's scored-only paths. `feedback_k`: also the top-k ids per node, from the same logits. `lazy=False`
-    projects every node (the calibration's reference cost, which `projected_rows` then corrects)."""
+    projects every node (the calibration's reference cost, which `projected_rows` then corrects). `layers`: the
+    drafter's declared layers at every node (`Verified.layers`)."""
     tree = build_tree(state.context[-1], proposal.paths, proposal.scored)
     past = state.cache.get_seq_length()
-    out = model.model(**model_inputs(tree, past, model.device), past_key_values=state.cache, use_cache=True)
+    out, chosen = forward(model, layers, **model_inputs(tree, past, model.device), past_key_values=state.cache,
+                          use_cache=True)
     hidden = out.last_hidden_state[0]
     inner = lazy_inner(tree.parents) if lazy and getattr(acceptance, "argmax_only", False) and not feedback_k \
         and not tree.scored else None      # scored-only nodes keep the full projection
     if inner is not None:
-        return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, inner), past)
+        return Verified(tree, hidden, LazyArgmax(model.lm_head, hidden, inner), past, layers=chosen)
     logits = model.lm_head(hidden)
     topk, took = None, 0.0
     if feedback_k:
         t0 = time.perf_counter()
         topk = logits.topk(min(feedback_k, logits.shape[-1]), dim=-1).indices.cpu()
         took = time.perf_counter() - t0
-    return Verified(tree, hidden, acceptance.targets(logits), past, topk, took)
+    return Verified(tree, hidden, acceptance.targets(logits), past, topk, took, chosen)
 
 
 LAZY_MIN_LEAVES = 8   # below this, the leaves' rows cost less than the rare second pass over the output matrix
@@ -222,6 +238,7 @@ def advance(state: State, v: Verified, d: Decision) -> list[int]:
     new = [v.tree.tokens[n] for n in path] + [d.bonus]
     state.hidden = v.hidden[keep[-1]]
     state.fresh = v.hidden[keep]
+    state.fresh_layers = None if v.layers is None else v.layers[keep]
     state.context.extend(new)
     return new
 
@@ -251,7 +268,8 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     gen = Generation([], counters)
     clock = time.perf_counter()
     drafter.reset(list(prompt_ids))
-    state = prefill(model, prompt_ids, acceptance, memo, limits.max_new_tokens, cache)
+    layers = layers_of(drafter)             # the hidden states of chosen layers, when the drafter declares them
+    state = prefill(model, prompt_ids, acceptance, memo, limits.max_new_tokens, cache, layers)
     counters.serial_calls += 1
     gen.seconds["prefill"], clock = _lap(clock)
     out = [state.context[-1]]
@@ -262,10 +280,10 @@ def generate(model, drafter: Drafter | None, prompt_ids: list[int], limits: Limi
     while not limits.done(out):
         budget = limits.budget(out)
         ctx = DraftContext(state.context, state.hidden, budget, sampler=sampler, accepted_hidden=state.fresh,
-                           base_cache=state.cache if shares_cache else None)
+                           base_cache=state.cache if shares_cache else None, accepted_layers=state.fresh_layers)
         proposal = drafter.propose(ctx).clip(budget)
         t_draft, clock = _lap(clock)
-        verified = verify(model, state, proposal, acceptance, feedback_k)
+        verified = verify(model, state, proposal, acceptance, feedback_k, layers=layers)
         d = step_decision(verified.tree, verified.targets, proposal, limits, acceptance)
         seen = len(ctx.tokens)        # advance() appends to the list the drafter saw: the event gets what it saw
         new = advance(state, verified, d)

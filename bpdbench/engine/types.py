@@ -85,6 +85,8 @@ class DraftContext:
     rows of the root and the accepted nodes. Row j of all of them together is the state that produced tokens[j + 1],
     which is what drafters that run over the base's features (EAGLE, Hydra++'s prefix layer) keep a cache of; the
     verify forward computes them anyway, so passing them costs nothing. None where the caller has not got them.
+    `accepted_layers` [m, k, d] are, row for row with `accepted_hidden`, the hidden states of the k layers the drafter
+    declares (`hidden_layers`, a `Layers`), in its order; given only to such a drafter (None otherwise).
     `base_cache` is the base's KV cache of tokens[:-1], given only to a drafter with `needs_base_cache` (a copy of
     the base with other weights drafts on it instead of prefilling a cache of its own: QSpec); read it, never write
     it (`engine.cache.draft_view` copies it into a cache the drafter may extend). Replay gives a teacher-forced
@@ -96,6 +98,46 @@ class DraftContext:
     sampler: Any = None
     accepted_hidden: torch.Tensor | None = None
     base_cache: Any = None
+    accepted_layers: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The hidden states of chosen layers of the base: a drafter's input beside the final state (EAGLE-3 fuses a low,
+    a middle and a high layer). Index i is entry i of the transformers forward's `hidden_states`: 0 the embeddings,
+    i the output of decoder layer i, the number of layers the final (normed) state. A drafter declares them as its
+    `hidden_layers`; the loop, replay and the training data then collect these layers and no others (a forward
+    given `output_hidden_states=[...]` keeps only the selected ones), so drafters that declare none cost nothing."""
+    indices: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "indices", tuple(int(i) for i in self.indices))
+        if not self.indices or any(i < 0 for i in self.indices):
+            raise ValueError(f"hidden layers must be one or more indices >= 0, got {list(self.indices)}")
+
+    @classmethod
+    def low_mid_high(cls, n_layers: int) -> "Layers":
+        """EAGLE-3's choice (SafeAILab/EAGLE, modeling_llama_kv.py): the inputs of layers 2, n/2 and n-3, clamped
+        into a small model's range."""
+        return cls((min(2, n_layers), n_layers // 2, max(n_layers - 3, 0)))
+
+    def check(self, n_layers: int) -> None:
+        """A one-line ValueError when an index is past the base's `n_layers` decoder layers."""
+        if max(self.indices) > n_layers:
+            raise ValueError(f"hidden layers {list(self.indices)}: the base has {n_layers} layers, so indices run "
+                             f"0..{n_layers}; retrain the drafter for this model")
+
+
+def layers_of(drafter: Any) -> Layers | None:
+    """The layers a drafter declares (`hidden_layers`), None when it reads no layer but the last."""
+    return getattr(drafter, "hidden_layers", None) or None
+
+
+def select_layers(hidden_states: tuple, layers: Layers | None, batch: int = 0) -> torch.Tensor | None:
+    """[n, k, d]: the declared layers of one row of a forward's `hidden_states` (None when none are declared)."""
+    if layers is None:
+        return None
+    return torch.stack([hidden_states[i][batch] for i in layers.indices], 1)
 
 
 @runtime_checkable

@@ -37,7 +37,7 @@ from typing import Any
 import tasks as task_registry
 from .. import paths
 from ..config import ConfigError
-from ..engine import EmptyDrafter, StepEvent, TreeScorer, replay, teacher_forced
+from ..engine import EmptyDrafter, StepEvent, TreeScorer, layers_of, replay, teacher_forced, teacher_forced_layers
 from ..engine.state import restore, snapshot
 from ..hardware import shapes
 from ..hardware.timing import StepClock
@@ -215,10 +215,15 @@ def measure(s, method: Method, examples: list[tuple[Any, list[int]]], hidden: di
     def one(ex: Any, prompt: list[int], greedy: list[int], on_step: Any):
         if Input.HIDDEN in inputs and ex.id not in hidden:
             hidden[ex.id] = teacher_forced(s.model, prompt, greedy, with_prompt=True)
+        layers, chosen = layers_of(drafter), None         # the layers it declares, from one more forward per example
+        if layers is not None:
+            if (ex.id, layers) not in hidden:
+                hidden[(ex.id, layers)] = teacher_forced_layers(s.model, prompt, greedy, layers.indices, True)[1]
+            chosen = hidden[(ex.id, layers)]
         if reads_reference(drafter):
             drafter.use_reference(greedy)
         return replay(drafter, prompt, greedy, hidden.get(ex.id), s.limits, on_step=on_step,
-                      scorer=TreeScorer(s.model) if needs_scorer(drafter) else None)
+                      scorer=TreeScorer(s.model) if needs_scorer(drafter) else None, layer_states=chosen)
 
     outputs = [(ex, prompt, s.reference.get(prompt, s.limits)[0]) for ex, prompt in examples]
     outputs = [(ex, prompt, greedy) for ex, prompt, greedy in outputs if len(greedy) >= 2]

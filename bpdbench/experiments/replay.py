@@ -15,7 +15,8 @@ from typing import Iterator
 
 import pandas as pd
 
-from ..engine import Counters, OnStep, StepEvent, TreeScorer, ratios, replay, teacher_forced
+from ..engine import (Counters, OnStep, StepEvent, TreeScorer, layers_of, ratios, replay, teacher_forced,
+                      teacher_forced_layers)
 from ..methods import Method
 from ..methods.contract import needs_scorer, reads_reference
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
@@ -40,12 +41,14 @@ def trajectories(s: Session, skip: frozenset = frozenset(), need_hidden: bool = 
 
 
 def replay_one(s: Session, drafter, prompt: list[int], greedy: list[int], hidden, memo: dict | None = None,
-               on_step: OnStep | None = None) -> Counters:
-    """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo)."""
+               on_step: OnStep | None = None, layer_states: dict | None = None) -> Counters:
+    """`memo`: one dict per example, shared by every drafter replayed on it (engine.DraftContext.memo);
+    `layer_states`: the declared layers' states (engine.teacher_forced_layers) for drafters that read them."""
     if reads_reference(drafter):
         drafter.use_reference(greedy)
     scorer = TreeScorer(s.model) if needs_scorer(drafter) else None
-    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer, on_step=on_step)
+    return replay(drafter, prompt, greedy, hidden, s.limits, memo=memo, scorer=scorer, on_step=on_step,
+                  layer_states=layer_states)
 
 
 class DraftRepetition:
@@ -101,14 +104,20 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
             totals = {m: totals[m].add(Counters.from_dict(r[m])) for m in labels}
         n_examples = len(done)
         recorded = {r["id"] for r in kept}
-        for ex, prompt, greedy, hidden in trajectories(s, frozenset(skip | recorded), with_prompt=True):
+        # the layers any drafter declares (engine.Layers), from the same teacher-forced forward; none: as before
+        wanted = sorted({i for d in drafters.values() if (chosen := layers_of(d)) for i in chosen.indices})
+        for ex, prompt, greedy, hidden in trajectories(s, frozenset(skip | recorded), need_hidden=not wanted,
+                                                       with_prompt=True):
+            layer_states = None
+            if wanted:
+                hidden, layer_states = teacher_forced_layers(s.model, prompt, greedy, wanted, with_prompt=True)
             n_examples += 1
             rec = {"id": ex.id, "new_tokens": len(greedy)}
             memo: dict = {}
             rec["text_pairs"] = len(greedy) - 1
             rec["text_repeats"] = sum(a == b for a, b in zip(greedy, greedy[1:]))
             for m, drafter in drafters.items():
-                c = replay_one(s, drafter, prompt, greedy, hidden, memo, on_step=repeats[m])
+                c = replay_one(s, drafter, prompt, greedy, hidden, memo, on_step=repeats[m], layer_states=layer_states)
                 totals[m] = totals[m].add(c)
                 rec[m] = {**c.to_dict(), **repeats[m].take()}
             jsonl.append([rec])

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ..engine import DraftContext, Feedback
+from ..engine import DraftContext, Feedback, Layers, layers_of
 from ..engine import state as drafter_state
 from .base import Method, MethodError
 from .contract import Input, feedback_k, reads_reference
@@ -60,11 +60,13 @@ class Wrapper:
     inner one, each inner drafter getting its own first k columns), the greedy reference, and `snapshot`/`restore`
     (own state first, then each inner drafter's; None when none keeps any). Hidden states: a subclass calls
     `hold(inner, ctx)` on a step an inner drafter sits out and `context_for(inner, ctx)` when it asks it to propose,
-    which then carries the held rows too, so a feature drafter's cache never misses a position."""
+    which then carries the held rows too, so a feature drafter's cache never misses a position. Layers
+    (`hidden_layers`): the union of the inner drafters', each inner drafter given its own, in its order."""
 
     def __init__(self) -> None:
         self.needs_hidden = False     # set by the builder: some inner drafter reads hidden states
-        self.held: dict[int, list[torch.Tensor]] = {}    # id(inner) -> hidden rows of the steps it sat out
+        # id(inner) -> (hidden rows, declared layers' rows) of the steps it sat out
+        self.held: dict[int, list[tuple[torch.Tensor, torch.Tensor | None]]] = {}
 
     def inner_drafters(self) -> list[Any]:
         """The drafters wrapped, in a fixed order (snapshot's order)."""
@@ -95,6 +97,15 @@ class Wrapper:
     @property
     def needs_base_cache(self) -> bool:
         return any(getattr(d, "needs_base_cache", False) for d in self.inner_drafters())
+
+    # ---- the hidden states of chosen layers (DraftContext.accepted_layers) ---------------------------------------
+    @property
+    def hidden_layers(self) -> Layers | None:
+        """Every layer some inner drafter reads, in order of first declaration (None: none reads any)."""
+        seen: list[int] = []
+        for d in self.inner_drafters():
+            seen += [i for i in (layers_of(d).indices if layers_of(d) else ()) if i not in seen]
+        return Layers(tuple(seen)) if seen else None
 
     # ---- the greedy reference ------------------------------------------------------------------------------
     @property
@@ -130,11 +141,19 @@ class Wrapper:
     def hold(self, inner: Any, ctx: DraftContext) -> None:
         """`inner` does not propose this step: keep the step's new hidden rows for its next proposal."""
         if ctx.accepted_hidden is not None:
-            self.held.setdefault(id(inner), []).append(ctx.accepted_hidden)
+            self.held.setdefault(id(inner), []).append((ctx.accepted_hidden, ctx.accepted_layers))
 
     def context_for(self, inner: Any, ctx: DraftContext) -> DraftContext:
-        """The context `inner` proposes from: `ctx`, its accepted_hidden preceded by the rows held for it."""
+        """The context `inner` proposes from: `ctx`, its accepted_hidden (and accepted_layers) preceded by the rows
+        held for it, the layers cut to those `inner` declares."""
         held = self.held.pop(id(inner), [])
-        if not held or ctx.accepted_hidden is None:
+        hidden, layers = ctx.accepted_hidden, ctx.accepted_layers
+        if held and hidden is not None:
+            hidden = torch.cat([h for h, _ in held] + [hidden])
+            layers = None if layers is None else torch.cat([lay for _, lay in held] + [layers])
+        if layers is not None:
+            mine, union = layers_of(inner), self.hidden_layers
+            layers = None if mine is None else layers[:, [union.indices.index(i) for i in mine.indices]]
+        if hidden is ctx.accepted_hidden and layers is ctx.accepted_layers:
             return ctx
-        return replace(ctx, accepted_hidden=torch.cat(held + [ctx.accepted_hidden]))
+        return replace(ctx, accepted_hidden=hidden, accepted_layers=layers)

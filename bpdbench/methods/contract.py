@@ -12,7 +12,7 @@ needs in one place and nothing else names it.
 - `Input`: what a drafter takes from the loop besides `propose`'s tokens. `inputs(method)` is what the parsed method
   declares (before anything is built or loaded); `takes(drafter, method)` is what a built drafter takes, the one
   place a drafter's optional attributes (`feedback_k`, `needs_reference`, `needs_hidden`, `needs_base_cache`,
-  `snapshot`) are read.
+  `hidden_layers`, `snapshot`) are read.
 - `Kind`, `ArtefactKey`, `Reads`: the artefacts a method reads, as typed keys (`artefacts(method, cfg)`); the sweep
   builds them before the cells that use them, the preflight checks heads files, the tables pick draft networks.
 - `preflight(method, cfg)`: the method's own checks before the model loads (draft networks: folder, type, shape).
@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 from ..config import RunConfig
 from ..engine import state as drafter_state
+from ..engine.types import layers_of
 
 # A parsed method (methods/base.py: Method, which imports this module): its `spec`, `params` and `label` are read.
 Method = Any
@@ -37,6 +38,7 @@ class Input(StrEnum):
     OBSERVE = "observe"
     FEEDBACK = "verify feedback"          # feedback_k > 0 and feedback(Feedback): the verify forward's top-k
     HIDDEN = "hidden states"              # DraftContext.hidden / accepted_hidden of every decided position
+    LAYERS = "hidden states of chosen layers"   # hidden_layers (engine.Layers): DraftContext.accepted_layers
     REFERENCE = "greedy reference"        # needs_reference and use_reference(tokens) before each example
     STATE = "state across examples"       # snapshot() / restore(state)
     BASE_CACHE = "base's KV cache"        # needs_base_cache: DraftContext.base_cache, the base's keys and values
@@ -111,6 +113,8 @@ def takes(drafter: Any, method: Method | None = None) -> frozenset[Input]:
         out.add(Input.FEEDBACK)
     if getattr(drafter, "needs_hidden", False) or (method is not None and Input.HIDDEN in inputs(method)):
         out.add(Input.HIDDEN)
+    if layers_of(drafter) is not None:
+        out.add(Input.LAYERS)
     if getattr(drafter, "needs_reference", False):
         out.add(Input.REFERENCE)
     if getattr(drafter, "needs_base_cache", False):

@@ -34,7 +34,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..engine import DraftContext, Limits, Proposal, TreeScorer, generate, replay, teacher_forced
+from ..engine import (DraftContext, Limits, Proposal, TreeScorer, generate, layers_of, replay, teacher_forced,
+                      teacher_forced_layers)
 from ..engine import state as drafter_state
 from .base import AUTO, Method, MethodError, MethodSpec, Param
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
@@ -192,13 +193,17 @@ def calibrate(env: Env, retrieval: Any, model: Any, rm: Method, mm: Method) -> d
             for prompt in prompts:
                 greedy = generate(env.model, None, list(prompt), limits).tokens
                 hidden = teacher_forced(env.model, list(prompt), greedy, with_prompt=True) if needs_hidden else None
+                layers = layers_of(drafter)               # a drafter that reads chosen layers gets them too
+                chosen = None if layers is None else \
+                    teacher_forced_layers(env.model, list(prompt), greedy, layers.indices, with_prompt=True)[1]
 
                 def on_step(ev, prompt=prompt, greedy=greedy) -> None:
                     path = ev.proposal.paths[0]
                     ref = greedy[len(ev.context.tokens) - len(prompt):]
                     matched = next((j for j, (a, b) in enumerate(zip(path, ref)) if a != b), min(len(path), len(ref)))
                     steps.append((path, ev.proposal.probs[0] if ev.proposal.probs else None, matched))
-                replay(drafter, list(prompt), greedy, hidden, limits, scorer=scorer, on_step=on_step)
+                replay(drafter, list(prompt), greedy, hidden, limits, scorer=scorer, on_step=on_step,
+                       layer_states=chosen)
             for path, probs, matched in steps:
                 cal.add(source, path, None if source == "retrieval" else probs, matched)
             if before is not None:

@@ -33,3 +33,18 @@ REGISTRY.update({s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, H
                                          SAM, REST, QDRAFT, LAYERSKIP, HYBRID) for s in group})
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # draft networks
 
+
+
+def register_networks() -> None:
+    """A method for every registered draft network whose record describes one (nets/registry.NetworkSpec.method)
+    and that no method module defines: a network added in one file drafts under its own name, as every trained
+    drafter does (methods/trained.spec: chain, tree=W, tree=dynamic, auto)."""
+    from ..nets.registry import networks
+    from .trained import spec
+    for net in networks().values():
+        if net.method and net.name not in REGISTRY:
+            REGISTRY[net.name] = spec(net.name, net.method, net.name)
+
+
+register_networks()
+

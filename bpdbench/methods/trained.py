@@ -31,6 +31,7 @@ from ..artefacts import Need, builder
 from ..config import RunConfig
 from ..nets.base import DraftModel, NetworkFileError
 from ..nets.checkpoint import load as load_drafter, read_config
+from ..nets.registry import networks
 from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
 from ..store import seal
@@ -42,7 +43,10 @@ from .env import Env
 from .lattice import LatticeDrafter, ParallelSource, Refined, sure_depths
 from .search import Chain, Either, Grid, given, with_values
 
-PROFILES = ("quick", "full", "ci")
+PROFILES = ("quick", "full", "bench", "ci")
+# The training data of a profile whose data is not named as the profile is: bench trains on teacher-forced prefill
+# data (train/network.PROFILES; a test holds them equal), which decoding names without importing a trainer.
+DATA = {"bench": "prefill-bench"}
 DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
               "machine)", low=1, auto=True)
 TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain; auto: the width, and the depth "
@@ -75,6 +79,7 @@ class TrainedDrafter(Refined):
         self.name, self.model, self.depth, self.tree = name, model, depth, tree
         self.nodes, self.topk = nodes, topk
         self.k, self.threshold, self.rescorer = k, threshold, rescorer
+        self.hidden_layers = model.hidden_layers    # the base's layers the loop hands it (engine.Layers), if any
         self.session = None
 
     def reset(self, prompt_ids: list[int]) -> None:
@@ -295,8 +300,8 @@ def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]
 
 def data_of(method: Method, cfg: RunConfig) -> str | None:
     """The distillation budget the drafter's first use trains it on: a network profile's data budget bears the
-    profile's name (train/network.PROFILES; a test holds them equal). None for a given folder (`path=`)."""
-    return None if method.get("path") else profile_of(method, cfg)
+    profile's name, or DATA's (train/network.PROFILES; a test holds them equal). None for a given folder (`path=`)."""
+    return None if method.get("path") else DATA.get(profile_of(method, cfg), profile_of(method, cfg))
 
 
 # Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then),
@@ -329,16 +334,31 @@ SEARCH = Either(is_dynamic, BUDGETS, Chain(
     chosen=lambda m: "depth" in m.auto or m.get("depth") is None, drafts_per_token=_sequential))
 
 
-def spec(name: str, description: str, trained_name, drafter_type, extra: tuple[Param, ...] = (),
+def network_of(trained_name: str):
+    """The network record (nets/registry.NetworkSpec) of a trainer or cache name (koala-adv is koala's)."""
+    return networks().get(trained_name.removesuffix("-adv"))
+
+
+def inputs_of(trained_name: str) -> frozenset[Input]:
+    """What a draft network takes from the loop: the final hidden states, and the states of chosen layers when its
+    record declares them."""
+    net = network_of(trained_name)
+    return frozenset({Input.HIDDEN} | ({Input.LAYERS} if net is not None and net.layers is not None else set()))
+
+
+def spec(name: str, description: str, trained_name, drafter_type=None, extra: tuple[Param, ...] = (),
          longest: int | None = None) -> MethodSpec:
     """A registry entry. `trained_name` (the trainer's name, i.e. the cache folder) and `drafter_type` (the drafter
-    type it must hold) are strings or functions of the method (koala:base=hydra -> koala-hydra, a hydra drafter);
-    `longest`: the deepest chain when it is not the trained depth (EAGLE's 16)."""
+    type it must hold; default: its network record's checkpoint type) are strings or functions of the method
+    (koala:base=hydra -> koala-hydra, a hydra drafter); `longest`: the deepest chain when it is not the trained
+    depth (EAGLE's 16)."""
     name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
-    type_of = drafter_type if callable(drafter_type) else (lambda m: drafter_type)
+    type_of = drafter_type if callable(drafter_type) else \
+        (lambda m: drafter_type or network_of(name_of(m)).type_name)
     description += "; tree=dynamic grows an EAGLE-2 tree each step (nodes, topk, depth)"
     return MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), type_of(m), longest),
-                      extra + COMMON, needs_of(trained_name), inputs=frozenset({Input.HIDDEN}), artefacts=(DRAFTER,),
+                      extra + COMMON, needs_of(trained_name), inputs=lambda m: inputs_of(name_of(m)),
+                      artefacts=(DRAFTER,),
                       preflight=lambda m, cfg: check(m, cfg, name_of(m), type_of(m), longest), shapes=SEARCH)
 
 

@@ -15,6 +15,7 @@ from torch import nn
 
 from .base import DraftModel
 from .layers import DecoderLayer, ResBlock
+from .registry import FitDefaults, NetworkSpec, attention_sizes, register
 
 
 class Amphista(DraftModel):
@@ -46,8 +47,16 @@ class Amphista(DraftModel):
         full = torch.ones(x.shape[0], n, n, dtype=torch.bool, device=x.device)
         return self.block(x, pos, full)
 
+    def teacher_states(self, hidden: torch.Tensor, embs: torch.Tensor) -> torch.Tensor:
+        """Training (train/objectives.Positional): [n, depth, d] from h_t and x_{t+1}'s embedding (embs[:, 0])."""
+        return self(hidden, embs[:, 0])
+
     @torch.no_grad()
     def parallel_logits(self, hidden: torch.Tensor, bonus: int, n: int) -> torch.Tensor:
         """[n, S] logits of depths 1..n after the bonus token, from one pass (all heads run: they attend to each
         other as in training, so a shorter draft reads the first n of them)."""
         return self.project(self(hidden[None].to(self.proj.dtype), self.embed([bonus]))[0, :n])
+
+
+register(NetworkSpec("amphista", Amphista, lambda d, depth, n_layers: Amphista(d, depth, **attention_sizes(d)),
+                     "positional", defaults=FitDefaults(lr=1e-3)))

@@ -23,6 +23,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
+from ..engine.types import Layers
+
 WEIGHTS = "drafter.pt"
 
 
@@ -38,6 +40,9 @@ class Expansion(Protocol):
 class DraftModel(nn.Module):
     kind = "sequential"            # or "parallel"
     type_name = ""
+    # The base's layers it reads beside the final state (engine.Layers; None: the final state only). A model that
+    # declares them gets DraftContext.accepted_layers when drafting and the data's `layers` when training.
+    hidden_layers: Layers | None = None
 
     def __init__(self, d: int, depth: int):
         super().__init__()

@@ -1,6 +1,6 @@
 """The draft models' save format (see base.py's module doc): one folder per draft network, its type named in
 `config.json` and rebuilt from it. Apart from base.py because reading a folder needs every drafter type, and each
-type needs base.py: here the types are imported once, below all of them.
+type needs base.py: the types come from the network registry (nets/registry.py), which each network's module fills.
 """
 from __future__ import annotations
 
@@ -13,11 +13,9 @@ from .base import WEIGHTS, DraftModel, NetworkFileError
 
 
 def types() -> dict[str, type]:
-    from .amphista import Amphista
-    from .eagle import Eagle
-    from .hydra import Hydra
-    from .medusa import MedusaHeads
-    return {"eagle": Eagle, "hydra": Hydra, "amphista": Amphista, "medusa": MedusaHeads}
+    """Checkpoint type -> class: every registered network's (nets/registry.py)."""
+    from .registry import types as registered
+    return registered()
 
 
 def save(model: DraftModel, out: Path, base_model: str, report: dict, name: str | None = None,

@@ -15,6 +15,7 @@ from torch import nn
 
 from .base import DraftModel, new_rows
 from .layers import DecoderLayer
+from .registry import FitDefaults, NetworkSpec, attention_sizes, register
 
 
 class Eagle(DraftModel):
@@ -163,3 +164,7 @@ class EagleTree:
         for i, p in enumerate(paths):
             self.nodes[tuple(p)] = (out[i], k[i], v[i])
         return m.project(out)
+
+
+register(NetworkSpec("eagle", Eagle, lambda d, depth, n_layers: Eagle(d, depth, **attention_sizes(d)), "unrolled",
+                     defaults=FitDefaults(lr=2e-3, batch=8, unroll=5, noise=0.02, feature_weight=0.1)))

@@ -17,6 +17,7 @@ from torch import nn
 
 from .base import DraftModel, new_rows
 from .layers import DecoderLayer, ResBlock
+from .registry import FitDefaults, NetworkSpec, attention_sizes, register
 
 
 class Hydra(DraftModel):
@@ -48,6 +49,11 @@ class Hydra(DraftModel):
     def head(self, i: int, base: torch.Tensor, embs: torch.Tensor) -> torch.Tensor:
         """Head i on base [..., d] and the embeddings of x_{t+1} and the i draft tokens before it [..., i+1, d]."""
         return self.blocks[i](torch.cat([base.to(embs.dtype), embs.flatten(-2)], -1))
+
+    def teacher_states(self, hidden: torch.Tensor, embs: torch.Tensor) -> torch.Tensor:
+        """Training (train/objectives.Positional): [n, D, d], head i on h_t and the true tokens' embeddings
+        before its target (embs [n, D, d]: x_{t+1} and the D - 1 tokens after it)."""
+        return torch.stack([self.head(i, hidden, embs[:, : i + 1]) for i in range(embs.shape[1])], 1)
 
     def session(self) -> "HydraSession":
         return HydraSession(self)
@@ -102,3 +108,15 @@ class HydraTree:
         embs = m.embed([[self.bonus] + list(p) for p in paths])                  # [M, depth+1, d]
         base = self.s.base[None].expand(len(paths), -1)
         return m.project(m.head(depth, base, embs))
+
+
+def _hydra(layers: int, prefix: bool = False, dropout: float = 0.0):
+    def make(d: int, depth: int, n_layers: int) -> Hydra:
+        return Hydra(d, depth, layers=layers, prefix=prefix, dropout=dropout, **(attention_sizes(d) if prefix else {}))
+    return make
+
+
+register(NetworkSpec("hydra", Hydra, _hydra(1), "positional", defaults=FitDefaults(lr=1e-3)),
+         NetworkSpec("koala-hydra", Hydra, _hydra(2), "positional", defaults=FitDefaults(lr=1e-3), adversarial=True),
+         NetworkSpec("hydra++", Hydra, _hydra(1, prefix=True, dropout=0.1), "prefix",
+                     defaults=FitDefaults(lr=1e-3, batch=8)))

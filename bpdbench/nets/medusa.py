@@ -12,6 +12,7 @@ import torch
 
 from .heads import Heads
 from .base import DraftModel
+from .registry import NetworkSpec, register
 
 
 class MedusaHeads(DraftModel):
@@ -37,6 +38,11 @@ class MedusaHeads(DraftModel):
         """hidden [B, d] -> [B, n, d]: the residual-block outputs the projection turns into each depth's logits."""
         return self.heads.features(hidden, n).transpose(0, 1)
 
+    def teacher_states(self, hidden: torch.Tensor, embs: torch.Tensor) -> torch.Tensor:
+        """Training (train/objectives.Positional): [n, D, d] states of depths 1..D from rows' features [n, d]; the
+        true tokens' embeddings [n, D, d] are unused (the heads see h_t only)."""
+        return self.states(hidden, embs.shape[1])
+
     @torch.no_grad()
     def parallel_logits(self, hidden: torch.Tensor, bonus: int, n: int) -> torch.Tensor:
         """[n, S] logits of depths 1..n (the bonus token is unused: Medusa heads see h_t only)."""
@@ -44,3 +50,11 @@ class MedusaHeads(DraftModel):
         if self.heads.proj is not None:                        # a foreign checkpoint's own projections
             return torch.stack([self.heads.proj[i](z[i]) for i in range(n)])
         return self.project(z)
+
+
+def _medusa(layers: int):
+    return lambda d, depth, n_layers: MedusaHeads(d, depth, layers)
+
+
+register(NetworkSpec("medusa", MedusaHeads, _medusa(1), "positional"),
+         NetworkSpec("koala", MedusaHeads, _medusa(2), "positional", adversarial=True))

@@ -61,7 +61,7 @@ def with_data(networks: list[Artefact]) -> list[Artefact]:
     out: list[Artefact] = []
     made: set[str] = set()
     for a in networks:
-        data = Artefact("distill", a.model, name_of(PROFILES[a.build_with[1]].data))
+        data = Artefact("distill", a.model, name_of(PROFILES[a.build_with[1]].data))   # prefill-bench for bench
         if data.id not in made:
             made.add(data.id)
             out.append(data)

@@ -28,13 +28,15 @@ def _history(model_name, profile, model=None, tok=None, log=print):
 
 
 def _distill(model_name, budget, model=None, tok=None, log=print):
-    """A distillation dataset by its budget's name: a networks' budget (quick, full, ci), or a heads profile's
-    (heads-quick), derived from that profile as `train-heads` derives it."""
-    from . import distill, heads
+    """A distillation dataset by its budget's name: a networks' budget (quick, full, ci), a heads profile's
+    (heads-quick), derived from that profile as `train-heads` derives it, or teacher-forced prefill data
+    (prefill-bench: train/prefill.py)."""
+    from . import heads
+    from .data import load_data
     from .profiles import resolve
     if budget.startswith("heads-"):
         budget = heads.data_budget(resolve(budget[len("heads-"):], heads.PROFILES))
-    return distill.ensure(model_name, budget, model, tok, log)
+    return load_data(model_name, budget, model, tok, log)
 
 
 def register_builders() -> None:

@@ -79,6 +79,10 @@ class DistillData:
     n_prompt: torch.Tensor       # [S] int64: prompt rows at the start of each sequence
     rank: torch.Tensor           # token ids, most frequent first (shortlists are its prefixes)
     meta: dict
+    layers: torch.Tensor | None = None   # [N, k, d] the states of layers meta["layers"] (prefill data, when asked)
+    greedy: torch.Tensor | None = None   # [N] bool: rows whose next token is the base's greedy choice (prefill data;
+                                         # None: the rows after each sequence's prompt, as generated)
+    units: torch.Tensor | None = None    # [S] the text each sequence was cut from (prefill data: held out whole)
 
     @property
     def d(self) -> int:
@@ -86,14 +90,28 @@ class DistillData:
 
     def split(self, held_out: bool) -> list[int]:
         every = int(self.meta["budget"]["eval_every"])
-        return [s for s in range(len(self.n_prompt)) if (s % every == 0) == held_out]
+        unit = (lambda s: int(self.units[s])) if self.units is not None else (lambda s: s)
+        return [s for s in range(len(self.n_prompt)) if (unit(s) % every == 0) == held_out]
 
     def greedy_mask(self) -> torch.Tensor:
         """[N] bool: rows of the greedy continuation (what acceptance is measured on)."""
+        if self.greedy is not None:
+            return self.greedy
         mask = torch.zeros(self.hidden.shape[0], dtype=torch.bool)
         for s in range(len(self.n_prompt)):
             mask[int(self.offsets[s] + self.n_prompt[s]): int(self.offsets[s + 1])] = True
         return mask
+
+    def layer_states(self, layers) -> torch.Tensor:
+        """[N, k, d]: the states of a model's declared layers (engine.Layers), in its order; a one-line error when
+        the data holds other layers or none (build prefill data with them: train/prefill.py)."""
+        have = list(self.meta.get("layers") or [])
+        missing = [i for i in layers.indices if i not in have]
+        if self.layers is None or missing:
+            raise ValueError(f"the drafter reads the hidden states of layers {list(layers.indices)} but the "
+                             f"'{self.meta.get('budget_name')}' data holds {have or 'none'}; train it on prefill data "
+                             f"that keeps them (train/prefill.py: PrefillBudget.layers)")
+        return self.layers[:, [have.index(i) for i in layers.indices]]
 
     def rows(self, seqs: list[int]) -> torch.Tensor:
         return torch.cat([torch.arange(int(self.offsets[s]), int(self.offsets[s + 1])) for s in seqs])

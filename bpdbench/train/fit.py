@@ -84,13 +84,15 @@ CLOCKS = {"cpu": work_clock, "wall": time.time}
 
 
 def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
-        validate: Callable[[], float] | None = None, checkpoints: int = 8) -> dict:
+        validate: Callable[[], float] | None = None, checkpoints: int = 8,
+        monitor: Callable[[], dict] | None = None) -> dict:
     """Train obj.model in place; returns what the report records (steps, seconds, last losses).
 
     `validate` (higher is better, on sequences the fit never trains on) is called at `checkpoints` evenly spaced
     points of the budget and at the end, and the best weights are kept. Why: on a few tens of thousands of greedy
     tokens every draft network overfits (the blockwise heads reach 0.96 top-1 on their training rows, 0.31 held out), so the
-    last step need not be the best one. Validation runs inside the budget."""
+    last step need not be the best one. Validation runs inside the budget. `monitor`: what else each checkpoint
+    records (the learning curve: held-out top-1 per depth), never used to choose weights."""
     model = obj.model.train()
     g = torch.Generator().manual_seed(c.seed)
     torch.manual_seed(c.seed)
@@ -109,7 +111,10 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
         model.eval()
         score = validate()
         model.train()
-        curve.append({"step": step, "budget_done": round(min(done, 1.0), 3), "score": round(score, 4)})
+        entry = {"step": step, "budget_done": round(min(done, 1.0), 3), "score": round(score, 4),
+                 "samples_seen": step * c.batch, "seconds": round(time.time() - t0, 1),
+                 "cpu_seconds": round(work_clock() - w0, 1)}
+        curve.append(entry | (monitor() if monitor is not None else {}))
         if best is None or score > best[0]:
             best = (score, {k: v.detach().clone() for k, v in model.state_dict().items()})
         log(f"  validation at step {step}: {score:.4f}")

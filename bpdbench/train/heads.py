@@ -28,7 +28,8 @@ from .fit import FitConfig
 from .fit import fit as fit_loop
 from .greedy import base_on, device_for
 from .pacing import quality_warning, resolve_dtype
-from .profiles import named, resolve, settings
+from .data import data_path, load_data
+from .profiles import name_of, named, resolve, settings
 
 # How the heads are made (data, shortlist, fit). Results record it through the heads' metadata, and a sweep cell made
 # with heads of another recipe is not finished (sweep/kinds.py): change it whenever a change here changes the heads.
@@ -57,6 +58,8 @@ class HeadsProfile:
                                        # with gen_dtype auto, only where auto resolves to bfloat16)
     gen_dtype: str = "auto"            # the base's dtype while generating: auto = this machine's fast dtype
     name: str = ""                     # the heads' folder and the report's profile (PROFILES: its key)
+    data: str | None = None            # train on this data instead (train/data.py: e.g. prefill-bench, teacher-forced
+                                       # text); None: the profile's own greedy data (`data_budget`)
 
 
 # Why sizes in greedy positions: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
@@ -167,9 +170,9 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
     if p.gen_dtype == "auto" and resolve_dtype("auto", log)[0] != "bfloat16":
         p = replace(p, bf16_fit=False)          # bf16 autocast is only faster where bfloat16 is native (the CPU's)
     model, tok = base_on(model_name, dtype, device, model, tok)   # the fast dtype generates; heads fit in fp32
-    budget = data_budget(p)
-    log(f"training '{name}' heads for {model_name} on the '{budget.name}' distillation data")
-    ds = distill.ensure(model_name, budget, model, tok, log, device)
+    budget = p.data or data_budget(p)
+    log(f"training '{name}' heads for {model_name} on the '{name_of(budget)}' distillation data")
+    ds = load_data(model_name, budget, model, tok, log, device)
     train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
     shortlist = ds.shortlist(p.shortlist)       # sorted: the heads' drafting vocabulary
     lm_w = model.lm_head.weight.float().cpu()
@@ -185,10 +188,12 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
               **settings(p),
               "gen_dtype": meta["dtype"], "gen_dtype_reason": meta["dtype_reason"], "gen_device": meta["environment"]["device"],
               "generated_greedy_positions": meta["greedy_positions"],
-              "truncated_by_time": meta["truncated_by_time"],
-              "expected_generation_seconds": meta["expected_generation_seconds"],
-              "expected_from": meta["expected_from"],
-              "data": {"path": str(distill.path_for(model_name, budget.name)), "seconds": meta["seconds"]},
+              "truncated_by_time": meta.get("truncated_by_time", False),
+              "expected_generation_seconds": meta.get("expected_generation_seconds"),
+              "expected_from": meta.get("expected_from"),
+              "data": {"path": str(data_path(model_name, budget)), "seconds": meta["seconds"],
+                       "name": name_of(budget), "kind": meta.get("kind", "greedy"),
+                       "positions": meta.get("positions", meta.get("rows")), "sources": meta.get("sources")},
               "seen": distill.seen_of(meta)}
     warning = quality_warning(f"'{name}' heads", (report["heldout"]["top1"] or [None])[0],
                               meta.get("quality_warning"))

@@ -1,7 +1,9 @@
 """`bpdbench train-network NAME --profile quick|full|ci`: train one draft model on the cached distillation data.
 
-Every drafter (Medusa-1 heads, KOALA, Hydra, Hydra++, Amphista, EAGLE) reads the same dataset (train/distill.py:
-built once per model and budget), fits with the same loop (train/fit.py: soft-label distillation on a sampled
+Every drafter (Medusa-1 heads, KOALA, Hydra, Hydra++, Amphista, EAGLE: the networks registered in
+nets/registry.py, each by its own module) reads the same dataset (train/data.py: the greedy distillation data of
+train/distill.py, or teacher-forced prefill data, train/prefill.py; built once per model and budget), fits with the
+same loop (train/fit.py: soft-label distillation on a sampled
 candidate set, a time budget) and is scored the same way (train/objectives.agreement: held-out per-depth top-1 /
 top-16 agreement with the base's greedy continuation, drafting over the shortlist), so differences between them are
 the architectures', not their data's or budgets'. The report, written next to the weights, records the data's size
@@ -22,9 +24,10 @@ import torch
 from .. import models, paths
 from ..store import seal
 from ..config import environment
-from ..nets.base import DraftModel
+from ..nets import registry as networks
 from ..nets.checkpoint import save
-from . import distill
+from . import distill, prefill
+from .data import data_path, load_data
 from .fit import FitConfig, fit
 from .objectives import DistillRows, agreement, objective
 from .pacing import quality_warning
@@ -35,7 +38,8 @@ Log = Callable[[str], None]
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    data: str | distill.Budget     # the distillation budget: a name in train/distill.BUDGETS, or the budget itself
+    data: str | distill.Budget | prefill.PrefillBudget   # the training data (train/data.py): a name in
+                                   # distill.BUDGETS (greedy, decode speed) or prefill.BUDGETS, or the budget itself
     cpu_seconds: float | None      # fit budget in core-seconds (train/fit.py; None: `steps`)
     steps: int = 0
     depth: int = 5
@@ -46,62 +50,17 @@ class NetworkProfile:
 
 # quick: the data (about 250 s of two idle cores, once for every drafter) plus a fit of 480 core-seconds (four
 # minutes of two idle cores) stays within 10 minutes; full: 30 minutes of two cores on 3x the data.
+# bench: about 2 hours of 2 cores for the first network: its teacher-forced data (train/prefill.BUDGETS
+# "prefill-bench": 1M positions at ~340 positions/s, ~49 minutes, shared by every network) plus a fit of 8,400
+# core-seconds (70 minutes of two cores); each further network costs its fit only.
 PROFILES = named({"quick": NetworkProfile("quick", 480.0), "full": NetworkProfile("full", 3600.0),
+                  "bench": NetworkProfile("prefill-bench", 8400.0),
                   "ci": NetworkProfile("ci", None, steps=12, depth=3, shortlist=4096)})
 
 
-@dataclass(frozen=True)
-class Family:
-    """How to build and fit one trainer name: the model constructor and the fit settings that differ."""
-    build: Callable[[int, int], DraftModel]
-    lr: float = 2e-3
-    batch: int = 512               # rows (positional families) or sequences (sequential ones)
-    unroll: int = 1                # EAGLE: passes of training-time drafting
-    noise: float = 0.0             # EAGLE: feature noise (relative to the features' RMS)
-    feature_weight: float = 0.0
-    adversarial: float = 0.0
-
-
-def _attn(d: int) -> dict:
-    """Attention and MLP sizes of a draft decoder layer: the base's head size (64) and 2 key/value heads, as Qwen2.5
-    0.5B has (14 heads at d = 896), and an MLP of about 2.3 d (the base's is 5.4 d: drafting cost matters more
-    here than capacity); small test models get one head."""
-    heads = max(1, d // 64)
-    return {"heads": heads, "kv_heads": 2 if heads % 2 == 0 else 1, "ffn": 2048 if d == 896 else max(64, 2 * d)}
-
-
-def _medusa(layers: int):
-    def make(d: int, depth: int) -> DraftModel:
-        from ..nets.medusa import MedusaHeads
-        return MedusaHeads(d, depth, layers)
-    return make
-
-
-def _hydra(layers: int, prefix: bool = False, dropout: float = 0.0):
-    def make(d: int, depth: int) -> DraftModel:
-        from ..nets.hydra import Hydra
-        return Hydra(d, depth, layers=layers, prefix=prefix, dropout=dropout, **(_attn(d) if prefix else {}))
-    return make
-
-
-def _eagle(d: int, depth: int) -> DraftModel:
-    from ..nets.eagle import Eagle
-    return Eagle(d, depth, **_attn(d))
-
-
-def _amphista(d: int, depth: int) -> DraftModel:
-    from ..nets.amphista import Amphista
-    return Amphista(d, depth, **_attn(d))
-
-
-FAMILIES = {"medusa": Family(_medusa(1)), "koala": Family(_medusa(2)),
-            "hydra": Family(_hydra(1), lr=1e-3), "koala-hydra": Family(_hydra(2), lr=1e-3),
-            "hydra++": Family(_hydra(1, prefix=True, dropout=0.1), lr=1e-3, batch=8),
-            "amphista": Family(_amphista, lr=1e-3),
-            "eagle": Family(_eagle, lr=2e-3, batch=8, unroll=5, noise=0.02, feature_weight=0.1)}
-ADVERSARIAL = ("koala", "koala-hydra")
 ADV_WEIGHT = 0.1        # the weight a cache name's -adv suffix stands for
 VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)
+CURVE_SEQUENCES = 256   # held-out sequences scored at each checkpoint (the learning curve; the end scores them all)
 
 
 def network_dir(model: str, name: str, profile: str) -> Path:
@@ -111,14 +70,14 @@ def network_dir(model: str, name: str, profile: str) -> Path:
 def check(name: str, profile: str | NetworkProfile, adversarial: float) -> str:
     """The cache name of a trainer request, or a one-line ValueError (before anything loads). A profile given as an
     object is not looked up."""
-    if name not in FAMILIES:
-        raise ValueError(f"unknown drafter '{name}'; valid: {', '.join(FAMILIES)}")
+    net = networks.get(name)                     # one line naming the valid networks
     if isinstance(profile, str) and profile not in PROFILES:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(PROFILES)}")
     if adversarial < 0 or adversarial != adversarial:
         raise ValueError(f"--adversarial must be >= 0, got {adversarial}")
-    if adversarial and name not in ADVERSARIAL:
-        raise ValueError(f"--adversarial is KOALA's term: train koala or koala-hydra with it, not {name}")
+    if adversarial and not net.adversarial:
+        with_term = " or ".join(n for n, spec in networks.networks().items() if spec.adversarial)
+        raise ValueError(f"--adversarial is KOALA's term: train {with_term} with it, not {name}")
     return name + ("-adv" if adversarial else "")
 
 
@@ -137,22 +96,22 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     name, asked = split_saved(name)
     adversarial = adversarial or asked
     saved = check(name, profile, adversarial)
-    p, fam = resolve(profile, PROFILES), FAMILIES[name]
+    p, net = resolve(profile, PROFILES), networks.get(name)
     seal.check_writable(out or network_dir(model_name, saved, p.name))   # read-only: one line now, not after
-    fam = replace(fam, adversarial=adversarial, lr=fam.lr if lr is None else lr)
+    fam = replace(net.defaults, lr=net.defaults.lr if lr is None else lr)
     data = name_of(p.data)
     load0 = os.getloadavg()[0]
-    ds = distill.ensure(model_name, p.data, model, tok, log, device)
+    ds = load_data(model_name, p.data, model, tok, log, device)
     t0 = time.time()
     torch.manual_seed(p.seed)
     embed, lm_w = _base_weights(model_name, model)
     shortlist = ds.shortlist(p.shortlist)             # EOS ranks first in the data's ranking
-    drafter = fam.build(ds.d, p.depth)
+    drafter = net.build(ds.d, p.depth, int(ds.meta.get("base_layers") or 0))
     drafter.emb = embed
     drafter.emb_scale = _emb_scale(ds, embed)
     n_params = drafter.n_params()
-    obj = objective(drafter, p.depth, fam.unroll, fam.noise)
-    rows = DistillRows.of(ds)
+    obj = objective(net.objective, drafter, p.depth, fam.unroll, fam.noise)
+    rows = DistillRows.of(ds, drafter.hidden_layers)
     train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
     val = train_seqs[::VAL_EVERY]                   # checkpoint selection only; never the reported held-out
     train_seqs = [q for i, q in enumerate(train_seqs) if i % VAL_EVERY]
@@ -163,10 +122,12 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
     from ..hardware.dtype import choose as fast_dtype
     cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, bf16=fast_dtype().dtype == "bfloat16",
-                    feature_weight=fam.feature_weight,
-                    adversarial=fam.adversarial, seed=p.seed)
+                    feature_weight=fam.feature_weight, adversarial=adversarial, seed=p.seed)
     score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
-    stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log, validate=score if val else None)
+    curve_seqs = held[:CURVE_SEQUENCES]
+    monitor = lambda: {"heldout_top1": agreement(obj, rows, curve_seqs, proj, shortlist, topk=1)["top1"]}  # noqa: E731
+    stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log, validate=score if val else None,
+                monitor=monitor if curve_seqs else None)
     drafter.eval()
     heldout = agreement(obj, rows, held, proj, shortlist)
     seconds = time.time() - t0
@@ -174,13 +135,14 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
               "trainable_parameters": n_params, "emb_scale": drafter.emb_scale, "shortlist": len(shortlist),
               "depth": p.depth,
               "seconds": round(seconds, 1), "data_seconds": ds.meta.get("seconds"),
+              "positions": int(ds.meta.get("positions") or ds.meta.get("rows") or 0),
               "seconds_with_data": round(seconds + float(ds.meta.get("seconds") or 0), 1),
               "heldout": heldout, "fit": stats, "fit_config": asdict(cfg),
               "profile_config": settings(p) | {"data": data},
-              "family": {k: v for k, v in asdict(fam).items() if k != "build"},
+              "family": asdict(fam) | {"adversarial": adversarial, "objective": net.objective},
               "data": {k: ds.meta.get(k) for k in ("budget_name", "sequences", "rows", "greedy_positions",
-                                                     "generation_seconds")}
-              | {"path": str(distill.path_for(model_name, data)), "heldout_sequences": len(held),
+                                                     "generation_seconds", "kind", "positions", "sources")}
+              | {"path": str(data_path(model_name, data)), "heldout_sequences": len(held),
                  "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
               "environment": environment(torch.get_num_threads(), "cpu", "float32"),

@@ -1,12 +1,14 @@
-"""What each drafter family predicts from the cached distillation data, for training and for held-out agreement.
+"""What each draft network predicts from the cached distillation data, for training and for held-out agreement.
 
-Every family turns a sample of the data into predicted states z [N, d] (the projection input), the dataset rows
+Every objective turns a sample of the data into predicted states z [N, d] (the projection input), the dataset rows
 whose teacher distribution each must match, and the depth (1 = the token after the base's next token). The fit loop
-(train/fit.py) is shared: soft-label cross-entropy against the teacher's top-8, on a sampled candidate set.
+(train/fit.py) is shared: soft-label cross-entropy against the teacher's top-8, on a sampled candidate set. A
+network's record (nets/registry.NetworkSpec) names its objective; OBJECTIVES below resolves the name, so no code
+here asks which class a model is.
 
 Indexing: row r is position t of a sequence; its hidden state produced next_ids[r] = x_{t+1} (the base's next
-token, known when drafting); depth d drafts x_{t+1+d}, whose teacher is row r + d and whose greedy token is
-next_ids[r + d]. Sequential families are trained with teacher-forced draft tokens (acceptance only ever reaches a
+token, known when drafting; in teacher-forced text, the text's token); depth d drafts x_{t+1+d}, whose teacher is
+row r + d and whose greedy token is the base's argmax there (top_ids[r + d, 0]: next_ids[r + d] in generated data). Sequential families are trained with teacher-forced draft tokens (acceptance only ever reaches a
 depth whose earlier tokens were right); EAGLE also feeds its own predicted features back, depth by depth
 (drafters.eagle.Eagle.unrolled), as drafting does.
 """
@@ -18,25 +20,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..nets.amphista import Amphista
-from ..nets.eagle import Eagle
-from ..nets.hydra import Hydra
-from ..nets.medusa import MedusaHeads
 from .distill import DistillData
 
 
 @dataclass
 class DistillRows:
-    """The data, flattened for sampling: per row its sequence's end and whether it is a greedy row."""
+    """The data, flattened for sampling: per row its sequence's end, whether it is a greedy row, the features a
+    model reads there (the final states, or the states of the layers it declares) and the base's greedy token."""
     ds: DistillData
     end: torch.Tensor       # [N] first row after this row's sequence
     greedy: torch.Tensor    # [N] bool
+    feats: torch.Tensor | None = None   # [N, d] or [N, k, d] (None: ds.hidden)
+    gold: torch.Tensor | None = None    # [N] the base's argmax there (None: top_ids[:, 0])
+
+    def __post_init__(self) -> None:
+        self.feats = self.ds.hidden if self.feats is None else self.feats
+        self.gold = self.ds.top_ids[:, 0] if self.gold is None else self.gold
 
     @classmethod
-    def of(cls, ds: DistillData) -> "DistillRows":
+    def of(cls, ds: DistillData, layers=None) -> "DistillRows":
+        """`layers`: the model's declared layers (engine.Layers; None: it reads the final states)."""
         lengths = ds.offsets[1:] - ds.offsets[:-1]
         end = torch.repeat_interleave(ds.offsets[1:], lengths)
-        return cls(ds, end, ds.greedy_mask())
+        return cls(ds, end, ds.greedy_mask(), None if layers is None else ds.layer_states(layers))
 
 
 @dataclass
@@ -61,6 +67,14 @@ def _valid(rows: DistillRows, r: torch.Tensor, depth: int) -> torch.Tensor:
     return (r[:, None] + torch.arange(1, depth + 1)[None]) < rows.end[r][:, None]
 
 
+def _greedy_chain(rows: DistillRows, first: torch.Tensor, depth: int) -> torch.Tensor:
+    """[..., depth] bool: depth p's context (rows first .. first + p - 1) is the base's greedy continuation, so
+    agreement there is agreement with greedy decoding (always so in generated data; in teacher-forced text only
+    where the text agrees with the base)."""
+    idx = (first[..., None] + torch.arange(depth)).clamp(max=len(rows.end) - 1)
+    return torch.cumprod(rows.greedy[idx].long(), -1).bool()
+
+
 def _emb(model, ids: torch.Tensor) -> torch.Tensor:
     """The base's frozen embeddings of `ids`, in float32 (the trainable weights' dtype; autocast casts per op), at
     the hidden states' scale (DraftModel.emb_scale)."""
@@ -68,7 +82,9 @@ def _emb(model, ids: torch.Tensor) -> torch.Tensor:
 
 
 class Positional:
-    """Families drafting from one position (Medusa/KOALA heads, Hydra, Amphista): a batch is a sample of rows."""
+    """Networks drafting from one position (Medusa/KOALA heads, Hydra, Amphista): a batch is a sample of rows. The
+    model gives `teacher_states(features [n, d] (or [n, k, d]: declared layers), embeddings [n, D, d] of x_{t+1}
+    and the true tokens after it) -> [n, D, d]`."""
     sequential = False
 
     def __init__(self, model, depth: int):
@@ -76,19 +92,10 @@ class Positional:
 
     def predict(self, rows: DistillRows, r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """States [n, depth, d] for base rows r, and validity [n, depth]."""
-        ds, D = rows.ds, self.depth
+        ds, D, m = rows.ds, self.depth, self.model
         valid = _valid(rows, r, D)
-        h = ds.hidden[r].float()
-        m = self.model
-        if isinstance(m, MedusaHeads):
-            z = m.states(h, D)
-        elif isinstance(m, Amphista):
-            z = m(h, _emb(m, ds.next_ids[r]))
-        else:                                            # Hydra: head i sees x_{t+1} and the true tokens before
-            idx = (r[:, None] + torch.arange(D)[None]).clamp(max=ds.hidden.shape[0] - 1)
-            embs = _emb(m, ds.next_ids[idx])              # [n, D, d]
-            z = torch.stack([m.head(i, h, embs[:, : i + 1]) for i in range(D)], 1)
-        return z, valid
+        idx = (r[:, None] + torch.arange(D)[None]).clamp(max=ds.hidden.shape[0] - 1)
+        return m.teacher_states(rows.feats[r].float(), _emb(m, ds.next_ids[idx])), valid
 
     def batch(self, rows: DistillRows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
         r = base_rows(rows, pool, n, weight, g)
@@ -101,10 +108,10 @@ class Positional:
         """States [n, depth, d], gold token ids [n, depth], validity, at every greedy row of `seqs`."""
         r = rows.ds.rows(seqs)
         r = r[rows.greedy[r]]
-        out = [self.predict(rows, r[s:s + 256]) for s in range(0, len(r), 256)]
+        out = [self.predict(rows, r[s:s + 256]) for s in range(0, max(len(r), 1), 256)]
         z, valid = torch.cat([o[0] for o in out]), torch.cat([o[1] for o in out])
         gold_rows = (r[:, None] + torch.arange(1, self.depth + 1)[None]).clamp(max=len(rows.end) - 1)
-        return z, rows.ds.next_ids[gold_rows], valid
+        return z, rows.gold[gold_rows], valid & _greedy_chain(rows, r, self.depth)
 
 
 class PackedHeads(nn.Module):
@@ -148,8 +155,11 @@ class Packed:
 
 
 class Sequential:
-    """Families that run over contiguous features (EAGLE; Hydra++'s prefix layer): a batch is whole sequences."""
+    """Networks that run over contiguous features (EAGLE: `Unrolled`; Hydra++'s prefix layer: `Prefixed`): a batch
+    is whole sequences. `shifted`: the depth-p state at row j predicts row j + 1 from the context ending at row
+    j - p + 1 (EAGLE's passes), rather than row j + p from row j."""
     sequential = True
+    shifted = False
 
     def __init__(self, model, depth: int, unroll: int = 1, noise: float = 0.0):
         self.model, self.depth, self.unroll, self.noise = model, depth, unroll, noise
@@ -168,19 +178,14 @@ class Sequential:
     def states(self, rows: DistillRows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
         """Per depth p (1..D) the states [B, n, d] at every row (row j's depth-p state drafts x_{t+1+p} from the
         context ending at row j - p + 1 for EAGLE; for Hydra++ all depths come from the same row)."""
-        ds, m = rows.ds, self.model
-        feat = ds.hidden[safe].float()
+        raise NotImplementedError
+
+    def features(self, rows: DistillRows, safe: torch.Tensor, train: bool) -> torch.Tensor:
+        """The model's input features at rows `safe`, with the training noise (relative to their RMS) when set."""
+        feat = rows.feats[safe].float()
         if train and self.noise:
             feat = feat + self.noise * feat.pow(2).mean(-1, keepdim=True).sqrt() * torch.randn_like(feat)
-        pos = ds.positions[safe]
-        if isinstance(m, Eagle):
-            return m.unrolled(feat, _emb(m, ds.next_ids[safe]), pos, valid, self.unroll if train else self.depth)
-        from ..nets.layers import causal_mask
-        base = m.prefix(feat, pos, causal_mask(valid))
-        D = self.depth
-        idx = (safe[..., None] + torch.arange(D)).clamp(max=ds.hidden.shape[0] - 1)
-        embs = _emb(m, ds.next_ids[idx])                  # [B, n, D, d]
-        return [m.head(i, base, embs[..., : i + 1, :]) for i in range(D)]
+        return feat
 
     def _targets(self, rows: DistillRows, safe, valid, p: int, eagle: bool):
         """DistillRows whose teacher the depth-p state at each row must match, and where that is defined."""
@@ -198,7 +203,7 @@ class Sequential:
         order = sorted(pool_seqs, key=lambda s: int(ds.offsets[s + 1] - ds.offsets[s]))
         first = int(torch.randint(0, max(1, len(order) - n + 1), (1,), generator=g))
         safe, valid = self.window(rows, order[first: first + n])
-        eagle = isinstance(self.model, Eagle)
+        eagle = self.shifted
         zs = self.states(rows, safe, valid, train=True)
         preds, extra = [], []
         for p, z in enumerate(zs, 1):
@@ -213,12 +218,13 @@ class Sequential:
 
     def evaluate(self, rows: DistillRows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Like Positional.evaluate: states [n, depth, d] from the greedy rows as the base row (depth 1's row)."""
-        eagle = isinstance(self.model, Eagle)
+        eagle = self.shifted
         zs_all, gold_all, ok_all = [], [], []
         for s in range(0, len(seqs), 16):
             safe, valid = self.window(rows, seqs[s:s + 16])
             zs = self.states(rows, safe, valid, train=False)
             base = valid & rows.greedy[safe]
+            chain = _greedy_chain(rows, safe, self.depth)             # [B, n, depth]
             n = safe.shape[1]
             z_rows, gold, ok = [], [], []
             for p in range(1, self.depth + 1):
@@ -229,8 +235,8 @@ class Sequential:
                     zp = zs[p - 1]
                 tgt = (safe + p).clamp(max=len(rows.end) - 1)
                 z_rows.append(zp)
-                gold.append(rows.ds.next_ids[tgt])
-                ok.append(base & (torch.arange(n)[None] + p < valid.sum(1, keepdim=True)))
+                gold.append(rows.gold[tgt])
+                ok.append(base & chain[..., p - 1] & (torch.arange(n)[None] + p < valid.sum(1, keepdim=True)))
             keep = base
             zs_all.append(torch.stack(z_rows, 2)[keep])
             gold_all.append(torch.stack(gold, 2)[keep])
@@ -238,10 +244,40 @@ class Sequential:
         return torch.cat(zs_all), torch.cat(gold_all), torch.cat(ok_all)
 
 
-def objective(model, depth: int, unroll: int = 1, noise: float = 0.0):
-    if isinstance(model, Eagle) or (isinstance(model, Hydra) and model.prefix is not None):
-        return Sequential(model, depth, unroll, noise)
-    return Positional(model, depth)
+class Unrolled(Sequential):
+    """EAGLE: the draft layer over real features, then its own predicted features fed back pass by pass
+    (`unrolled`), with the feature regression beside the cross-entropy."""
+    shifted = True
+
+    def states(self, rows: DistillRows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
+        ds, m = rows.ds, self.model
+        return m.unrolled(self.features(rows, safe, train), _emb(m, ds.next_ids[safe]), ds.positions[safe], valid,
+                          self.unroll if train else self.depth)
+
+
+class Prefixed(Sequential):
+    """Hydra++: a decoder prefix layer over the features, then every head from the same row."""
+
+    def states(self, rows: DistillRows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
+        from ..nets.layers import causal_mask
+        ds, m, D = rows.ds, self.model, self.depth
+        base = m.prefix(self.features(rows, safe, train), ds.positions[safe], causal_mask(valid))
+        idx = (safe[..., None] + torch.arange(D)).clamp(max=ds.hidden.shape[0] - 1)
+        embs = _emb(m, ds.next_ids[idx])                  # [B, n, D, d]
+        return [m.head(i, base, embs[..., : i + 1, :]) for i in range(D)]
+
+
+# The objectives a network names (nets/registry.NetworkSpec.objective): the training half of its record.
+OBJECTIVES = {"positional": lambda model, depth, unroll, noise: Positional(model, depth),
+              "unrolled": Unrolled, "prefix": Prefixed}
+
+
+def objective(name: str, model, depth: int, unroll: int = 1, noise: float = 0.0):
+    """The objective a network's record names, over its model; a one-line error for a name none registered."""
+    if name not in OBJECTIVES:
+        raise ValueError(f"unknown training objective '{name}'; valid: {', '.join(OBJECTIVES)} (register a new one "
+                         f"in bpdbench.train.objectives.OBJECTIVES)")
+    return OBJECTIVES[name](model, depth, unroll, noise)
 
 
 @torch.no_grad()
@@ -250,7 +286,10 @@ def agreement(obj, rows: DistillRows, seqs: list[int], proj: torch.Tensor, short
     """Held-out per-depth top-1 / top-k agreement with the base's greedy continuation, drafting over the shortlist,
     each depth given the true tokens before it; `chain`: the share of positions whose first d drafts are all right
     (so 1 + sum(chain) is the expected tokens per step of a chain drafter of that depth)."""
-    z, gold, ok = obj.evaluate(rows, seqs)
+    z, gold, ok = obj.evaluate(rows, seqs) if seqs else (None, None, None)
+    if z is None or z.shape[0] == 0:            # no greedy row to score (teacher-forced text the base disagrees with)
+        zero = [0.0] * obj.depth
+        return {"top1": zero, f"top{topk}": zero, "chain": zero, "expected_tokens_per_step": 1.0, "positions": 0}
     # In chunks of rows: the full profile's held-out logits at once are 14k rows x 5 depths x 16k ids = 4.6 GB, and
     # two trainers side by side were killed for memory on a 24 GB machine.
     top = torch.cat([(c.to(proj.dtype) @ proj.T).topk(topk, -1).indices for c in z.split(1024)])
