@@ -41,13 +41,14 @@ def conditions(rows: pd.DataFrame) -> str:
 
 def noise_floor(rows: pd.DataFrame, today: bool) -> tuple[str, str]:
     """(refusal, line): refusal is "" when the board may rank. The null row must read 1.00 ± 3% with an interval
-    containing 1; a board of today's protocol without one is refused, an older one says "unchecked"."""
+    containing 1; a grid board of today's protocol without one is refused; an older board or a study without one
+    says "unchecked" (a study ranks its own rows and never answers "which drafter" for the machine)."""
     null = rows[rows.method == NULL]
     if null.empty:
         if today:
             return (f"REFUSED: no `{NULL}` row (AR timed as a method), so the noise floor is unknown; "
                     f"{conditions(rows)}", "")
-        return "", f"noise floor unchecked (no `{NULL}` row: made before boards carried one); {conditions(rows)}"
+        return "", f"noise floor unchecked (no `{NULL}` row timed beside the methods); {conditions(rows)}"
     s = null.iloc[0]
     v, lo, hi = s.speedup_vs_ar, s.get("speedup_ci_low"), s.get("speedup_ci_high")
     band = abs(v - 1) <= TOLERANCE

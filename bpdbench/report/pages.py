@@ -115,7 +115,7 @@ def write(lb: Leaderboard, out: Path) -> list[Path]:
         text += ["## The grid's boards", "",
                  "PARTIAL: not every planned prompt measured yet. noise floor: the `null` row (AR timed as a method) "
                  "within 1.00 ± 3% with an interval containing 1 (checked), outside it (REFUSED: no ranking), or no "
-                 "such row (unchecked: made before boards carried one). grid: whether the board is a cell of today's "
+                 "such row (unchecked on a board made before boards carried one; REFUSED on one of today's protocol). grid: whether the board is a cell of today's "
                  "grids/leaderboard.toml with the same methods and protocol.", "", to_markdown(grid), ""]
     if lb.left_out:
         text += ["## Left out", "", to_markdown(pd.DataFrame(lb.left_out, columns=["folder", "why"])), ""]
