@@ -14,6 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import tasks as task_registry
+from .. import paths
 
 PER_EXAMPLE = ("examples.jsonl", "speed.jsonl", "replay.jsonl", "samples.jsonl")
 RULE = "tasks.splits/1"          # train: index % 10 == 9 (SQuAD by article); tune: the tail, 8% per tune group
@@ -112,11 +113,22 @@ def folder(path: Path) -> dict | None:
     if not cfg.get("task") or not ids:
         return None
     try:
-        result = overlap(cfg["task"], ids, artefacts_seen(meta.get("resolved", {})), cfg.get("data_dir"),
-                         cfg.get("data_file"))
+        result = overlap(cfg["task"], ids, artefacts_seen(meta.get("resolved", {})), _local(cfg.get("data_dir")),
+                         _local(cfg.get("data_file")))
     except (task_registry.DataError, ValueError) as e:
         return {"task": cfg["task"], "error": str(e), "clean": False}
     return {"task": cfg["task"], **result, "recorded": meta.get("resolved", {}).get("overlap")}
+
+
+def _local(recorded: str | None) -> str | None:
+    """A data path as config.json recorded it (absolute in older folders, portable since: paths.portable), here."""
+    if recorded is None:
+        return None
+    where = paths.resolve(recorded)
+    if where is None:
+        raise ValueError(f"its data ({recorded}) lay outside the checkout and the cache of the machine that made it; "
+                         f"audit it there, or copy the data into the checkout")
+    return str(where)
 
 
 def tree(root: Path) -> dict[str, dict]:

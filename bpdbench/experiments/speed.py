@@ -31,6 +31,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from ..config import RunConfig
+from ..paths import portable_tree
 from ..engine import Counters
 from ..engine.state import restore, snapshot
 from ..hardware import contention
@@ -349,7 +350,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     config["config"], config["methods"] = args, list(fns)
     config["resolved"]["skipped"] = skipped
     config["prompts"] = [ex.id for ex in s.examples]     # what "finished" means: the sweep checks the JSONL has all
-    config = json.loads(json.dumps(config, default=str))
+    config = portable_tree(json.loads(json.dumps(config, default=str)))
     records = _resumable(out, config, resume, jsonl)
     if not resume:
         jsonl.start_fresh()

@@ -84,8 +84,9 @@ def model_shape(name: str) -> ModelShape:
 
 def heads_shortlist(folder: load.ResultFolder, vocab: int) -> int:
     """Draft vocabulary size from the heads' config; heads without a shortlist project onto the full vocabulary."""
-    path = Path(folder.heads_path) if folder.heads_path else paths.heads_dir(folder.model, folder.heads_profile)
-    if (path / "config.json").exists():
+    path = paths.resolve(folder.heads_path) if folder.heads_path else paths.heads_dir(folder.model,
+                                                                                      folder.heads_profile)
+    if path is not None and (path / "config.json").exists():     # None: heads outside the checkout and cache
         size = json.loads((path / "config.json").read_text()).get("bpdbench", {}).get("shortlist_size")
         return int(size) if size else vocab
     return min(SHORTLIST, vocab)

@@ -286,7 +286,9 @@ def lost(cell, root: Path) -> int:
 
 
 def _norm(d: dict) -> dict:
-    return json.loads(json.dumps(d, default=str))
+    """`d` as JSON holds it, paths in the portable form (a folder recorded with absolute paths still matches)."""
+    from ..paths import comparable
+    return comparable(json.loads(json.dumps(d, default=str)))
 
 
 # Where a cell ran and on how many threads, not what it computed: a results tree copied to another checkout (or a
@@ -301,7 +303,8 @@ def _matches(cell, meta: dict) -> bool:
     if cell.kind == "speed":
         want = {k: v for k, v in want.items() if k not in UNUSED}
     # a field an older config.json lacks was added since with its default, which is what that run did
-    have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})})
+    have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want},
+                     **_norm(meta.get("config", {}))})
     if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in PLACE):
         return False
     if not _same_heads_recipe(cell, meta):
