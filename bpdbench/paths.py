@@ -116,16 +116,28 @@ def gguf_file(name: str) -> Path:
     return cache_root() / "gguf" / f"{name}.gguf"
 
 
+# Characters a shell reads as syntax or a pattern: a folder named with one must be quoted in every command that
+# names it (an unquoted `;` ends the command there), so no generated name holds one.
+SHELL_SPECIAL = frozenset(";&|$`'\"()<>*?[]{}!#~\\")
+
+
+def shell_safe(name: str) -> str:
+    """`name` with every shell-special character and every space as `_`."""
+    return "".join("_" if c in SHELL_SPECIAL or c.isspace() else c for c in name)
+
+
 def folder_name(label: str, sep: str = "-", equals: str = "") -> str:
     """The one rule naming a folder (or a sweep's log file) after a method label, a list of them or a cell id:
-    `:` and `,` become `sep`, `=` becomes `equals` (dropped by default: `bpd:heads=3` -> `bpd-heads3`), `/` becomes
-    `_` so a label naming a model path stays one folder name. Why one rule: run folders, certify folders, a grid's
-    `out` templates and the sweep's logs each had their own, and a folder is how a finished result is found."""
-    return label.replace(":", sep).replace(",", sep).replace("=", equals).replace("/", "_")
+    `:`, `,` and a nested spelling's `;` become `sep`, `=` becomes `equals` (dropped by default: `bpd:heads=3` ->
+    `bpd-heads3`), `/` becomes `_` so a label naming a model path stays one folder name, and any other
+    shell-special character `_` (shell_safe). Why one rule: run folders, certify folders, a grid's `out` templates
+    and the sweep's logs each had their own, and a folder is how a finished result is found."""
+    return shell_safe(label.replace(":", sep).replace(",", sep).replace(";", sep).replace("=", equals)
+                      .replace("/", "_"))
 
 
 def run_dir(task: str, model: str, label: str, dtype: str) -> Path:
-    return results_root() / "runs" / f"{task}-{_safe(model)}-{folder_name(label)}-{dtype}"
+    return results_root() / "runs" / shell_safe(f"{task}-{_safe(model)}-{folder_name(label)}-{dtype}")
 
 
 def experiment_dir(kind: str, task: str) -> Path:
