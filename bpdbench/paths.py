@@ -261,6 +261,8 @@ def portable_tree(obj, hashed: bool = True):
     if isinstance(obj, os.PathLike) or (isinstance(obj, str) and is_absolute(obj)):
         out = portable(obj, hashed)
         return out if hashed else out.split(HASH)[0]
+    if not hashed and isinstance(obj, str) and obj.startswith(OUTSIDE + "/"):    # recorded with its hash
+        return obj.split(HASH)[0]
     return obj
 
 

@@ -93,6 +93,7 @@ def test_portable_outside_names_the_file_and_its_content(tmp_path, monkeypatch):
     assert text.startswith("<outside>/grid.toml#sha256=") and len(text.split("=")[-1]) == 16
     f.write_text("a = 2\n")
     assert paths.portable(f) != text                                     # the hash tells the two apart
+    assert paths.comparable({"f": text}) == paths.comparable({"f": str(f)}) == {"f": "<outside>/grid.toml"}
     assert paths.portable(tmp_path / "somewhere") == "<outside>/somewhere"   # a folder: no hash
     assert paths.resolve(text) is None                                   # not on this machine
     assert paths.portable("results/x") == "results/x"                    # a relative path is kept as typed
