@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from bpdbench import paths
 from tests.integration.test_sweep import cli, data  # noqa: F401 (data is a fixture)
 
 
@@ -36,7 +37,7 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     assert not kinds.finished(pld, first.results)            # one example more to decode
     assert cells.run_cell(pld, 0, "sweep/g", None)["status"] == "ok"    # resumed with a fresh greedy folder
     meta = json.loads((first.results / pld.rel / "config.json").read_text())
-    assert meta["sweep"] == {"grid": str(path.resolve()), "cell": "sampling/xsum/pld-T0"}
+    assert meta["sweep"] == {"grid": paths.portable(path.resolve()), "cell": "sampling/xsum/pld-T0"}  # portable
     assert meta["config"]["greedy_dir"] != str(tmp_path / "cache" / "greedy") and meta["config"]["limit"] == 2
     assert kinds.finished(pld, first.results)
     examples = [json.loads(x) for x in (first.results / pld.rel / "examples.jsonl").read_text().splitlines()]
