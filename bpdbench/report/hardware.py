@@ -73,7 +73,7 @@ def shape_from_config(cfg: dict) -> ModelShape:
 def model_shape(name: str) -> ModelShape:
     """From the cached HF config (any dtype: shapes do not depend on it), a local HF folder, or the built-in dict."""
     candidates = [paths.dense_model_dir(name, dt) / "config.json" for dt in models.DTYPES] if name in models.MODELS \
-        else [Path(name) / "config.json"]
+        else [where / "config.json" for where in [paths.resolve(name)] if where is not None]   # as recorded
     for path in candidates:
         if path.exists():
             return shape_from_config(json.loads(path.read_text()))

@@ -143,3 +143,21 @@ def test_the_committed_results_readme_is_the_rendered_one():
     assert committed.exists(), "results/README.md is missing: run `bpdbench tables`"
     assert committed.read_text() == results_index.render(REPO / "results"), \
         "results/README.md differs from a fresh render: run `bpdbench tables` and commit it"
+
+
+def test_audit_of_a_folder_whose_data_lay_outside_uses_what_the_run_recorded(tmp_path):
+    """`<outside>/...` data cannot be read again here: the audit the run made of its selection stands in, said so;
+    without one the folder is not proven clean."""
+    import json
+    from bpdbench.experiments import audit
+    recorded = {"rule": audit.RULE, "evaluated": 1, "in_train": 0, "in_tune": 0, "not_in_data": 0, "artefacts": {},
+                "clean": True}
+    (tmp_path / "examples.jsonl").write_text('{"id": "a"}\n')
+    meta = {"config": {"task": "mt_bench", "data_file": "<outside>/p.jsonl#sha256=0123456789abcdef"},
+            "resolved": {"overlap": recorded}}
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    got = audit.folder(tmp_path)
+    assert got["clean"] and "recorded by the run" in got["source"]
+    (tmp_path / "config.json").write_text(json.dumps({**meta, "resolved": {}}))
+    got = audit.folder(tmp_path)
+    assert not got["clean"] and "outside the checkout" in got["error"]
