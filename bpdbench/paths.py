@@ -8,7 +8,8 @@ run from; `--out` sends results elsewhere.
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PureWindowsPath
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,16 +116,28 @@ def gguf_file(name: str) -> Path:
     return cache_root() / "gguf" / f"{name}.gguf"
 
 
+# Characters a shell reads as syntax or a pattern: a folder named with one must be quoted in every command that
+# names it (an unquoted `;` ends the command there), so no generated name holds one.
+SHELL_SPECIAL = frozenset(";&|$`'\"()<>*?[]{}!#~\\")
+
+
+def shell_safe(name: str) -> str:
+    """`name` with every shell-special character and every space as `_`."""
+    return "".join("_" if c in SHELL_SPECIAL or c.isspace() else c for c in name)
+
+
 def folder_name(label: str, sep: str = "-", equals: str = "") -> str:
     """The one rule naming a folder (or a sweep's log file) after a method label, a list of them or a cell id:
-    `:` and `,` become `sep`, `=` becomes `equals` (dropped by default: `bpd:heads=3` -> `bpd-heads3`), `/` becomes
-    `_` so a label naming a model path stays one folder name. Why one rule: run folders, certify folders, a grid's
-    `out` templates and the sweep's logs each had their own, and a folder is how a finished result is found."""
-    return label.replace(":", sep).replace(",", sep).replace("=", equals).replace("/", "_")
+    `:`, `,` and a nested spelling's `;` become `sep`, `=` becomes `equals` (dropped by default: `bpd:heads=3` ->
+    `bpd-heads3`), `/` becomes `_` so a label naming a model path stays one folder name, and any other
+    shell-special character `_` (shell_safe). Why one rule: run folders, certify folders, a grid's `out` templates
+    and the sweep's logs each had their own, and a folder is how a finished result is found."""
+    return shell_safe(label.replace(":", sep).replace(",", sep).replace(";", sep).replace("=", equals)
+                      .replace("/", "_"))
 
 
 def run_dir(task: str, model: str, label: str, dtype: str) -> Path:
-    return results_root() / "runs" / f"{task}-{_safe(model)}-{folder_name(label)}-{dtype}"
+    return results_root() / "runs" / shell_safe(f"{task}-{_safe(model)}-{folder_name(label)}-{dtype}")
 
 
 def experiment_dir(kind: str, task: str) -> Path:
@@ -162,3 +175,98 @@ def git_ignored(root: Path, folders: list[Path]) -> set[Path]:
     if out.returncode not in (0, 1):         # 128: not a git checkout
         return set()
     return {Path(line.rstrip("/")) for line in out.stdout.splitlines()}
+
+
+# How a result records a path, so that a results tree means the same on every machine and names none of them
+# (docs/result-schema.md): inside the checkout, relative to it (`results/alpha.json`); inside the cache,
+# `$BPDBENCH_CACHE/<rest>`; anywhere else, `<outside>/<name>` (plus `#sha256=<16 hex>` of a file's content, so a
+# reader can still tell which file it was). Old folders recorded absolute paths; `resolve` reads both forms.
+CACHE_TOKEN, OUTSIDE, HASH = "$BPDBENCH_CACHE", "<outside>", "#sha256="
+_ABSOLUTE = re.compile(r"^(?:/|~/|[A-Za-z]:[\\/])")
+
+
+def is_absolute(text: str) -> bool:
+    """Whether a recorded string is a machine's absolute path (POSIX, home-relative or a Windows drive)."""
+    return bool(_ABSOLUTE.match(text))
+
+
+def _within(path: Path, root: Path) -> str | None:
+    try:
+        rel = path.relative_to(root)
+    except ValueError:
+        return None
+    return rel.as_posix()
+
+
+def portable(path: str | os.PathLike, hashed: bool = True) -> str:
+    """`path` as a result records it: relative to the checkout, under `$BPDBENCH_CACHE`, or `<outside>/<name>`
+    with the file's content hash (`hashed`). A relative path is recorded as given (it was typed so). Why one
+    function: config.json, certify.json, sweep reports and training reports each recorded `str(path)`, so 223 of
+    224 committed folders named the home, cache and temporary folders of the machine that made them."""
+    text = os.fspath(path)
+    if not is_absolute(text):
+        return text
+    if re.match(r"^[A-Za-z]:", text) and os.name != "nt":      # another machine's Windows path
+        return f"{OUTSIDE}/{PureWindowsPath(text).name}"
+    p = Path(os.path.abspath(Path(text).expanduser()))
+    found = []
+    for root, token in ((REPO, ""), (cache_setting().expanduser(), CACHE_TOKEN)):
+        for r in {Path(os.path.abspath(root)), Path(os.path.realpath(root))}:
+            for q in {p, Path(os.path.realpath(p))}:
+                rel = _within(q, r)
+                if rel is not None:
+                    found.append((len(r.parts), token, "" if rel == "." else rel))
+    if found:
+        _, token, rel = max(found)        # the deeper root: a cache inside the checkout is the cache
+        return "/".join(x for x in (token, rel) if x) or "."
+    out = f"{OUTSIDE}/{p.name}"
+    if hashed and p.is_file():
+        out += HASH + file_sha256(p)[:16]
+    return out
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def resolve(text: str | os.PathLike | None) -> Path | None:
+    """The path a recorded string names on this machine: a checkout-relative one under the checkout, a
+    `$BPDBENCH_CACHE/...` one under this machine's cache, an old absolute one as it was written; None for
+    `<outside>/...` (a place on the machine that made the result, not here) and for None."""
+    if text is None:
+        return None
+    text = os.fspath(text)
+    if text.startswith(OUTSIDE):
+        return None
+    if text == CACHE_TOKEN or text.startswith(CACHE_TOKEN + "/"):
+        return cache_setting() / text[len(CACHE_TOKEN) + 1:]
+    if is_absolute(text):
+        return Path(text).expanduser()
+    return REPO / text
+
+
+def portable_tree(obj, hashed: bool = True):
+    """`obj` (a result's JSON: dicts, lists, strings) with every string that is an absolute path made `portable`:
+    what every writer of config.json, certify.json and reports records, and what a resume check compares (both
+    sides, `hashed=False`), so a folder written before this rule still resumes."""
+    if isinstance(obj, dict):
+        return {k: portable_tree(v, hashed) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [portable_tree(v, hashed) for v in obj]
+    if isinstance(obj, os.PathLike) or (isinstance(obj, str) and is_absolute(obj)):
+        out = portable(obj, hashed)
+        return out if hashed else out.split(HASH)[0]
+    if not hashed and isinstance(obj, str) and obj.startswith(OUTSIDE + "/"):    # recorded with its hash
+        return obj.split(HASH)[0]
+    return obj
+
+
+def comparable(obj):
+    """`obj` as a resume or finished-cell check compares it: paths portable, content hashes left out (a settings
+    file edited since changes no setting)."""
+    return portable_tree(obj, hashed=False)

@@ -266,7 +266,10 @@ def _copy_report(a: Artefact) -> None:
     saved, profile, reports = a.build_with
     report = Path(reports) / f"{a.model.replace('/', '_')}-{saved}-{profile}.json"
     report.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(report, (_network_path(a) / "report.json").read_text())
+    import json
+    from ..paths import portable_tree         # the results record no machine's paths (paths.portable)
+    write_atomic(report, json.dumps(portable_tree(json.loads((_network_path(a) / "report.json").read_text())),
+                                    indent=2))
 
 
 def _method_present(a: Artefact) -> bool:

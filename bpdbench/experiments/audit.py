@@ -16,6 +16,8 @@ from pathlib import Path
 import tasks as task_registry
 from tasks.base import TURN_SUFFIX
 
+from .. import paths
+
 PER_EXAMPLE = ("examples.jsonl", "speed.jsonl", "replay.jsonl", "samples.jsonl")
 RULE = "tasks.splits/1"          # train: index % 10 == 9 (SQuAD by article); tune: the tail, 8% per tune group
 
@@ -118,12 +120,32 @@ def folder(path: Path) -> dict | None:
     ids = evaluated_ids(path)
     if not cfg.get("task") or not ids:
         return None
+    recorded = meta.get("resolved", {}).get("overlap")
     try:
-        result = overlap(cfg["task"], ids, artefacts_seen(meta.get("resolved", {})), cfg.get("data_dir"),
-                         cfg.get("data_file"))
+        data = _local(cfg.get("data_dir")), _local(cfg.get("data_file"))
+    except OutsideData as e:          # not here to read again: the audit the run made of its selection, if any
+        if isinstance(recorded, dict) and recorded.get("rule") == RULE:
+            return {"task": cfg["task"], **recorded, "recorded": recorded, "source": f"recorded by the run: {e}"}
+        return {"task": cfg["task"], "error": str(e), "clean": False}
+    try:
+        result = overlap(cfg["task"], ids, artefacts_seen(meta.get("resolved", {})), *data)
     except (task_registry.DataError, ValueError) as e:
         return {"task": cfg["task"], "error": str(e), "clean": False}
-    return {"task": cfg["task"], **result, "recorded": meta.get("resolved", {}).get("overlap")}
+    return {"task": cfg["task"], **result, "recorded": recorded}
+
+
+class OutsideData(ValueError):
+    """A folder's --data-dir/--data-file lay outside the checkout and the cache (recorded as `<outside>/<name>`)."""
+
+
+def _local(recorded: str | None) -> str | None:
+    """A data path as config.json recorded it (absolute in older folders, portable since: paths.portable), here."""
+    if recorded is None:
+        return None
+    where = paths.resolve(recorded)
+    if where is None:
+        raise OutsideData(f"its data ({recorded}) lay outside the checkout and the cache of the machine that made it")
+    return str(where)
 
 
 def tree(root: Path) -> dict[str, dict]:

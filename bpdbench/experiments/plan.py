@@ -131,7 +131,8 @@ def out_of(cfg: RunConfig, kind: str, methods: Sequence[Method]) -> Path | None:
         return run_folder(cfg, methods[0])
     if kind == "certify":                   # one folder per question asked: methods, sampling, dtype
         tag = paths.folder_name("+".join(m.label for m in methods))
-        return paths.experiment_dir("certify", f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
+        name = paths.shell_safe(f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
+        return paths.experiment_dir("certify", name)
     return paths.experiment_dir(FOLDERS[kind], cfg.task)
 
 

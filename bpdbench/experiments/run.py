@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..methods import Method
+from ..paths import portable_tree
 from ..store import OutputLock, ResultWriter, precheck_run
 from .summary import summarize, write_summary
 from .certificate import EXACT, LostExamples, certify_output
@@ -41,7 +42,7 @@ def run(plan: Plan, log: Log = print, progress: Callable[[dict], None] | None = 
         drafter = s.drafter(method)
         meta = s.meta([method])
         heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
-        meta["resolved"].update(method=method.label, **s.env.resolved.get(method.label, {}))
+        meta["resolved"].update(method=method.label, **portable_tree(s.env.resolved.get(method.label, {})))
         meta["resolved"]["heads_files"] = heads_meta
         if not cfg.sampling.greedy:
             meta["resolved"]["sampling"]["certificate"] = f"statistical ({certify_command(cfg, method.label)})"

@@ -145,10 +145,11 @@ class Session:
         from .audit import record
         resolved["overlap"] = record(self.cfg, self.examples, resolved)
         from ..hardware.calibration import meta as calibration
-        return {"config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
-                "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
-                **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
-                "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}
+        return paths.portable_tree({   # paths relative to the checkout or the cache (paths.portable)
+            "config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
+            "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
+            **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
+            "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)})
 
 
 def certify_command(cfg: RunConfig, method: str) -> str:

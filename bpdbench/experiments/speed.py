@@ -33,6 +33,7 @@ import pandas as pd
 import tasks as task_registry
 
 from ..config import RunConfig
+from ..paths import portable_tree
 from ..engine import Counters
 from ..engine.state import restore, snapshot
 from ..hardware import contention
@@ -285,7 +286,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     if cfg.prompts:
         from .draw import record
         config["draw"] = record(cfg.prompts, cfg.task)
-    config = json.loads(json.dumps(config, default=str))
+    config = portable_tree(json.loads(json.dumps(config, default=str)))
     records = _resumable(out, config, resume, jsonl)
     if not resume:
         jsonl.start_fresh()

@@ -73,7 +73,7 @@ def shape_from_config(cfg: dict) -> ModelShape:
 def model_shape(name: str) -> ModelShape:
     """From the cached HF config (any dtype: shapes do not depend on it), a local HF folder, or the built-in dict."""
     candidates = [paths.dense_model_dir(name, dt) / "config.json" for dt in models.DTYPES] if name in models.MODELS \
-        else [Path(name) / "config.json"]
+        else [where / "config.json" for where in [paths.resolve(name)] if where is not None]   # as recorded
     for path in candidates:
         if path.exists():
             return shape_from_config(json.loads(path.read_text()))
@@ -84,8 +84,9 @@ def model_shape(name: str) -> ModelShape:
 
 def heads_shortlist(folder: load.ResultFolder, vocab: int) -> int:
     """Draft vocabulary size from the heads' config; heads without a shortlist project onto the full vocabulary."""
-    path = Path(folder.heads_path) if folder.heads_path else paths.heads_dir(folder.model, folder.heads_profile)
-    if (path / "config.json").exists():
+    path = paths.resolve(folder.heads_path) if folder.heads_path else paths.heads_dir(folder.model,
+                                                                                      folder.heads_profile)
+    if path is not None and (path / "config.json").exists():     # None: heads outside the checkout and cache
         size = json.loads((path / "config.json").read_text()).get("bpdbench", {}).get("shortlist_size")
         return int(size) if size else vocab
     return min(SHORTLIST, vocab)

@@ -146,6 +146,8 @@ def build(results: Path | None = None) -> list[Path]:
          "(first path per step) vs in the greedy text itself (replayed)")
     emit("drafters_certificates", drafters.certificate_table(runs), "Draft networks, float32 certificates "
          "(`bpdbench run --dtype float32`): lossless_rate must be 1.0")
+    from . import results_index          # results/README.md: every folder, who made it, current or superseded
+    written.append(results_index.write(results))
     return written
 
 

@@ -24,6 +24,7 @@ import os
 from pathlib import Path
 from typing import Callable, Iterable
 
+from ..paths import comparable
 from .files import (LOCK, WRITE_ERRNOS, OutputBusy, OutputLock, WriteError, append_bytes,  # noqa: F401 (re-exported)
                     ensure_writable_dir, update_json, write_atomic, write_failed)
 
@@ -214,8 +215,8 @@ def precheck_run(out: Path, config: dict, resume: bool) -> None:
             old = json.loads((Path(out) / CONFIG).read_text()).get("config", {})
         except ValueError:
             raise ValueError(f"{Path(out) / CONFIG} is corrupt; pass a new --out (examples.jsonl is kept)") from None
-        changed = _differences({"config": old}, {"config": json.loads(json.dumps(config, default=str))},
-                               RUN_RESUME_IGNORES)
+        changed = _differences({"config": comparable(old)},
+                               {"config": comparable(json.loads(json.dumps(config, default=str)))}, RUN_RESUME_IGNORES)
         if changed:
             raise ValueError(f"cannot resume {out}: its config.json differs in {', '.join(changed)}; "
                              f"pass a new --out or drop --resume")
@@ -248,7 +249,8 @@ def resumable(out: Path, jsonl: str, config: dict, key: Callable[[dict], dict], 
     if not resume or not path.exists():
         return []
     old = json.loads((out / CONFIG).read_text()) if (out / CONFIG).exists() else {}
-    changed = _differences(key(old), key(json.loads(json.dumps(config, default=str))), ignore)
+    changed = _differences(comparable(key(old)), comparable(key(json.loads(json.dumps(config, default=str)))),
+                           ignore)     # paths compared portable: a folder recorded with absolute ones still resumes
     if changed:
         raise ValueError(f"cannot resume {out}: its config.json differs in {', '.join(changed)}; "
                          f"pass a new --out or drop --resume")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..artefacts.graph import KINDS, describe
+from ..paths import portable_tree
 from ..config import ConfigError
 from ..store import write_atomic
 from . import kinds
@@ -224,7 +225,7 @@ def _finish(plan: SweepPlan, report: dict, t0: float, log: Log, ran: bool) -> di
         log(f"tables: {len(report['tables'])} files under {plan.results / 'tables'}")
     path = plan.results / "sweep" / plan.name / "report.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, json.dumps(report, indent=2, default=str) + "\n")
+    write_atomic(path, json.dumps(portable_tree(json.loads(json.dumps(report, default=str))), indent=2) + "\n")
     summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     log(f"sweep {plan.name}: {summary} in {_eta(report['seconds'])}; report {path}")
     for c in failed:

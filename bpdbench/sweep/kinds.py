@@ -242,7 +242,8 @@ def _hook(cell):
 
 def finished(cell, root: Path) -> bool:
     """The cell's summary exists, was written after its config.json (a crash after a new config.json leaves an older
-    summary behind), and config.json records the cell's settings and methods. Folders the CLI wrote count too."""
+    summary behind; a folder exactly as committed is exempt, _as_committed), and config.json records the cell's
+    settings and methods. Folders the CLI wrote count too."""
     from .folders import CONFIG_FILE, SUMMARY
     if cell.kind == "tune":
         return _tuned(cell, root)
@@ -252,7 +253,7 @@ def finished(cell, root: Path) -> bool:
         if cell.kind in ("analyze", "alpha_law", "certify"):    # they write their config last
             if not summary.exists():
                 return False
-        elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns:
+        elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns and not _as_committed(out):
             return False
         meta = json.loads(conf.read_text())
         if cell.kind == "speed" and not _all_prompts(out, meta):
@@ -260,6 +261,21 @@ def finished(cell, root: Path) -> bool:
     except (OSError, ValueError):
         return False
     return _matches(cell, meta)
+
+
+def _as_committed(out: Path) -> bool:
+    """Whether `out` is a committed folder exactly as committed. A pull rewrites only the files that changed (a
+    config.json whose paths were made portable), so there the order of mtimes says nothing about the order a run
+    wrote its files in; a run that restarted in the folder since has changed its config.json or left new files."""
+    import subprocess
+    try:
+        tracked = subprocess.run(["git", "-C", str(out), "ls-files", "--", "."], capture_output=True, text=True,
+                                 timeout=60)
+        status = subprocess.run(["git", "-C", str(out), "status", "--porcelain", "--", "."], capture_output=True,
+                                text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return not (tracked.returncode or status.returncode) and bool(tracked.stdout.strip()) and not status.stdout.strip()
 
 
 def _all_prompts(out: Path, meta: dict) -> bool:
@@ -286,7 +302,9 @@ def lost(cell, root: Path) -> int:
 
 
 def _norm(d: dict) -> dict:
-    return json.loads(json.dumps(d, default=str))
+    """`d` as JSON holds it, paths in the portable form (a folder recorded with absolute paths still matches)."""
+    from ..paths import comparable
+    return comparable(json.loads(json.dumps(d, default=str)))
 
 
 # Where a cell ran and on how many threads, not what it computed: a results tree copied to another checkout (or a
@@ -301,7 +319,8 @@ def _matches(cell, meta: dict) -> bool:
     if cell.kind == "speed":
         want = {k: v for k, v in want.items() if k not in UNUSED}
     # a field an older config.json lacks was added since with its default, which is what that run did
-    have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want}, **meta.get("config", {})})
+    have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want},
+                     **_norm(meta.get("config", {}))})
     if any(have.get(k) != want.get(k) for k in set(want) | set(have) if k not in PLACE):
         return False
     if not _same_heads_recipe(cell, meta):

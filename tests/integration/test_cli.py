@@ -186,3 +186,19 @@ def test_methods_lists_every_registered_method():
     assert "heads (quick) present" in bpd or "heads (quick) to build, about" in bpd, bpd
     # the heads' distillation data is said where the heads are to be built (before them), and only there
     assert ("distillation data (heads-quick) to build" in bpd) == ("heads (quick) to build" in bpd), bpd
+
+
+def test_a_run_records_no_absolute_path(tiny_model_dir, prompts_file, tmp_path):
+    """Every path a run's config.json records (out, data file, model folder, greedy cache, alpha table, a lookup
+    method's table) is portable: no folder of this machine (paths.portable; tests/unit/test_results_portable.py)."""
+    from tests.unit.test_results_portable import MACHINE_PATH
+    for method in ("pld", "sam"):
+        cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), method=method,
+                        heads_profile="init", heads=2, limit=1, max_new_tokens=4, dtype="float32",
+                        out=str(tmp_path / method))
+        runner.run(prepare(cfg, "run"), log=lambda m: None)
+        text = (tmp_path / method / "config.json").read_text()
+        assert not MACHINE_PATH.search(text), MACHINE_PATH.search(text).group(0)
+        meta = json.loads(text)
+        assert meta["config"]["out"] == f"<outside>/{method}"
+        assert meta["resolved"]["greedy_dir"].startswith("$BPDBENCH_CACHE/")

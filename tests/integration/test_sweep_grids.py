@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from bpdbench import paths
 from tests.integration.test_sweep import cli, data  # noqa: F401 (data is a fixture)
 
 
@@ -37,7 +38,7 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     assert not kinds.finished(pld, first.results)            # one example more to decode
     assert cells.run_cell(pld, 0, "sweep/g", None)["status"] == "ok"    # resumed with a fresh greedy folder
     meta = json.loads((first.results / pld.rel / "config.json").read_text())
-    assert meta["sweep"] == {"grid": str(path.resolve()), "cell": "sampling/xsum/pld-T0",
+    assert meta["sweep"] == {"grid": paths.portable(path.resolve()), "cell": "sampling/xsum/pld-T0",   # portable
                              "grid_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
     assert meta["config"]["greedy_dir"] != str(tmp_path / "cache" / "greedy") and meta["config"]["limit"] == 2
     assert kinds.finished(pld, first.results)
