@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
+from bpdbench import paths
 from bpdbench.cli import app
 from tests.conftest import seed_calibration
 
@@ -61,5 +62,5 @@ def test_speed_on_a_draw_with_second_turns(tiny_model_dir, tmp_path):
     assert set(by_task.subtask) == {"qa", "mt_bench"}
     assert set(by_task[by_task.subtask == "mt_bench"].n_prompts) == {4}
     config = json.loads((out / "config.json").read_text())
-    assert config["config"]["prompts"] == str(drawn) and config["config"]["turns"] == 2
+    assert config["config"]["prompts"] == paths.portable(drawn) and config["config"]["turns"] == 2
     assert config["draw"]["ids"] == ["161", "81", "162", "82"] and len(config["draw"]["sha256"]) == 16
