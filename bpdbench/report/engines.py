@@ -76,3 +76,24 @@ def plot(table: pd.DataFrame, path: Path) -> Path:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def show(curve, cal, console=None) -> None:
+    """`bpdbench calibrate --show`: this machine's cached llama.cpp curve beside the calibration's chain at the same
+    context, each in its own engine's steps."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    fit = curve.fitted()
+    table = Table(title=f"one forward over n tokens, every row's logits, context {curve.context}: decode steps of "
+                        f"each engine")
+    for name in ("n", f"bpdbench {cal.dtype}", f"llama.cpp {curve.file}"):
+        table.add_column(name, justify="right")
+    for n in sorted(fit):
+        table.add_row(str(n), f"{cal.cost(n, context=curve.context):.2f}", f"{fit[n]:.2f}")
+    console.print(table)
+    busy = f"; other processes {curve.others_cores:.2f} cores" if curve.others_cores is not None else ""
+    console.print(f"steps: bpdbench {cal.step_ms_at(curve.context):.1f} ms, llama.cpp {curve.step_ms:.1f} ms "
+                  f"(llama-cpp-python {curve.version}, {curve.threads} threads, {curve.rounds} rounds, measured "
+                  f"{curve.measured_at}{busy})", highlight=False)

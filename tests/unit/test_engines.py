@@ -187,3 +187,12 @@ def test_the_verify_curve_is_timed_cached_per_machine_and_recorded_beside_ours(t
     assert table.set_index("n").loc[16, "bpdbench_steps"] == 1.15 and table.attrs["folder"] == "spec_bench"
     assert (tmp_path / "curves.png").stat().st_size > 0
     assert verify_curves([tmp_path / "board" / "older"]).empty
+
+    import io
+
+    from rich.console import Console
+
+    from bpdbench.report.engines import show
+    text = io.StringIO()
+    show(curve, cal, Console(file=text, width=120))
+    assert "llama.cpp m.gguf" in text.getvalue() and "1.15" in text.getvalue()
