@@ -25,6 +25,8 @@ call (one prefill, then one per decode or verify step), as `serial_calls` counts
 from __future__ import annotations
 
 import importlib.util
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,15 +145,29 @@ def settings(llm: Any) -> dict:
             "system_info": info.decode() if isinstance(info, bytes) else str(info)}
 
 
+@dataclass
+class EngineOutput(Output):
+    """llama.cpp's output with the seconds of its prefill call (the first `eval`), which speed's decode-only columns
+    leave out: llama-cpp-python's speculative path computes every prompt row's logits, so its prefill costs more
+    than its greedy's."""
+    prefill_seconds: float | None = None
+
+
 def decoder(llm: Any, limits) -> Decoder:
     """llama-cpp-python's own loop (`Llama.generate`, greedy, with the draft model it was loaded with), cut exactly
-    like ours so token ids compare; forwards counted per `eval` call."""
-    calls = [0]
+    like ours so token ids compare; forwards counted per `eval` call, the first one (the prefill) timed."""
+    calls, prefill = [0], [0.0]
     evaluate = llm.eval
 
     def counting(tokens):
         calls[0] += 1
-        return evaluate(tokens)
+        if calls[0] > 1:
+            return evaluate(tokens)
+        t0 = time.perf_counter()
+        try:
+            return evaluate(tokens)
+        finally:
+            prefill[0] = time.perf_counter() - t0
     llm.eval = counting           # generate() calls self.eval: the instance attribute is what it finds
 
     def run(prompt: list[int]) -> Output:
@@ -169,7 +185,7 @@ def decoder(llm: Any, limits) -> Decoder:
                     break
         finally:
             gen.close()
-        return Output(limits.truncate(out), calls[0])
+        return EngineOutput(limits.truncate(out), calls[0], prefill_seconds=prefill[0])
     return run
 
 

@@ -61,6 +61,7 @@ def test_the_decoder_cuts_like_ours_and_counts_one_forward_per_eval():
     run, llm = _decoder(GREEDY)
     out = run([1, 2, 3])
     assert out.tokens == GREEDY and out.serial_calls == 8 and llm.resets == 1      # prefill + 7 decode steps
+    assert out.prefill_seconds is not None and out.prefill_seconds >= 0
     run, llm = _decoder(GREEDY, draft=3)
     out = run([1, 2, 3])
     assert out.tokens == GREEDY and out.serial_calls == 2 and llm.evals == [3, 4]  # prefill, one 4-token verify
