@@ -119,8 +119,24 @@ def load(path: Path, threads: int, n_ctx: int, draft: Any = None, logits_all: bo
     """A `llama_cpp.Llama` over the file with this run's threads (prompt and decode alike), its other settings the
     package's own defaults (KV cache float16, batch 512, no flash attention)."""
     from llama_cpp import Llama
-    return Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                 logits_all=logits_all, draft_model=draft, verbose=False)
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                logits_all=logits_all, draft_model=draft, verbose=False)
+    _close_at_exit(llm)
+    return llm
+
+
+def _close_at_exit(llm: Any) -> None:
+    """Close it before the interpreter's teardown, where Llama.__del__ finds its library unloaded and prints a
+    traceback; a weak reference, so a context done with earlier is still freed then."""
+    import atexit
+    import weakref
+    ref = weakref.ref(llm)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+    atexit.register(close)
 
 
 def settings(llm: Any) -> dict:
