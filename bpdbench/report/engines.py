@@ -93,7 +93,8 @@ def show(curve, cal, console=None) -> None:
     for n in sorted(fit):
         table.add_row(str(n), f"{cal.cost(n, context=curve.context):.2f}", f"{fit[n]:.2f}")
     console.print(table)
-    busy = f"; other processes {curve.others_cores:.2f} cores" if curve.others_cores is not None else ""
+    busy = (f"; other processes {curve.others_cores:.2f} cores" + (" (BUSY: not this machine's own)" if curve.busy
+                                                                   else "")) if curve.others_cores is not None else ""
     console.print(f"steps: bpdbench {cal.step_ms_at(curve.context):.1f} ms, llama.cpp {curve.step_ms:.1f} ms "
                   f"(llama-cpp-python {curve.version}, {curve.threads} threads, {curve.rounds} rounds, measured "
                   f"{curve.measured_at}{busy})", highlight=False)
