@@ -49,9 +49,10 @@ def _registered(method: Method, cfg) -> Any:
 
 def _preflight(method: Method, cfg) -> None:
     """llama-cpp-python, a registered model whose GGUF package is installed, and the CPU: said before any load."""
+    from ..models import resolve_device
     from ..nets.llamacpp import available
     spec = _registered(method, cfg)
-    if str(cfg.device) not in ("cpu", "auto") and not str(cfg.device).startswith("cpu"):
+    if not resolve_device(str(cfg.device)).startswith("cpu"):     # `auto` on a GPU machine too: ours on the GPU
         raise MethodError(f"{method.label}: llama.cpp is built for the CPU here (make llamacpp); run with "
                           f"--device cpu")
     if not available():
