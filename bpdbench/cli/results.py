@@ -110,7 +110,24 @@ def calibrate(model: Model = DEFAULT_MODEL, dtype: Dtype = "auto", device: Devic
     png = plot_calibration(cal, folder / path.with_suffix(".png").name)
     if show:
         show_table(cal)
+        _show_llamacpp(cfg.model, cal)
     log(f"cached: {path}\nwritten: {png}, {folder / path.name}")
+
+
+def _show_llamacpp(model: str, cal) -> None:
+    """llama.cpp's verify curve on this machine beside ours, where a speed run with llama.cpp rows cached one."""
+    from ..hardware import engine_curve
+    from ..models import MODELS
+    from ..nets.llamacpp import available, version
+    if model not in MODELS or not available():
+        return
+    curve = engine_curve.cached(model, MODELS[model].sha256, version(), cal.threads)
+    if curve is None:
+        log("llama.cpp's verify curve: not measured on this machine yet (a speed run with llamacpp rows measures "
+            "it)")
+        return
+    from ..report.engines import show
+    show(curve, cal)
 
 
 @one_line_errors

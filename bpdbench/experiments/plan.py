@@ -19,6 +19,7 @@ from ..config import ConfigError, RunConfig
 from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
 from ..artefacts import checks
+from . import engines
 from .examples import select_examples
 
 # the result folder of each command under <results>/ (run folders are named after the method, see `run_folder`)
@@ -174,7 +175,8 @@ def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
                           f"decode for real with `bpdbench run --temperature {cfg.temperature:g} --method M`")
     external = [m.label for m in methods if m.spec.external]
     if external:
-        raise ValueError(f"{', '.join(external)} run transformers' own loop and cannot be replayed; "
+        raise ValueError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp) and cannot be "
+                         f"replayed; "
                          f"time them with `bpdbench speed`")
 
 
@@ -201,6 +203,7 @@ def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[M
     if kind == "speed":          # ar, the baseline every speedup divides by, always runs, first
         ar = [m for m in parsed if m.label == "ar"] or [parse("ar")]
         parsed = ar[:1] + [m for m in parsed if m.label != "ar"]
+        engines.check(parsed)     # llama.cpp's prompt lookup needs llama.cpp's greedy, which certifies it
     if kind == "replay":
         check_replay(cfg, parsed)
     examples = check_inputs(cfg, split, per_category, parsed, select)

@@ -55,7 +55,8 @@ def check(cfg: RunConfig, rules: list[str], samples: int, positions: int, level:
 def check_methods(methods: list[Method]) -> None:
     external = [m.label for m in methods if m.spec.external]
     if external:
-        raise ConfigError(f"{', '.join(external)} run transformers' own loop; certify tests methods in ours")
+        raise ConfigError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp); certify "
+                          f"tests methods in ours")
 
 
 def certify_sampling(plan: Plan, rules: str = "exact", samples: int = 300, positions: int = 4, level: float = 0.01,

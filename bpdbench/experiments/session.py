@@ -96,7 +96,8 @@ class Session:
 
     def drafter(self, method: Method) -> Drafter:
         if method.spec.external:
-            raise ConfigError(f"{method.label} runs transformers' own loop: it can be timed with `bpdbench speed`, "
+            raise ConfigError(f"{method.label} runs its own engine's loop (transformers, llama.cpp): it can be timed "
+                              f"with `bpdbench speed`, "
                               f"not decoded step by step or replayed")
         try:
             return self.build(method)

@@ -7,7 +7,8 @@ prompt and restored, untimed, before each repeat, and the warm-up is undone the 
 measured prompt sees; the state a prompt hands on is its last repeat's, which for greedy decoding is an uninterrupted
 run's (saved per prompt for --resume, experiments/carry.py). Each run checks this (experiments/drift.py):
 `repeat_drift` in speed.csv compares how much faster later repeats are than the first with AR's, and a method whose
-repeats speed up is warned about. Every method must reproduce `ar`'s tokens: a
+repeats speed up is warned about. Every method must reproduce `ar`'s tokens (another engine's speculative mode: that
+engine's greedy, experiments/engines.py): a
 (prompt, method) pair that does not is reported and left out of that method's speedup, because a different output
 is a different amount of work. Speedup = sum of ar median seconds / sum of method median seconds over the prompts
 where the method is identical; step cost = (method seconds per serial call) / (ar seconds per serial call), the
@@ -39,7 +40,7 @@ from ..engine.state import restore, snapshot
 from ..hardware import contention
 from ..methods import Method, MethodUnavailable, Output
 from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
-from . import drift, prediction
+from . import drift, engines, prediction
 from .carry import CarriedState
 from .draw import subtask
 from .speed_summary import counted, summarize  # noqa: F401 (callers read them here)
@@ -117,10 +118,13 @@ def _work(rs: list) -> dict:
 
 
 def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int = 0, sampled: bool = False,
-            certify: Callable | None = None, log: Log = print, subtask: str | None = None) -> list[dict]:
+            certify: Callable | None = None, log: Log = print, subtask: str | None = None,
+            baselines: dict | None = None) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat. A greedy
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
-    experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt. A busy call is
+    experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt; a method whose
+    `baselines` entry names another engine's greedy is compared with that one's tokens instead (experiments/
+    engines.py: a divergence from it is lost). A busy call is
     timed again (RETIME_CALL, hardware/timing.interleaved), a busy prompt again whole (RETIME_BUSY, then kept with its
     others_cores): a leaderboard accumulated over sittings must not keep what a test run beside it slowed."""
     load = _load()
@@ -138,9 +142,10 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
         if not contention.is_busy(others.others_cores):
             break
     load = max(load, _load())
-    ref = runs["ar"][0][1].tokens
     records = []
     for m, rs in runs.items():
+        base = (baselines or {}).get(m, "ar")
+        ref = runs[base][0][1].tokens
         times = [t for t, _ in rs]
         wrong = next((o.tokens for _, o in rs if o.tokens != ref), None)
         if sampled:        # draws: compared with the method's own first repeat (the seed makes them reproducible)
@@ -159,7 +164,9 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                         "first_divergence": None if wrong is None else first_divergence(wrong, ref),
                         "verified": rs[0][1].verified, "verify_sizes": rs[0][1].verify_sizes,
                         "load_average": load, "others_cores": others.others_cores, **_work(rs),
-                        **({"sampled": True} if sampled else _certificate(certify, prompt, wrong, ref, rs))})
+                        **engines.compared(base, rs[0][1].tokens, runs["ar"][0][1].tokens),
+                        **({"sampled": True} if sampled else _certificate(
+                            certify if base == "ar" else engines.lost_against(base), prompt, wrong, ref, rs))})
     return records
 
 
@@ -286,6 +293,8 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
     if cfg.prompts:
         from .draw import record
         config["draw"] = record(cfg.prompts, cfg.task)
+    if (curves := engines.verify_curves(s, cal, chosen, fns, log)) is not None:
+        config["verify_curves"] = curves                  # llama.cpp's and ours, for the board's engines section
     config = portable_tree(json.loads(json.dumps(config, default=str)))
     records = _resumable(out, config, resume, jsonl)
     if not resume:
@@ -311,7 +320,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         if ex.id in done:
             continue
         recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify, log,
-                       subtask(s.task, ex))
+                       subtask(s.task, ex), engines.baselines(chosen))
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(

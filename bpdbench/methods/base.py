@@ -70,13 +70,20 @@ ALPHA = Param("alpha", float, "weight of the language model against the heads (d
 @dataclass(frozen=True)
 class MethodSpec:
     """A registered method. `build(env, params)` returns a Drafter; an `external` method instead returns a whole
-    decoder (transformers' own generate loops), which can be timed but not replayed or counted step by step.
+    decoder (transformers' or llama.cpp's own generate loops), which can be timed but not replayed or counted step
+    by step.
 
-    The last four fields are the method's contract (methods/contract.py), the only place its capabilities are
-    said: `inputs`, what its drafter takes from the loop besides reset and observe (a set, or a function of the
-    spelling for a wrapper, whose inner method's inputs it adds); `artefacts`, what it reads, as typed keys (by
-    default: what `needs` lists, built by building the method once); `preflight(method, cfg)`, its checks before
-    the model loads; `shapes`, how `auto` sizes it (methods/search.py), None when no parameter takes `auto`."""
+    `inputs`, `artefacts`, `preflight` and `shapes` are the method's contract (methods/contract.py), the only place
+    its capabilities are said: `inputs`, what its drafter takes from the loop besides reset and observe (a set, or a
+    function of the spelling for a wrapper, whose inner method's inputs it adds); `artefacts`, what it reads, as
+    typed keys (by default: what `needs` lists, built by building the method once); `preflight(method, cfg)`, its
+    checks before the model loads; `shapes`, how `auto` sizes it (methods/search.py), None when no parameter takes
+    `auto`.
+
+    `baseline`: the label whose tokens certify the method's in `speed`: `ar` (this engine's greedy) for every method
+    of this engine; another engine's own greedy for that engine's speculative modes (llama.cpp's prompt lookup
+    against `llamacpp`, methods/llamacpp.py), since two engines' kernels round differently and their greedy outputs
+    need not agree."""
     name: str
     description: str
     build: Callable[..., Any]
@@ -89,6 +96,7 @@ class MethodSpec:
     artefacts: tuple[Reads, ...] = (BUILT_ON_FIRST_USE,)
     preflight: Callable[["Method", Any], None] | None = None     # (method, RunConfig): MethodError before loading
     shapes: Any = None                                           # a methods/search.py Search (which imports this)
+    baseline: str = "ar"                                         # the label whose tokens certify it (speed)
 
     def param(self, name: str) -> Param:
         for p in self.params:

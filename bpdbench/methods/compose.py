@@ -43,8 +43,8 @@ def check_inner(outer: str, param: str, inner: Method, forwards: Collection[str]
     """Refuse, at parse time, an inner method the wrapper cannot drive: a whole decoder of its own (transformers'
     loops), or one that needs an input the wrapper does not forward."""
     if inner.spec.external:
-        raise MethodError(f"{outer}: {param}={inner.name} is a whole decoder (transformers' own loop, timed by "
-                          f"`speed` only), not a drafter; name a drafting method (see `bpdbench methods`)")
+        raise MethodError(f"{outer}: {param}={inner.name} is a whole decoder (transformers' or llama.cpp's own loop, "
+                          f"timed by `speed` only), not a drafter; name a drafting method (see `bpdbench methods`)")
     missing = sorted(declared(inner) - set(forwards))
     if missing:
         raise MethodError(f"{outer}: {param}={inner.label} needs the {' and the '.join(missing)}, which {outer} "

@@ -18,6 +18,7 @@ from .hybrid import SPECS as HYBRID
 from .hydra import SPECS as HYDRA
 from .layerskip import SPECS as LAYERSKIP
 from .koala import SPECS as KOALA
+from .llamacpp import SPECS as LLAMACPP
 from .lookahead import SPECS as LOOKAHEAD
 from .oracle import SPECS as ORACLE
 from .pld import SPECS as PLD
@@ -30,7 +31,7 @@ from .spelling import (ALIASES, REGISTRY, canonical, get, parse, parse_list, spl
                        valid_names)
 
 REGISTRY.update({s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF, RECYCLING, LOOKAHEAD,
-                                         SAM, REST, QDRAFT, LAYERSKIP, HYBRID) for s in group})
+                                         SAM, REST, QDRAFT, LAYERSKIP, HYBRID, LLAMACPP) for s in group})
 REGISTRY.update({s.name: s for group in (EAGLE, HYDRA, AMPHISTA, KOALA) for s in group})   # draft networks
 
 

@@ -114,7 +114,8 @@ def check(kind: str, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
     from ..artefacts.checks import check_model_files
     external = [m.label for m in methods if m.spec.external]
     if external and kind != "speed":
-        raise ConfigError(f"{', '.join(external)} run transformers' own loop: time them in a [[speed]] block")
+        raise ConfigError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp): time them in "
+                          f"a [[speed]] block")
     if kind == "tune" and "alpha" not in {p.name for p in methods[0].spec.params}:
         raise ConfigError(f"{methods[0].label} has no alpha to tune; methods with one: ngram2, ngram4, "
                           f"16best-ngram4, neural-s|m|l, medusa-neural-m, hf-lm")
