@@ -10,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..experiments.speed import counted
-from . import checks, load, replication
+from . import checks, engines, load, replication
 from .runs import LETTERS, Board, Run, Table, flags, grid_name, short
 from .verdicts import against_best, ci, fit, is_drafter, num, verdict, which_table
 
@@ -198,6 +198,19 @@ def fill(b: Board, sources: load.StandIns, training: dict) -> None:
             "Another engine's rows, timed on the same prompts and machine: their outputs are certified against that "
             "engine's own greedy (its numerics differ from bpdbench's), so they are not ranked with the drafters; "
             "compare them by ms per token."))
+    curves = engines.verify_curves([x.folder.path for x in b.runs])
+    if len(curves):
+        a = curves.attrs
+        b.tables.append(Table(f"{tid}-verify-curves", f"Verify cost: one forward over n tokens, each engine in its "
+                              f"own decode steps: {title}", pd.DataFrame({
+                                  "n": curves.n, "bpdbench (steps)": curves.bpdbench_steps.map(num),
+                                  "llama.cpp (steps)": curves.llamacpp_steps.map(num)}),
+                              f"bpdbench: {a.get('bpdbench_dtype', '?')}, 1 step = "
+                              f"{num(a.get('bpdbench_step_ms', float('nan')), 1)} ms; llama.cpp "
+                              f"{a.get('llamacpp_version', '?')} on {a.get('llamacpp_file', '?')}, 1 step = "
+                              f"{num(a.get('llamacpp_step_ms', float('nan')), 1)} ms; every row's logits, at a "
+                              f"context of {a.get('context', '?')} tokens (config.json verify_curves of "
+                              f"{a.get('folder', '?')})."))
     b.accept = acceptance(b, sources)
     depth = min(POSITIONS, max([1, *(len(a) for a, _ in b.accept.values())]))
     drafting = pd.DataFrame([{"method": lab, "#MAT": num(v), "block efficiency": num(e),

@@ -265,6 +265,22 @@ def test_another_engine_s_rows_stand_apart_and_are_never_named_the_drafter(tmp_p
     engines = next(t.frame for t in b.tables if t.id.endswith("-engines"))
     assert engines.method.tolist() == ["llamacpp"] and engines["certified against"].iloc[0] == "llamacpp"
     assert float(engines["ms/token"].iloc[0]) > 0
+    assert not any(t.id.endswith("-verify-curves") for t in b.tables)        # no curves recorded: no table
+
+
+def test_both_engines_verify_curves_stand_beside_the_engines_rows(tmp_path):
+    r = tmp_path / "results"
+    d = folder(r, "leaderboard-afcf1aeb72d2/spec_bench", {"llamacpp": 2.9, "pld": 1.3})
+    config = json.loads((d / "config.json").read_text())
+    config["verify_curves"] = {"context": 512, "bpdbench": {"1": 1.0, "4": 0.88, "16": 1.52},
+                               "llamacpp": {"1": 1.0, "4": 1.7, "16": 4.7}, "bpdbench_step_ms": 63.0,
+                               "llamacpp_step_ms": 21.5, "bpdbench_dtype": "bfloat16", "llamacpp_version": "0.3.36",
+                               "llamacpp_file": "model-q4_k_m.gguf"}
+    (d / "config.json").write_text(json.dumps(config))
+    (b,) = machine(r).boards
+    (t,) = [t for t in b.tables if t.id.endswith("-verify-curves")]
+    assert t.frame["n"].tolist() == [1, 4, 16] and t.frame["llama.cpp (steps)"].tolist() == ["1.00", "1.70", "4.70"]
+    assert "21.5 ms" in t.note and "0.3.36" in t.note
 
 
 def test_the_replication_folder_is_a_table_of_its_board_not_a_board(tmp_path):
