@@ -7,7 +7,6 @@ directory also works, for users who have them.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import shutil
 from dataclasses import dataclass
@@ -78,12 +77,7 @@ def _pkg_dir(module: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+sha256_file = paths.file_sha256       # one checksum of a file for weights, KenLM binaries and recorded paths
 
 
 def gguf_path(spec: ModelSpec) -> Path:

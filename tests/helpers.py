@@ -5,6 +5,7 @@ messages name the case); it returns what the test goes on to check."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -89,3 +90,20 @@ def write_corpus(root: Path) -> Path:
     rows = [{"text": f"the cat sat on the mat number {i}. the dog sat on the log."} for i in range(30)]
     (corpus / "c4_en_validation_2k.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return root
+
+
+PAGE_FILE = re.compile(r"^File: `([^`]+)` \((new|edit)\)$")
+
+
+def page_files(lines: list[str]) -> dict[str, tuple[str, str]]:
+    """The files a docs page tells a user to create or edit (a line "File: `path` (new|edit)" above a code block):
+    path -> (new|edit, the code block under its line). The how-to pages' tests write and run exactly these."""
+    out: dict[str, tuple[str, str]] = {}
+    for i, line in enumerate(lines):
+        m = PAGE_FILE.match(line.strip())
+        if m:
+            start = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
+            end = next(k for k in range(start + 1, len(lines)) if lines[k].startswith("```"))
+            assert m.group(1) not in out, f"the page names {m.group(1)} twice"
+            out[m.group(1)] = (m.group(2), "\n".join(lines[start + 1: end]) + "\n")
+    return out

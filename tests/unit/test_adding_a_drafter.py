@@ -28,26 +28,17 @@ import tests.unit.test_compose as compose_suite
 from bpdbench.config import ConfigError, RunConfig
 from bpdbench.methods import REGISTRY, MethodSpec, contract, parse
 from tests.unit.test_replay import SETTINGS, drafter_cache, replay_equals_real, setup, tiny_world  # noqa: F401 (fixtures)
+from tests import helpers
 from tests.helpers import FREE_DRAFTING
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "adding-a-drafter.md"
-FILE = re.compile(r"^File: `([^`]+)` \((new|edit)\)$")
 world = compose_suite.world          # the tiny model with every artefact, as test_compose decodes SAM's fallbacks
 
 
 def page_files() -> dict[str, tuple[str, str]]:
     """The files the page tells a user to create or edit: path -> (new|edit, the code block under its line)."""
-    lines = PAGE.read_text().splitlines()
-    out: dict[str, tuple[str, str]] = {}
-    for i, line in enumerate(lines):
-        m = FILE.match(line.strip())
-        if m:
-            start = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
-            end = next(k for k in range(start + 1, len(lines)) if lines[k].startswith("```"))
-            assert m.group(1) not in out, f"the page names {m.group(1)} twice"
-            out[m.group(1)] = (m.group(2), "\n".join(lines[start + 1: end]) + "\n")
-    return out
+    return helpers.page_files(PAGE.read_text().splitlines())
 
 
 def _new_module() -> tuple[str, str]:

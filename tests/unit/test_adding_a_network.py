@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import re
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -20,25 +19,17 @@ import pytest
 import torch
 
 from bpdbench.engine import Limits
+from tests import helpers
 from tests.helpers import decode_and_replay
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "draft-networks.md"
-FILE = re.compile(r"^File: `([^`]+)` \((new|edit)\)$")
 
 
 def page_files() -> dict[str, tuple[str, str]]:
     """The files the page's "Adding a network" section has a user create or edit: path -> (mode, code)."""
     text = PAGE.read_text()
-    lines = text[text.index("### Adding a network"):].split("\n## ")[0].splitlines()
-    out: dict[str, tuple[str, str]] = {}
-    for i, line in enumerate(lines):
-        m = FILE.match(line.strip())
-        if m:
-            start = next(k for k in range(i + 1, len(lines)) if lines[k].startswith("```"))
-            end = next(k for k in range(start + 1, len(lines)) if lines[k].startswith("```"))
-            out[m.group(1)] = (m.group(2), "\n".join(lines[start + 1: end]) + "\n")
-    return out
+    return helpers.page_files(text[text.index("### Adding a network"):].split("\n## ")[0].splitlines())
 
 
 @pytest.fixture
