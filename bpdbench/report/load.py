@@ -22,7 +22,7 @@ import pandas as pd
 from .. import paths
 from ..methods.base import Method, MethodError
 from ..methods.registry import canonical, parse
-from ..store import CONFIG, read_examples
+from ..store import CONFIG, read_examples, read_table
 
 
 @lru_cache(maxsize=None)
@@ -96,7 +96,7 @@ class ResultFolder:
 
     def read(self, file: str) -> pd.DataFrame:
         """A CSV of this folder, its `method` column in current labels."""
-        return _relabel(pd.read_csv(self.path / file))[0]
+        return _relabel(read_table(self.path / file))[0]
 
     def examples(self, file: str) -> list[dict]:
         """A JSONL of this folder (store.read_examples: each id once), each record's per-method entries (the dict
@@ -248,7 +248,7 @@ def rows(results: Path, kind: str, file: str, depth: int = 1,
     found = folders(results, kind, file, depth)
     frames, labelled = [], {}
     for f in found:
-        df, ms = _relabel(pd.read_csv(f.path / file))
+        df, ms = _relabel(read_table(f.path / file))
         labelled.update(ms)
         frames.append(per_folder(f, df) if per_folder else df)
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
