@@ -14,7 +14,7 @@ from ..stats import bootstrap_ratio
 from . import load
 
 MAX_COLUMNS = 12
-NOT_DRAFTERS = ("ar", "hf-greedy")  # plain decoding loops: never "the drafter to use"
+NOT_DRAFTERS = ("ar", "null", "hf-greedy")  # plain decoding loops: never "the drafter to use"
 
 
 def is_drafter(label: str) -> bool:
