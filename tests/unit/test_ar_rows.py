@@ -171,3 +171,19 @@ def test_the_null_label_survives_a_result_csv(tmp_path):
     assert pd.read_csv(path).method.isna().sum() == 1                      # the trap
     df = read_table(path)
     assert df.method.tolist() == ["ar", "null", "pld"] and df.speedup_vs_ar.isna().tolist() == [False, True, False]
+
+
+def test_the_documented_choice_on_the_committed_epyc_curve():
+    """docs/hardware.md's example: on the committed AVX512-BF16 EPYC curve rows=auto chooses 2 rows, logged as the
+    page says."""
+    import json
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    path = root / "results/calibration/afcf1aeb72d2/qwen2.5-coder-0.5b-bfloat16-cpu-onednn.json"
+    if not path.exists():
+        pytest.skip(f"{path.name} is not in this checkout")
+    cal = Calibration.from_dict(json.loads(path.read_text()))
+    shape = cheapest_rows({n: cal.unfitted(n) for n in range(2, 9)})
+    assert shape.params == {"rows": 2} and cal.cost(2) >= 1.0                # the fitted curve cannot see it
+    line = shape.describe("ar:rows=auto")
+    assert " ".join(line.split()) in " ".join((root / "docs/hardware.md").read_text().split()), line
