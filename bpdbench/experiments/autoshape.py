@@ -18,6 +18,7 @@ declaration (`MethodSpec.shapes`, methods/search.py); this module runs it:
    in each head's top-k (medusa's per-depth, per-rank acceptance);
 3. the search picks the shape with the most predicted tokens per second on this machine's cost of a forward
    (hardware/shapes.py, hardware/calibration.py: measured once per machine fingerprint).
+A search that `replays` nothing (`ar:rows=auto`: the cheapest forward, from the cost curve alone) skips 1 and 2.
 The measurement is cached under `$BPDBENCH_CACHE/shapes/<fingerprint>/<model>-<dtype>-<task>-<label>.json` with
 what it depends on (examples, heads, k, threshold, generation length, the method module's code); a cached one is
 re-used and only the choice is recomputed (cheap) from the current calibration. The result keeps its `auto` label;
@@ -43,7 +44,7 @@ from ..hardware import shapes
 from ..hardware.timing import StepClock
 from ..methods import Method, MethodError
 from ..methods.contract import Input, needs_scorer, reads_reference, search, takes
-from ..methods.search import Replayed, choose, plans
+from ..methods.search import Replayed, choose, declared, plans
 
 N_EXAMPLES = 8
 FALLBACK_TASKS = ("mt_bench", "squad")
@@ -303,6 +304,8 @@ def shape_for(s, method: Method) -> tuple[shapes.Shape, dict]:
     cache records the self-draft profiles read while measuring (methods/selfdraft.py) and is measured again when one
     of them changed; a measurement over a profile timed on a busy machine is used but not cached."""
     from ..methods import selfdraft
+    if not declared(method).replays:      # sized from the cost curve alone (search.Cheapest): nothing to measure
+        return choose(method, [], cost_model(s)), {"source": "this machine's calibration, nothing replayed"}
     examples, source = heldout(s)
     inputs = _inputs(s, method, examples)
     path = cache_file(s, method)

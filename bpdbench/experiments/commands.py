@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..store import OutputLock
+from ..store import OutputLock, read_table
 from .summary import to_markdown
 from .terminal import replay_table, show
 from . import analysis, regress as regress_lib, replay as replay_lib, speed as speed_lib
@@ -65,8 +65,8 @@ def regress(baseline: Path, update: bool, log: Log) -> list[str]:
 
 def speed(plan: Plan, repeats: int, log: Log) -> Path:
     out = speed_lib.run(plan, repeats, log=log)
-    print(to_markdown(pd.read_csv(out / "speed.csv")))
+    print(to_markdown(read_table(out / "speed.csv")))
     if (out / "speed_by_category.csv").exists():
-        print(to_markdown(pd.read_csv(out / "speed_by_category.csv")))
+        print(to_markdown(read_table(out / "speed_by_category.csv")))
     log(f"results in {out}")
     return out

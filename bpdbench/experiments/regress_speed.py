@@ -45,6 +45,7 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..hardware import contention
+from ..store import read_table
 
 GRID = {"task": "mt_bench", "limit": 3, "max_new_tokens": 24, "methods": ["bpd", "medusa", "pld"], "repeats": 2,
         "dtype": "float32", "heads_profile": "ci", "threads": 2, "max_prompt_tokens": 256}
@@ -92,7 +93,7 @@ def measure_once(grid: dict, log=print, recalibrate: bool = False) -> dict:
                         out=f"{tmp}/speed", greedy_dir=f"{tmp}/greedy")
         out = speed_run(prepare(cfg, "speed", grid["methods"], log=log), repeats=grid["repeats"], log=log,
                         recalibrate=recalibrate)
-        df = pd.read_csv(Path(out) / "speed.csv").set_index("method")
+        df = read_table(Path(out) / "speed.csv").set_index("method")
         cal = (json.loads((Path(out) / "config.json").read_text()).get("calibration") or {}).get("others_cores")
     timed = _num(df["others_cores_max"].max()) if "others_cores_max" in df else float("nan")
     busy = max(_num(cal), timed, key=_order)      # the calibration's and the run's: both must see an idle machine

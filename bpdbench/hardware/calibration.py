@@ -150,6 +150,12 @@ class Calibration:
         head = monotone(dict(self.head), floor=0.0)     # a fraction of a step
         return max(full - _interp(head, n) + _interp(head, max(rows, 1)), 1.0)
 
+    def unfitted(self, n: int) -> float:
+        """c(n) of a chain as measured, averaged over the contexts: a padded decode step's cost (methods/ar.py). The
+        monotone fit reads a dip below one step as noise; a kernel faster over a few rows than over one makes one
+        (AMD EPYC, AVX512-BF16, oneDNN bfloat16: 4 rows 0.88 at context 1024, 0.94 at 512, 1.02 at 128)."""
+        return sum(_interp({1: 1.0, **self.chain[c]}, n) for c in self.contexts) / len(self.contexts)
+
     def step_ms_at(self, context: int | None = None) -> float:
         if context is None or not self.step_ms_by_context:
             return self.step_ms

@@ -34,6 +34,10 @@ class CostModel(Protocol):
 
     def cost(self, n: int, tree: bool = False, rows: int | None = None) -> float: ...
 
+    def unfitted(self, n: int) -> float:
+        """A chain forward over n tokens as measured, dips kept (padded decode rows, `cheapest_rows`)."""
+        ...
+
 
 @dataclass
 class TableCost:
@@ -52,6 +56,9 @@ class TableCost:
             (x0, y0), (x1, y1) = pts[i - 1], pts[i]
             c = y0 + (y1 - y0) * (n - x0) / (x1 - x0)
         return c * (self.tree_factor if tree and n > 1 else 1.0)
+
+    def unfitted(self, n: int) -> float:
+        return self.cost(n)                    # the points as given: never fitted
 
 
 @dataclass
@@ -146,6 +153,22 @@ def pick(options: Iterable[Option]) -> Shape:
     return Shape(dict(best.params), best.tokens, best.verify, best.verify_cost, best.draft_cost,
                  draft_nothing=best is AR, curve=curve, tree=[list(p) for p in best.tree] if best.tree else
                  ([] if best is AR and any(o.tree for o in opts) else None))
+
+
+ROW_TIE = 0.01     # row counts whose forwards cost within 1% of the cheapest are a tie (the smaller wins)
+
+
+def cheapest_rows(costs: dict[int, float], param: str = "rows", tie: float = ROW_TIE) -> Shape:
+    """The row count n whose decode forward costs least (`costs`: n -> c(n); c(1) = 1 is plain decoding), as a
+    Shape whose E is 1 token per step: padding rows are priced for what they save, never for what they might be
+    accepted. A count within `tie` of the cheapest is a tie and the smaller count wins: a percent is below what a
+    calibration resolves, and a row that costs as much saves nothing. n = 1 is `draft_nothing`."""
+    costs = {**{n: float(c) for n, c in costs.items() if n > 1}, 1: 1.0}
+    low = min(costs.values())
+    n = min(k for k, c in costs.items() if c <= low * (1 + tie))
+    curve = [{"params": {param: k} if k > 1 else {}, "tokens_per_step": 1.0, "verify": k, "cost": c,
+              "speedup": 1.0 / c} for k, c in sorted(costs.items())]
+    return Shape({param: n} if n > 1 else {}, 1.0, n, costs[n], 0.0, draft_nothing=n == 1, curve=curve)
 
 
 def expected_tokens(accept: list[float], n: int) -> float:

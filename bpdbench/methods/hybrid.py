@@ -62,7 +62,7 @@ def source_spelling(raw: str) -> str:
     the hybrid forwards every input, so only whole decoders are refused)."""
     from .spelling import parse
     text = (raw if ":" in raw else raw.replace(";", ":", 1)).replace(";", ",")
-    if text.partition(":")[0].strip() in ("hybrid", "ar"):
+    if text.partition(":")[0].strip() in ("hybrid", "ar", "null"):
         raise MethodError(f"hybrid: {raw} cannot be a source (name a drafting method other than hybrid)")
     inner = parse(text)
     check_inner("hybrid", "source", inner)

@@ -74,7 +74,7 @@ def fallback_spelling(raw: str) -> str:
         return NONE
     if name == "sam":
         raise MethodError(f"sam: fallback={raw} is sam itself; name another method (e.g. fallback=hierarchy)")
-    if name == "ar":
+    if name in ("ar", "null"):
         raise MethodError(f"sam: fallback={raw} drafts nothing; write fallback=none for plain decode steps below "
                           f"the threshold")
     inner = parse(text)

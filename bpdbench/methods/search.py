@@ -17,6 +17,7 @@ adding an auto-sized drafter meant editing it, and a draft network's search live
 - `Combos`: one replay per combination of several parameters, none a truncation of another (a hybrid's model
   length and node budget).
 - `Either`: one search or another by the spelling (a dynamic tree or a chain).
+- `Cheapest`: the row count of a decode step's forward, from the cost curve alone, nothing replayed (`ar:rows=auto`).
 """
 from __future__ import annotations
 
@@ -65,7 +66,9 @@ def given(method: Method) -> Method:
 class Search:
     """One way of sizing a method. `plans` are the concrete methods to replay, each with the parameters its
     replay fixes; `choose` picks the shape from their measurements (pure given them: it is re-run on a cached
-    measurement with today's costs); `per_token` says whether drafting time grows with the draft."""
+    measurement with today's costs); `per_token` says whether drafting time grows with the draft; `replays`:
+    False for a search that needs no measurement but the cost curve (nothing is replayed or cached for it)."""
+    replays = True
 
     def of(self, method: Method) -> "Search | None":
         return self
@@ -208,6 +211,26 @@ class Combos(Search):
 
     def choose(self, method: Method, runs: Runs, cost: shapes.CostModel, per_step: PerStep) -> shapes.Shape:
         return shapes.pick(sized_options(runs, cost, per_step))
+
+
+@dataclass(frozen=True)
+class Cheapest(Search):
+    """`param` rows per decode forward, 1..`most`: the count whose forward the calibration prices lowest, unfitted
+    (`CostModel.unfitted`), a count within `shapes.ROW_TIE` of the lowest counting as a tie that the smaller wins;
+    1 is plain decoding (`draft_nothing`). For padding a decode step with filler tokens (`ar:rows=`): its extra
+    rows are there to make the forward cheaper, not to be accepted, so the shape is chosen on the cost of a
+    forward alone. Why not a replay like the other searches: the filler's acceptance is a bonus that the choice
+    must not depend on (a shape chosen for it would be a drafter, not the baseline), and without a replay the
+    choice needs no held-out greedy decoding and is the same for every task and run on one calibration."""
+    param: str
+    most: int
+    replays = False
+
+    def plans(self, env: Any, method: Method) -> list[tuple[Method, dict]]:
+        return []
+
+    def choose(self, method: Method, runs: Runs, cost: shapes.CostModel, per_step: PerStep) -> shapes.Shape:
+        return shapes.cheapest_rows({n: float(cost.unfitted(n)) for n in range(2, self.most + 1)}, self.param)
 
 
 def sized_options(runs: Runs, cost: shapes.CostModel, per_step: PerStep) -> list[shapes.Option]:

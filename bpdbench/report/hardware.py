@@ -152,17 +152,17 @@ def task_rows(folder: load.ResultFolder, methods: tuple[Method, ...]) -> list[di
     if not records:
         return []
     keys = {k for k, v in records[0].items() if isinstance(v, dict)}
-    present = [m for m in methods if m.name == "ar" or (m.label in keys and contract.Input.REFERENCE not in contract.inputs(m))]
+    present = [m for m in methods if m.label == "ar" or (m.label in keys and contract.Input.REFERENCE not in contract.inputs(m))]
     rows = []
     for m in present:
         c, missing = Counters(), False
         for r in records:
-            if m.name == "ar":
+            if m.label == "ar":          # plain AR's counts follow from the output; ar:rows=N verifies more
                 c = c.add(ar_counters(r["new_tokens"]))
             else:
                 missing |= r[m.label].get("verified") is None
                 c = c.add(Counters.from_dict(r[m.label]))
-        h = 0 if m.name == "ar" else int(_heads_used(folder, m.label, m.get("heads", folder.heads)))
+        h = 0 if m.name in ("ar", "null") else int(_heads_used(folder, m.label, m.get("heads", folder.heads)))
         missing &= getattr(refine.RESCORERS.get(m.name), "p", 1) > 1   # one chain: drafted+steps is exact
         notes = [n for n in (_rescorer(m.name, shortlist)[2], MISSING_VERIFIED if missing else "") if n]
         rows.append({"task": folder.task, "method": m.label, "n_examples": len(records), "counters": c,

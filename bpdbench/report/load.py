@@ -18,12 +18,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
-from pandas._libs.parsers import STR_NA_VALUES
 
 from .. import paths
 from ..methods.base import Method, MethodError
 from ..methods.registry import canonical, parse
-from ..store import CONFIG, read_examples
+from ..store import CONFIG, read_examples, read_table
 
 
 @lru_cache(maxsize=None)
@@ -97,7 +96,7 @@ class ResultFolder:
 
     def read(self, file: str) -> pd.DataFrame:
         """A CSV of this folder, its `method` column in current labels."""
-        return _relabel(read_csv(self.path / file))[0]
+        return _relabel(read_table(self.path / file))[0]
 
     def examples(self, file: str) -> list[dict]:
         """A JSONL of this folder (store.read_examples: each id once), each record's per-method entries (the dict
@@ -105,15 +104,6 @@ class ResultFolder:
         current labels; plain fields (id, new_tokens) stay as they are."""
         return [{label(k) if isinstance(v, dict) else k: v for k, v in r.items()}
                 for r in read_examples(self.path / file)]
-
-
-NA = sorted(STR_NA_VALUES - {"null"})
-
-
-def read_csv(path: Path) -> pd.DataFrame:
-    """A result CSV, with `null` read as the text it is (the method label of AR timed as a method, every board's
-    noise-floor row), not as a missing value; every other spelling pandas reads as missing still is."""
-    return pd.read_csv(path, keep_default_na=False, na_values=NA)
 
 
 def read_folder(path: Path, kind: str, root: Path | None = None) -> ResultFolder:
@@ -258,7 +248,7 @@ def rows(results: Path, kind: str, file: str, depth: int = 1,
     found = folders(results, kind, file, depth)
     frames, labelled = [], {}
     for f in found:
-        df, ms = _relabel(read_csv(f.path / file))
+        df, ms = _relabel(read_table(f.path / file))
         labelled.update(ms)
         frames.append(per_folder(f, df) if per_folder else df)
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -86,6 +86,17 @@ def repair(path: Path, log: Callable[[str], None] = print) -> int:
     return dropped
 
 
+def read_table(path: Path):
+    """A result CSV as a DataFrame, its `method` column read as written. Why not plain `pd.read_csv`: pandas reads
+    the strings null, NA, None and nan as missing by default, and `null` is a method label (methods/ar.py: AR timed
+    as a method, every board's noise-floor row), so its row lost its name in every table."""
+    import pandas as pd
+    df = pd.read_csv(path)
+    if "method" in df.columns:
+        df["method"] = pd.read_csv(path, usecols=["method"], dtype=str, keep_default_na=False)["method"]
+    return df
+
+
 def read_examples(path: Path, key: Key = by_id) -> list[dict]:
     """Records of a JSONL, each key once (the first copy: a file written twice is never double counted); a torn
     last line (a crash mid-write) is ignored, a glued line yields its complete record."""

@@ -126,7 +126,7 @@ FALLBACKS = {"bpd": "bpd", "ngram2": "ngram2", "ngram4": "ngram4", "16best-0gram
              "cascade": "cascade", "hierarchy": "hierarchy", "recycling": "recycling", "lookahead": "lookahead",
              "rest": "rest", "eagle": "eagle", "hydra": "hydra", "hydra++": "hydra++", "amphista": "amphista",
              "koala": "koala", "qdraft": "qdraft", "layerskip": "layerskip", "hybrid": "hybrid;retrieval=pld"}
-REFUSED = {"ar": "drafts nothing", "sam": "is sam itself", "hf-greedy": "whole decoder",
+REFUSED = {"ar": "drafts nothing", "null": "drafts nothing", "sam": "is sam itself", "hf-greedy": "whole decoder",
            "hf-pld": "whole decoder", "hf-assisted": "whole decoder", "llamacpp": "whole decoder",
            "llamacpp-pld": "whole decoder"}
 KENLM = ("ngram2", "ngram4", "16best-ngram4")          # n-gram rescoring runs on KenLM (installed by `make test`)
