@@ -135,6 +135,8 @@ def test_a_network_profiles_data_budget_bears_its_name():
     from bpdbench.train.profiles import name_of
     assert set(trained.PROFILES) == set(PROFILES)
     assert all(name_of(PROFILES[name].data) == trained.DATA.get(name, name) for name in trained.PROFILES)
+    from bpdbench.train.network import LAYERED_DATA
+    assert trained.LAYERED_DATA == LAYERED_DATA
 
 def test_the_drafters_grid_trains_what_its_replays_read():
     plan = grid_lib.load(ROOT / "grids" / "drafters.toml")
