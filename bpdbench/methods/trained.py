@@ -224,6 +224,10 @@ def _check_shape(method: Method, cfg: RunConfig, drafter_type: str, depth: int, 
 def check(method: Method, cfg: RunConfig, trained_name: str, drafter_type: str, longest: int | None = None) -> None:
     """Everything about a drafter method that can be checked before the model loads (its spec's preflight)."""
     where = folder(method, cfg, trained_name)
+    net, profile = network_of(trained_name), profile_of(method, cfg)
+    if net is not None and net.layers is not None and not method.get("path") and profile not in LAYERED_DATA:
+        raise MethodError(f"{method.label}: {trained_name} reads the base's layers, which the '{profile}' training "
+                          f"data does not keep; use profile={' or profile='.join(LAYERED_DATA)}")
     if not (where / "config.json").exists():
         _check_shape(method, cfg, drafter_type, 16, None)
         if method.get("path"):

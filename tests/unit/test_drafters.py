@@ -254,6 +254,8 @@ def cli(*args) -> tuple[int, str]:
     (["train-network", "eagle", "--profile", "huge"], ["unknown profile", "quick"]),
     (["train-network", "eagle", "--adversarial", "0.1"], ["--adversarial", "koala"]),
     (["train-network", "eagle", "--threads", "0"], ["--threads", ">= 1"]),
+    (["train-network", "eagle3", "--profile", "full"], ["eagle3 reads the base's layers", "--profile quick or bench"]),
+    (["run", "--method", "eagle3:profile=full"], ["eagle3 reads the base's layers", "profile=quick or profile=bench"]),
     (["distill-data", "--profile", "huge"], ["unknown profile", "quick"]),
     (["run", "--method", "eagle:tree=2,refine=ngram4"], ["refine=", "tree="]),
     (["run", "--method", "eagle:path=/nonexistent/eagle"], ["no drafter at", "train-network"]),
