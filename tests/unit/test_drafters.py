@@ -69,7 +69,7 @@ def test_save_and_reload_draft_the_same(tiny, tmp_path):
     model, tok, name, cache, folders = tiny
     embed, lm = model.model.embed_tokens.weight, model.lm_head.weight
     hidden = torch.randn(32)
-    for trained in ("eagle", "hydra++", "amphista", "koala"):
+    for trained in ("eagle", "eagle3", "hydra++", "amphista", "koala"):
         first, cfg = drafters.load(folders[trained], embed, lm)
         drafters.save(first, tmp_path / trained, name, cfg["training"], trained)
         again, _ = drafters.load(tmp_path / trained, embed, lm)

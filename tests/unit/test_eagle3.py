@@ -81,6 +81,17 @@ def test_it_trains_on_prefill_data_that_keeps_its_layers():
         network.check("eagle3", "full", 0.0)
 
 
+def test_auto_sizes_it_as_it_sizes_eagle():
+    """tree=auto, depth=auto and a dynamic tree's nodes=auto search its shapes with the draft networks' one search
+    (methods/trained.SEARCH), and the board lists it among the trained rows."""
+    from bpdbench.methods import trained
+    from bpdbench.report.board import TRAINED
+    assert parse("eagle3:tree=auto").auto == ["tree"] and parse("eagle3:depth=auto").auto == ["depth"]
+    assert parse("eagle3:tree=dynamic,nodes=auto").auto == ["nodes"]
+    assert parse("eagle3").spec.shapes is trained.SEARCH is parse("eagle").spec.shapes
+    assert "eagle3" in TRAINED
+
+
 @pytest.mark.parametrize("spelling", ["eagle3", "eagle3:tree=dynamic,nodes=12,topk=3"])
 def test_sampling_is_certified_and_the_lossy_control_is_not(tiny, monkeypatch, spelling):
     """Per position of the first 3 generated tokens, a chi-square homogeneity test of 300 seeded runs of the method
