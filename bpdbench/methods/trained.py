@@ -48,7 +48,7 @@ PROFILES = ("quick", "full", "bench", "ci")
 # data (train/network.PROFILES; a test holds them equal), which decoding names without importing a trainer.
 DATA = {"bench": "prefill-bench"}
 # ... and of a network that reads chosen layers (eagle3), which greedy data does not keep (train/network.LAYERED_DATA)
-LAYERED_DATA = {"quick": "prefill-quick", "bench": "prefill-bench"}
+LAYERED_DATA = {"quick": "prefill-quick", "bench": "prefill-bench", "ci": "prefill-ci"}
 DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
               "machine)", low=1, auto=True)
 TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain; auto: the width, and the depth "

@@ -61,7 +61,7 @@ PROFILES = named({"quick": NetworkProfile("quick", 480.0), "full": NetworkProfil
 # A network that reads chosen layers (NetworkSpec.layers: eagle3) trains on prefill data that keeps them, since the
 # greedy distillation data stores final states only: at these profiles, this data instead of the profile's own
 # (methods/trained.LAYERED_DATA says the same to the artefact graph; a test holds them equal).
-LAYERED_DATA = {"quick": "prefill-quick", "bench": "prefill-bench"}
+LAYERED_DATA = {"quick": "prefill-quick", "bench": "prefill-bench", "ci": "prefill-ci"}
 
 ADV_WEIGHT = 0.1        # the weight a cache name's -adv suffix stands for
 VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)

@@ -75,6 +75,7 @@ class PrefillBudget:
 BUDGETS = named({"prefill-bench": PrefillBudget(1_000_000, layers="low-mid-high"),
                  "prefill-quick": PrefillBudget(65_536, layers="low-mid-high", shard_positions=16_384),
                  "prefill-ci": PrefillBudget(2048, chunk=32, batch=4, shard_positions=256, dtype="float32",
+                                             layers="low-mid-high",
                                              max_prompt_tokens=64, shortlist_rank=4096, states="made")})
 
 

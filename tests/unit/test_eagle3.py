@@ -73,7 +73,8 @@ def test_it_trains_on_prefill_data_that_keeps_its_layers():
     assert network.data_for(eagle, network.PROFILES["quick"]).data == "quick"
     from bpdbench.train.prefill import BUDGETS
     assert BUDGETS["prefill-quick"].layers == "low-mid-high"
-    for profile, data in (("quick", "prefill-quick"), ("bench", "prefill-bench")):
+    assert BUDGETS["prefill-ci"].layers == "low-mid-high"
+    for profile, data in (("quick", "prefill-quick"), ("bench", "prefill-bench"), ("ci", "prefill-ci")):
         cfg = RunConfig(model="none", heads_profile=profile)
         assert trained.data_of(parse("eagle3"), cfg) == data
         assert trained.data_of(parse("eagle"), cfg) == network.PROFILES[profile].data
