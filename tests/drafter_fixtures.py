@@ -13,8 +13,10 @@ import torch
 
 from bpdbench.nets.registry import networks
 
-# every registered network (nets/registry.py) whose layers the greedy data holds (the final state only)
+# every registered network (nets/registry.py): those whose inputs the greedy data holds (the final state only) train
+# on it, those that read chosen layers (LAYERED: eagle3) on tiny prefill data that keeps EAGLE-3's three
 NAMES = tuple(name for name, spec in networks().items() if spec.layers is None)
+LAYERED = tuple(name for name, spec in networks().items() if spec.layers is not None)
 STEPS = 150
 LR = 1e-2       # tiny models learn their cycles in a few hundred steps at this rate; the real profiles keep theirs
 
@@ -24,7 +26,15 @@ def synthetic_prompts(tok, n: int, max_tokens: int, seed: int, gen_tokens: int) 
     return [([rng.randrange(2, 96) for _ in range(rng.randrange(4, 20))], gen_tokens) for _ in range(n)]
 
 
-def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES) -> dict[str, Path]:
+def tiny_prefill():
+    """The tiny model's prefill data with its low, middle and high layers, cut from its own greedy continuations (the
+    random tiny model's argmax rarely agrees with real text; its own continuations always do)."""
+    from bpdbench.train import prefill
+    return replace(prefill.BUDGETS["prefill-ci"], positions=640, chunk=48, shard_positions=200,
+                   layers="low-mid-high", sources=("greedy",))
+
+
+def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES + LAYERED) -> dict[str, Path]:
     """Train every drafter on the tiny model's distillation data under `cache` (BPDBENCH_CACHE); their folders, by
     trainer name, in the `ci` profile (a variant of it: more data and steps, a higher learning rate, saved where
     `ci` is). Quick-profile copies are made where the methods look by default."""
@@ -43,8 +53,8 @@ def build_tiny_drafters(model, tok, model_name: str, cache: Path, names=NAMES) -
         out = {}
         for name in names:
             adversarial = 0.1 if name == "koala-hydra" else 0.0     # the adversarial term's path runs too
-            path = network.train(name, profile, model_name, model, tok, log=lambda m: None, adversarial=adversarial,
-                                 lr=LR)
+            p = replace(profile, data=tiny_prefill()) if name in LAYERED else profile
+            path = network.train(name, p, model_name, model, tok, log=lambda m: None, adversarial=adversarial, lr=LR)
             out[name + ("-adv" if adversarial else "")] = path
         for name, path in out.items():
             quick = paths.network_dir(model_name, name, "quick")

@@ -11,7 +11,7 @@ from typing import Callable
 
 import pytest
 
-from bpdbench.engine import Limits, generate, replay, teacher_forced
+from bpdbench.engine import Limits, generate, layers_of, replay, teacher_forced, teacher_forced_layers
 from bpdbench.methods import MethodError, parse
 
 VOCAB = 96          # the tiny model's (tests/conftest.py: make_tiny_model)
@@ -58,6 +58,10 @@ def decode_and_replay(model, drafter, prompt, limits: Limits, greedy: list[int] 
     assert real.tokens == greedy, label
     if features:
         hidden = teacher_forced(model, prompt, greedy, with_prompt=True)
+        layers = layers_of(drafter)
+        if layers is not None and "layer_states" not in replay_options:     # a drafter that reads chosen layers
+            replay_options["layer_states"] = teacher_forced_layers(model, prompt, greedy, layers.indices,
+                                                                   with_prompt=True)[1]
     sim = replay(drafter, prompt, greedy, hidden, limits, **replay_options)
     assert sim.to_dict() == real.counters.to_dict(), (label, prompt)
     return real

@@ -47,8 +47,8 @@ def build_history(model: Model = DEFAULT_MODEL,
 @one_line_errors
 def distill_data(model: Model = DEFAULT_MODEL,
                  profile: Annotated[str, typer.Option(help="data budget: quick | full | ci (greedy, decode "
-                                                          "speed) | prefill-bench | prefill-ci (teacher-forced "
-                                                          "text)")] = "quick",
+                                                          "speed) | prefill-bench | prefill-quick | prefill-ci "
+                                                          "(teacher-forced text)")] = "quick",
                  device: Device = "cpu", threads: Threads = None) -> None:
     """Build (once) the cached distillation dataset every draft-network trainer reads: greedy continuations of held-out
     prompts, or teacher-forced passes over train-split and corpus text (prefill-*: resumable), with the base's hidden
@@ -70,10 +70,11 @@ def distill_data(model: Model = DEFAULT_MODEL,
 
 @one_line_errors
 def train_network(name: Annotated[str, typer.Argument(help="medusa | koala | koala-hydra | hydra | hydra++ | "
-                                                           "amphista | eagle")],
+                                                           "amphista | eagle | eagle3")],
                   model: Model = DEFAULT_MODEL,
                   profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | bench (about 2 h: "
-                                                            "teacher-forced prefill data) | ci")] = "quick",
+                                                            "teacher-forced prefill data) | ci; eagle3: quick, bench or ci, on prefill data "
+                                                            "that keeps its layers")] = "quick",
                   adversarial: Annotated[float, typer.Option(help="KOALA's adversarial weight (koala, koala-hydra; "
                                                                   "saved as NAME-adv)")] = 0.0,
                   out: Annotated[Optional[str], typer.Option(help="default: the draft-network cache")] = None,

@@ -47,6 +47,8 @@ PROFILES = ("quick", "full", "bench", "ci")
 # The training data of a profile whose data is not named as the profile is: bench trains on teacher-forced prefill
 # data (train/network.PROFILES; a test holds them equal), which decoding names without importing a trainer.
 DATA = {"bench": "prefill-bench"}
+# ... and of a network that reads chosen layers (eagle3), which greedy data does not keep (train/network.LAYERED_DATA)
+LAYERED_DATA = {"quick": "prefill-quick", "bench": "prefill-bench", "ci": "prefill-ci"}
 DEPTH = Param("depth", int, "draft depth (tokens per chain; depths of the tree; auto: the depth fastest on this "
               "machine)", low=1, auto=True)
 TREE = Param("tree", int, "tree drafting: keep the W best nodes per depth (0: a chain; auto: the width, and the depth "
@@ -222,6 +224,10 @@ def _check_shape(method: Method, cfg: RunConfig, drafter_type: str, depth: int, 
 def check(method: Method, cfg: RunConfig, trained_name: str, drafter_type: str, longest: int | None = None) -> None:
     """Everything about a drafter method that can be checked before the model loads (its spec's preflight)."""
     where = folder(method, cfg, trained_name)
+    net, profile = network_of(trained_name), profile_of(method, cfg)
+    if net is not None and net.layers is not None and not method.get("path") and profile not in LAYERED_DATA:
+        raise MethodError(f"{method.label}: {trained_name} reads the base's layers, which the '{profile}' training "
+                          f"data does not keep; use profile={' or profile='.join(LAYERED_DATA)}")
     if not (where / "config.json").exists():
         _check_shape(method, cfg, drafter_type, 16, None)
         if method.get("path"):
@@ -301,7 +307,11 @@ def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]
 def data_of(method: Method, cfg: RunConfig) -> str | None:
     """The distillation budget the drafter's first use trains it on: a network profile's data budget bears the
     profile's name, or DATA's (train/network.PROFILES; a test holds them equal). None for a given folder (`path=`)."""
-    return None if method.get("path") else DATA.get(profile_of(method, cfg), profile_of(method, cfg))
+    if method.get("path"):
+        return None
+    profile, net = profile_of(method, cfg), network_of(method.name)
+    table = LAYERED_DATA if net is not None and net.layers is not None else DATA
+    return table.get(profile, DATA.get(profile, profile))
 
 
 # Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then),

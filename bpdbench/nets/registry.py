@@ -26,7 +26,7 @@ from .base import DraftModel
 
 # The modules of bpdbench.nets that register networks (imported on first use of the registry, not at import time:
 # reading one checkpoint must not import every network's dependencies before it is asked).
-BUILTIN = ("medusa", "hydra", "amphista", "eagle")
+BUILTIN = ("medusa", "hydra", "amphista", "eagle", "eagle3")
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,7 @@ class FitDefaults:
     unroll: int = 1                # training-time drafting passes (EAGLE: its own features fed back)
     noise: float = 0.0             # feature noise, relative to the features' RMS (EAGLE)
     feature_weight: float = 0.0    # weight of the feature regression beside the cross-entropy (EAGLE)
+    decay: float = 1.0             # weight of training-time drafting pass p's loss: decay^(p-1) (EAGLE-3: 0.8)
 
 
 @dataclass(frozen=True)

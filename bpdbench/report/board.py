@@ -16,7 +16,7 @@ from .verdicts import against_best, ci, fit, is_drafter, num, verdict, which_tab
 
 POSITIONS = 8                       # a_1..a_8 at most
 SUBTASKS = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")   # Spec-Bench's 6 tasks
-TRAINED = ("bpd", "medusa", "eagle", "hydra", "hydra++", "amphista", "koala")
+TRAINED = ("bpd", "medusa", "eagle", "eagle3", "hydra", "hydra++", "amphista", "koala")
 PREDICTED = "predicted (calibrated forwards + this run's draft time)"
 CONVENTIONS = (
     "speedup = sum of AR's median seconds / sum of the method's over its counted prompts (output identical to "

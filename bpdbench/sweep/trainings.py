@@ -8,7 +8,8 @@ from pathlib import Path
 
 from ..artefacts.graph import Artefact
 from ..config import ConfigError
-from ..train.network import PROFILES, check, split_saved
+from ..nets.registry import get as network
+from ..train.network import PROFILES, check, data_for, split_saved
 from ..train.profiles import name_of
 
 TRAIN_KEYS = ("networks", "profile", "model", "reports")
@@ -61,7 +62,8 @@ def with_data(networks: list[Artefact]) -> list[Artefact]:
     out: list[Artefact] = []
     made: set[str] = set()
     for a in networks:
-        data = Artefact("distill", a.model, name_of(PROFILES[a.build_with[1]].data))   # prefill-bench for bench
+        saved, profile = a.build_with[0], a.build_with[1]    # prefill-bench for bench; prefill data with its layers
+        data = Artefact("distill", a.model, name_of(data_for(network(split_saved(saved)[0]), PROFILES[profile]).data))
         if data.id not in made:
             made.add(data.id)
             out.append(data)

@@ -27,7 +27,7 @@ from ..config import environment
 from ..nets import registry as networks
 from ..nets.checkpoint import save
 from . import distill, prefill
-from .data import data_path, load_data
+from .data import data_path, is_prefill, load_data
 from .fit import FitConfig, fit
 from .objectives import DistillRows, agreement, objective
 from .pacing import quality_warning
@@ -58,6 +58,11 @@ PROFILES = named({"quick": NetworkProfile("quick", 480.0), "full": NetworkProfil
                   "ci": NetworkProfile("ci", None, steps=12, depth=3, shortlist=4096)})
 
 
+# A network that reads chosen layers (NetworkSpec.layers: eagle3) trains on prefill data that keeps them, since the
+# greedy distillation data stores final states only: at these profiles, this data instead of the profile's own
+# (methods/trained.LAYERED_DATA says the same to the artefact graph; a test holds them equal).
+LAYERED_DATA = {"quick": "prefill-quick", "bench": "prefill-bench", "ci": "prefill-ci"}
+
 ADV_WEIGHT = 0.1        # the weight a cache name's -adv suffix stands for
 VAL_EVERY = 20          # every 20th training sequence validates (checkpoint selection, train/fit.py)
 CURVE_SEQUENCES = 256   # held-out sequences scored at each checkpoint (the learning curve; the end scores them all)
@@ -75,10 +80,23 @@ def check(name: str, profile: str | NetworkProfile, adversarial: float) -> str:
         raise ValueError(f"unknown profile '{profile}'; valid: {', '.join(PROFILES)}")
     if adversarial < 0 or adversarial != adversarial:
         raise ValueError(f"--adversarial must be >= 0, got {adversarial}")
+    if isinstance(profile, str):
+        data_for(net, PROFILES[profile])          # a layered network at a profile without such data: one line
     if adversarial and not net.adversarial:
         with_term = " or ".join(n for n, spec in networks.networks().items() if spec.adversarial)
         raise ValueError(f"--adversarial is KOALA's term: train {with_term} with it, not {name}")
     return name + ("-adv" if adversarial else "")
+
+
+def data_for(net: networks.NetworkSpec, p: NetworkProfile) -> NetworkProfile:
+    """The profile with the data the network trains on: its own, or, for a network that reads chosen layers and a
+    profile of greedy data, the prefill data LAYERED_DATA names (a one-line ValueError where none is named)."""
+    if net.layers is None or is_prefill(p.data):
+        return p
+    if p.name not in LAYERED_DATA:
+        raise ValueError(f"{net.name} reads the base's layers, which the '{name_of(p.data)}' data does not keep; "
+                         f"train it with --profile {' or '.join(LAYERED_DATA)} (prefill data that keeps them)")
+    return replace(p, data=LAYERED_DATA[p.name])
 
 
 def split_saved(name: str) -> tuple[str, float]:
@@ -96,7 +114,8 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     name, asked = split_saved(name)
     adversarial = adversarial or asked
     saved = check(name, profile, adversarial)
-    p, net = resolve(profile, PROFILES), networks.get(name)
+    net = networks.get(name)
+    p = data_for(net, resolve(profile, PROFILES))
     seal.check_writable(out or network_dir(model_name, saved, p.name))   # read-only: one line now, not after
     fam = replace(net.defaults, lr=net.defaults.lr if lr is None else lr)
     data = name_of(p.data)
@@ -110,7 +129,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     drafter.emb = embed
     drafter.emb_scale = _emb_scale(ds, embed)
     n_params = drafter.n_params()
-    obj = objective(net.objective, drafter, p.depth, fam.unroll, fam.noise)
+    obj = objective(net.objective, drafter, p.depth, fam.unroll, fam.noise, fam.decay)
     rows = DistillRows.of(ds, drafter.hidden_layers)
     train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
     val = train_seqs[::VAL_EVERY]                   # checkpoint selection only; never the reported held-out

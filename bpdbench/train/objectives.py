@@ -161,8 +161,8 @@ class Sequential:
     sequential = True
     shifted = False
 
-    def __init__(self, model, depth: int, unroll: int = 1, noise: float = 0.0):
-        self.model, self.depth, self.unroll, self.noise = model, depth, unroll, noise
+    def __init__(self, model, depth: int, unroll: int = 1, noise: float = 0.0, decay: float = 1.0):
+        self.model, self.depth, self.unroll, self.noise, self.decay = model, depth, unroll, noise, decay
 
     def window(self, rows: DistillRows, seqs: list[int]):
         ds = rows.ds
@@ -213,8 +213,11 @@ class Sequential:
                 real = rows.ds.hidden[target[ok]].float()
                 extra.append(torch.nn.functional.smooth_l1_loss(z[ok].float(), real))
         z = torch.cat([a for a, _, _ in preds])
-        return Pred(z, torch.cat([b for _, b, _ in preds]), torch.cat([c for _, _, c in preds]),
-                    torch.stack(extra).mean() if extra else None, fake=z)
+        target, depth = torch.cat([b for _, b, _ in preds]), torch.cat([c for _, _, c in preds])
+        # EAGLE-3 weights pass p's loss decay^(p-1); the greedy weighting the fit applies otherwise stays
+        w = None if self.decay == 1.0 else \
+            (1.0 + (weight - 1.0) * rows.greedy[target].float()) * self.decay ** (depth - 1).float()
+        return Pred(z, target, depth, torch.stack(extra).mean() if extra else None, fake=z, weight=w)
 
     def evaluate(self, rows: DistillRows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Like Positional.evaluate: states [n, depth, d] from the greedy rows as the base row (depth 1's row)."""
@@ -272,12 +275,18 @@ OBJECTIVES = {"positional": lambda model, depth, unroll, noise: Positional(model
               "unrolled": Unrolled, "prefix": Prefixed}
 
 
-def objective(name: str, model, depth: int, unroll: int = 1, noise: float = 0.0):
-    """The objective a network's record names, over its model; a one-line error for a name none registered."""
+def objective(name: str, model, depth: int, unroll: int = 1, noise: float = 0.0, decay: float = 1.0):
+    """The objective a network's record names, over its model; a one-line error for a name none registered.
+    `decay` (FitDefaults.decay) weights a sequential objective's passes; a positional one has none to weight."""
     if name not in OBJECTIVES:
         raise ValueError(f"unknown training objective '{name}'; valid: {', '.join(OBJECTIVES)} (register a new one "
                          f"in bpdbench.train.objectives.OBJECTIVES)")
-    return OBJECTIVES[name](model, depth, unroll, noise)
+    obj = OBJECTIVES[name](model, depth, unroll, noise)
+    if decay != 1.0:
+        if not obj.sequential:
+            raise ValueError(f"the '{name}' objective trains no passes, so decay={decay} weights nothing; drop it")
+        obj.decay = decay
+    return obj
 
 
 @torch.no_grad()

@@ -70,8 +70,12 @@ class PrefillBudget:
 # positions take ~49 minutes, leaving ~70 minutes (8,400 core-seconds) for the fit. The kept layers (EAGLE-3's three)
 # cost memory, not forwards: 1M positions x 4 states x 896 x 2 bytes = 7.2 GB on disk and in memory.
 # ci: fp32 and tiny, for tests.
+# quick: the data of a quick network that reads chosen layers (train/network.LAYERED_DATA), which the greedy quick
+# data does not keep: 65,536 positions, ~3 minutes at ~340 positions/s, 0.5 GB of states.
 BUDGETS = named({"prefill-bench": PrefillBudget(1_000_000, layers="low-mid-high"),
+                 "prefill-quick": PrefillBudget(65_536, layers="low-mid-high", shard_positions=16_384),
                  "prefill-ci": PrefillBudget(2048, chunk=32, batch=4, shard_positions=256, dtype="float32",
+                                             layers="low-mid-high",
                                              max_prompt_tokens=64, shortlist_rank=4096, states="made")})
 
 

@@ -13,10 +13,10 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
     replay (one teacher-forced forward, the loop's own propose/decide) and real decoding give identical counters.
     Neural rescorers that are not trained here get random weights in a private folder (cost and correctness of
     the path do not depend on the weights); n-grams are built on first use as in any run, and so are the `ci`
-    drafters (EAGLE, Hydra, Hydra++, Amphista, KOALA: about a minute each on the cached `ci` data)."""
+    drafters (EAGLE, EAGLE-3, Hydra, Hydra++, Amphista, KOALA: about a minute each on the cached `ci` data)."""
     from bpdbench import paths
     from bpdbench.config import RunConfig
-    from bpdbench.engine import TreeScorer, generate, replay, teacher_forced
+    from bpdbench.engine import TreeScorer, generate, layers_of, replay, teacher_forced, teacher_forced_layers
     from bpdbench.experiments.session import open_session
     from bpdbench.methods import REGISTRY, parse
     from bpdbench.nets.small_lm import SmallLM, make_config, save_lm
@@ -52,5 +52,8 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
                 drafter.use_reference(ref)
             real = generate(s.model, drafter, prompt, s.limits)
             assert real.tokens == ref, spelling
-            sim = replay(twin, prompt, ref, h, s.limits, scorer=scorer)
+            layers = layers_of(twin)            # a drafter that reads chosen layers (eagle3) replays with them
+            states = None if layers is None else \
+                teacher_forced_layers(s.model, prompt, ref, layers.indices, with_prompt=True)[1]
+            sim = replay(twin, prompt, ref, h, s.limits, scorer=scorer, layer_states=states)
             assert sim.to_dict() == real.counters.to_dict(), spelling

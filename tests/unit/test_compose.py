@@ -124,7 +124,7 @@ FALLBACKS = {"bpd": "bpd", "ngram2": "ngram2", "ngram4": "ngram4", "16best-0gram
              "neural-l": "neural-l", "hf-lm": "hf-lm;model={dir}", "medusa": "medusa",
              "medusa-neural-m": "medusa-neural-m", "oracle": "oracle;k=4", "pld": "pld", "sps": "sps;model={dir}",
              "cascade": "cascade", "hierarchy": "hierarchy", "recycling": "recycling", "lookahead": "lookahead",
-             "rest": "rest", "eagle": "eagle", "hydra": "hydra", "hydra++": "hydra++", "amphista": "amphista",
+             "rest": "rest", "eagle": "eagle", "eagle3": "eagle3", "hydra": "hydra", "hydra++": "hydra++", "amphista": "amphista",
              "koala": "koala", "qdraft": "qdraft", "layerskip": "layerskip", "hybrid": "hybrid;retrieval=pld"}
 REFUSED = {"ar": "drafts nothing", "null": "drafts nothing", "sam": "is sam itself", "hf-greedy": "whole decoder",
            "hf-pld": "whole decoder", "hf-assisted": "whole decoder", "llamacpp": "whole decoder",

@@ -31,7 +31,7 @@ PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])
 SPELLINGS = ("eagle", "eagle:tree=3", "eagle:depth=5,threshold=0.2", "eagle:refine=16best-0gram,k=4", "hydra",
              "hydra:tree=2", "hydra++", "hydra++:tree=3", "amphista", "amphista:tree=2", "koala",
              "koala:refine=medusa,k=4", "koala:base=hydra,adv=1", "koala:base=hydra,adv=1,tree=2",
-             "eagle:shortlist=40")
+             "eagle:shortlist=40", "eagle3", "eagle3:tree=3")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def tiny(tiny_model_dir, tmp_path_factory, trained_drafters):
 
 def test_every_trainer_reports_agreement_and_reloads(tiny):
     model, tok, name, cache, folders = tiny
-    assert set(folders) == {"medusa", "koala", "koala-hydra-adv", "hydra", "hydra++", "amphista", "eagle"}
+    assert set(folders) == {"medusa", "koala", "koala-hydra-adv", "hydra", "hydra++", "amphista", "eagle", "eagle3"}
     embed, lm = model.model.embed_tokens.weight, model.lm_head.weight
     for trained, path in folders.items():
         report = json.loads((path / "report.json").read_text())
@@ -69,7 +69,7 @@ def test_save_and_reload_draft_the_same(tiny, tmp_path):
     model, tok, name, cache, folders = tiny
     embed, lm = model.model.embed_tokens.weight, model.lm_head.weight
     hidden = torch.randn(32)
-    for trained in ("eagle", "hydra++", "amphista", "koala"):
+    for trained in ("eagle", "eagle3", "hydra++", "amphista", "koala"):
         first, cfg = drafters.load(folders[trained], embed, lm)
         drafters.save(first, tmp_path / trained, name, cfg["training"], trained)
         again, _ = drafters.load(tmp_path / trained, embed, lm)
@@ -206,6 +206,29 @@ def test_eagle_training_passes_compute_what_drafting_computes():
             assert torch.allclose(logits, want, atol=1e-4), (c, p)
 
 
+def test_eagle3_training_passes_compute_what_drafting_computes():
+    """The same for EAGLE-3's layer: pass 1 reads the fused layers (fc over [k, d]), later passes its own raw output,
+    and both training and drafting project through its final norm."""
+    from bpdbench.nets.eagle3 import Eagle3
+    d, n, vocab, k = 32, 12, 50, 3
+    m = Eagle3(d, 4, (1, 2, 3), heads=4, kv_heads=2, ffn=48, window=64)
+    _randomise(m, 0)
+    m.eval().bind(torch.randn(vocab, d), torch.randn(vocab, d), None)
+    feat, toks = torch.randn(1, n, k, d), torch.randint(0, vocab, (1, n))
+    pos, valid = torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool)
+    with torch.no_grad():
+        passes = m.unrolled(feat, m.emb[toks], pos, valid, 4)
+    for c in (0, 3, 6):
+        s = m.session()
+        s.push(feat[0, : c + 1], toks[0, : c + 1].tolist())
+        tree = s.expansion(int(toks[0, c]))
+        for p in range(1, 5):
+            path = toks[0, c + 1: c + p].tolist()
+            logits = tree.logits([path, path])[0] if path else tree.logits([[]])[0]
+            want = passes[p - 1][0, c + p - 1] @ m.proj.T          # the fit projects the normed states as they are
+            assert torch.allclose(logits, want, atol=1e-4), (c, p)
+
+
 def test_hydra_prefix_over_a_window_equals_its_cache():
     d, n = 32, 10
     m = Hydra(d, 3, prefix=True, heads=4, kv_heads=2, ffn=48, window=64)
@@ -231,6 +254,8 @@ def cli(*args) -> tuple[int, str]:
     (["train-network", "eagle", "--profile", "huge"], ["unknown profile", "quick"]),
     (["train-network", "eagle", "--adversarial", "0.1"], ["--adversarial", "koala"]),
     (["train-network", "eagle", "--threads", "0"], ["--threads", ">= 1"]),
+    (["train-network", "eagle3", "--profile", "full"], ["eagle3 reads the base's layers", "--profile quick or bench"]),
+    (["run", "--method", "eagle3:profile=full"], ["eagle3 reads the base's layers", "profile=quick or profile=bench"]),
     (["distill-data", "--profile", "huge"], ["unknown profile", "quick"]),
     (["run", "--method", "eagle:tree=2,refine=ngram4"], ["refine=", "tree="]),
     (["run", "--method", "eagle:path=/nonexistent/eagle"], ["no drafter at", "train-network"]),

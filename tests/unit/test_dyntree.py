@@ -21,7 +21,7 @@ from tests.drafter_fixtures import copy_drafters
 from tests.helpers import decode_and_replay, eos_limits
 from tests.unit.test_drafters import PROMPTS, scripted_drafter
 
-FAMILIES = ("eagle", "hydra", "hydra++", "amphista", "koala")
+FAMILIES = ("eagle", "eagle3", "hydra", "hydra++", "amphista", "koala")
 
 
 def toy(vocab: int, seed: int):

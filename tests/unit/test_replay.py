@@ -9,7 +9,8 @@ import torch
 
 from bpdbench import paths
 from bpdbench.config import RunConfig
-from bpdbench.engine import Limits, TreeScorer, generate, ratios, replay, teacher_forced
+from bpdbench.engine import (Limits, TreeScorer, generate, layers_of, ratios, replay, teacher_forced,
+                             teacher_forced_layers)
 from bpdbench.experiments.analysis import h_max, repetition
 from bpdbench.nets.heads import Heads
 from bpdbench.methods import REGISTRY, Env, parse
@@ -172,8 +173,11 @@ def replay_equals_real(env, spelling: str, greedies: dict, memos: dict) -> int:
         real = generate(model, drafter, list(prompt), limits, on_step=log("real"))
         assert real.tokens == greedy, spelling
         hidden = teacher_forced(model, list(prompt), greedy, with_prompt=True)   # feature drafters' prefill
+        layers = layers_of(twin)                # a drafter that reads chosen layers (eagle3) replays with them
+        states = None if layers is None else \
+            teacher_forced_layers(model, list(prompt), greedy, layers.indices, with_prompt=True)[1]
         sim = replay(twin, list(prompt), greedy, hidden, limits, memo=memos[tuple(prompt)], scorer=scorer,
-                     on_step=log("replay"))
+                     on_step=log("replay"), layer_states=states)
         assert sim.to_dict() == real.counters.to_dict(), (spelling, prompt)
         assert seen["real"] == seen["replay"] and len(seen["real"]) == real.counters.steps, (spelling, prompt)
         accepted += real.counters.accepted

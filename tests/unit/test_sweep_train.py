@@ -53,6 +53,17 @@ def test_a_bad_train_block_is_one_line(tmp_path, block, words):
     assert len(str(e.value).splitlines()) == 1 and all(w in str(e.value) for w in words), str(e.value)
 
 
+def test_a_network_that_reads_layers_needs_the_prefill_data_that_keeps_them(tmp_path):
+    """eagle3 at quick trains on prefill-quick, not the greedy quick data eagle trains on: the graph builds that."""
+    plan = grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["eagle", "eagle3"]\nprofile = "quick"\n', cells=""))
+    nets = {a.detail: a for a in plan.artefacts if a.kind == "network"}
+    data = {a.id: a.detail for a in plan.artefacts if a.kind == "distill"}
+    assert [data[n] for n in nets["eagle-quick"].needs if n in data] == ["quick"]
+    assert [data[n] for n in nets["eagle3-quick"].needs if n in data] == ["prefill-quick"]
+    with pytest.raises(ConfigError, match="eagle3 reads the base's layers"):
+        grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["eagle3"]\nprofile = "full"\n', cells=""))
+
+
 def test_a_grid_of_trainings_alone_is_a_grid(tmp_path):
     plan = grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["eagle"]\nprofile = "ci"\n', cells=""))
     assert plan.cells == [] and [a.detail for a in plan.artefacts if a.kind == "network"] == ["eagle-ci"]
@@ -135,6 +146,8 @@ def test_a_network_profiles_data_budget_bears_its_name():
     from bpdbench.train.profiles import name_of
     assert set(trained.PROFILES) == set(PROFILES)
     assert all(name_of(PROFILES[name].data) == trained.DATA.get(name, name) for name in trained.PROFILES)
+    from bpdbench.train.network import LAYERED_DATA
+    assert trained.LAYERED_DATA == LAYERED_DATA
 
 def test_the_drafters_grid_trains_what_its_replays_read():
     plan = grid_lib.load(ROOT / "grids" / "drafters.toml")
