@@ -138,6 +138,7 @@ class Session:
         """The config.json of every command."""
         resolved = {"max_new_tokens": self.limits.max_new_tokens, "eos_ids": sorted(self.limits.eos_ids),
                     "n_selected": len(self.examples), "model_id": models.model_id(self.cfg.model),
+                    "model_shape": model_shape(self.model),
                     "alpha_file": str(self.cfg.alpha_file or paths.alpha_file()),
                     "greedy_dir": str(self.reference.dir), "heads": self.env.heads_meta,
                     "methods": dict(self.env.resolved)}
@@ -151,6 +152,18 @@ class Session:
             "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
             **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
             "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)})
+
+
+SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size")
+
+
+def model_shape(model) -> dict:
+    """The numbers of the model's config the byte and FLOP counts need (report/hardware.py), recorded so a table
+    reads them from the result alone: a local model folder is recorded as `<outside>/<name>` and may not exist on
+    the machine that renders the tables."""
+    cfg = getattr(model, "config", None)
+    return {k: getattr(cfg, k) for k in SHAPE_KEYS if getattr(cfg, k, None) is not None} if cfg is not None else {}
 
 
 def certify_command(cfg: RunConfig, method: str) -> str:

@@ -145,7 +145,8 @@ def ar_counters(new_tokens: int) -> Counters:
 
 def task_rows(folder: load.ResultFolder, methods: tuple[Method, ...]) -> list[dict]:
     """Per method: summed counters and absolute costs for one `results/replay/<task>` folder."""
-    shape = model_shape(folder.model)
+    recorded = folder.resolved.get("model_shape")
+    shape = shape_from_config(recorded) if recorded else model_shape(folder.model)
     bpp, rescorer_bpp = DTYPE_BYTES[folder.dtype], DTYPE_BYTES[folder.rescorer_dtype or "float32"]
     shortlist = heads_shortlist(folder, shape.vocab)
     records = [r for r in folder.examples("replay.jsonl") if r.get("new_tokens")]   # method keys: current labels

@@ -7,6 +7,7 @@ import math
 import pytest
 from typer.testing import CliRunner
 
+from bpdbench import paths
 from bpdbench.cli import app
 from bpdbench.hardware import calibration as lib
 from bpdbench.hardware.calibration import Calibration
@@ -135,7 +136,7 @@ def test_results_record_the_cached_calibration(tiny_model_dir, tmp_path):
     from bpdbench.hardware import kernels
     cal.linear = kernels.choose("float32", "cpu", 1).backend          # what the run's model loads with
     path = lib.save(cal)
-    assert run(tmp_path / "b") == {"file": str(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16),
+    assert run(tmp_path / "b") == {"file": paths.portable(path), "key": "abc", "step_ms": 40.0, "cost16": cal.cost(16),
                                    "measured_at": "", "others_cores": None}
 
 

@@ -117,9 +117,9 @@ def test_resume_rejects_other_heads_under_the_same_settings(tiny_model_dir, prom
 
 @pytest.mark.parametrize("args,needle", [
     (["--task", "nope"], "unknown task 'nope'; valid: lambada"),
-    (["--method", "beam"], "unknown method 'beam'; valid: ar, bpd"),
+    (["--method", "beam"], "unknown method 'beam'; valid: ar, null, bpd"),
     (["--method", "medusa", "--rescorer", "ngram4"], "name two methods; pass one"),
-    (["--rescorer", "nope"], "unknown method 'nope'; valid: ar, bpd"),
+    (["--rescorer", "nope"], "unknown method 'nope'; valid: ar, null, bpd"),
     (["--method", "bpd:heads=0"], "bpd: heads must be >= 1, got 0"),
     (["--method", "bpd:depth=3"], "bpd: unknown parameter 'depth'; valid: heads, threshold"),
     (["--dtype", "int3"], "unknown dtype 'int3'"),
