@@ -300,3 +300,73 @@ def test_other_commands_refuse_bad_input(case, args, expect, finished_run, tiny_
     # nothing was created or changed: no output folders, the results root untouched
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["results"]
     assert snapshot(results) == {"keep.txt": b"reference results"}
+
+
+def refused(code: int, text: str, *expect: str) -> str:
+    """The one `error:` line of a refused command, checked to hold every expected word."""
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert code == 2 and len(errors) == 1 and "Traceback" not in text, text
+    for word in expect:
+        assert word in errors[0], (word, errors[0])
+    return errors[0]
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["records-command", "old-folder"])
+def test_a_folder_of_another_command_is_refused(recorded, finished_run, tiny_model_dir, tmp_path):
+    """`run --resume --out <a replay folder>` used to write run files there and overwrite the replay's config.json:
+    the folder's command (config.json `command`; a folder written before it was recorded: its result file) is
+    checked before the model loads, with or without --resume, and by every command."""
+    _, prompts = finished_run
+    replay = tmp_path / "replay"
+    code, text = cli("replay", "--task", "prompts", "--data-file", prompts, "--model", tiny_model_dir,
+                     "--heads-profile", "init", "--heads", "2", "--methods", "bpd", "--limit", "2",
+                     "--max-new-tokens", "6", "--dtype", "float32", "--out", replay)
+    assert code == 0, text
+    meta = json.loads((replay / "config.json").read_text())
+    assert meta["command"] == "replay"
+    if not recorded:
+        del meta["command"]
+        (replay / "config.json").write_text(json.dumps(meta))
+    before = snapshot(replay)
+    args = base_args(prompts, tiny_model_dir, replay)
+    for attempt in (args, [a for a in args if a != "--resume"]):
+        refused(*cli(*attempt), str(replay), "`bpdbench replay`", "`bpdbench run`", "--out")
+    refused(*cli("analyze", "--task", "prompts", "--data-file", prompts, "--model", tiny_model_dir,
+                 "--heads-profile", "init", "--heads", "2", "--limit", "2", "--out", replay), "`bpdbench analyze`")
+    assert snapshot(replay) == before
+
+
+def test_a_folder_without_a_recorded_command_resumes_as_before(finished_run, tiny_model_dir, tmp_path):
+    src, prompts = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    meta = json.loads((out / "config.json").read_text())
+    assert meta.pop("command") == "run"
+    (out / "config.json").write_text(json.dumps(meta))
+    code, text = cli(*base_args(prompts, tiny_model_dir, out))
+    assert code == 0, text
+    assert json.loads((out / "config.json").read_text())["command"] == "run"
+
+
+def test_resume_after_a_prompt_changed_is_refused(tiny_model_dir, tmp_path):
+    """Only the data file's path was compared, so a resumed run kept the old output for an edited prompt: each
+    record states its prompt's hash, and a resume whose prompt for an id differs is refused before the model
+    loads. A record written before the hash was recorded resumes as before."""
+    prompts = write_prompts(tmp_path, 3)
+    out = tmp_path / "run"
+    args = with_opts(base_args(prompts, tiny_model_dir, out), limit="1")
+    code, text = cli(*args)
+    assert code == 0, text
+    assert all(json.loads(x).get("prompt_sha256") for x in (out / "examples.jsonl").read_text().splitlines())
+    lines = prompts.read_text().splitlines()
+    prompts.write_text("\n".join([json.dumps({"id": "p0", "prompt": "An edited prompt"}), *lines[1:]]) + "\n")
+    before = snapshot(out)
+    line = refused(*cli(*with_opts(args, limit="2")), f"cannot resume {out}", "'p0'", "--out")
+    assert "examples.jsonl" in line
+    assert snapshot(out) == before
+    old = [{k: v for k, v in json.loads(x).items() if k != "prompt_sha256"}
+           for x in (out / "examples.jsonl").read_text().splitlines()]
+    write_lines(out / "examples.jsonl", old)
+    code, text = cli(*with_opts(args, limit="2"))
+    assert code == 0 and "1 done" in text, text
+
