@@ -10,6 +10,7 @@ readers select and pivot on labels and ask the Method for its name and parameter
 """
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -108,19 +109,44 @@ class ResultFolder:
 
 
 NA = sorted(STR_NA_VALUES - {"null"})
+# the columns a table cannot do without, per result file name (a file may lack any other: older ones do, and the
+# readers fill those); without them a table would be rewritten with blank cells
+REQUIRED = {"speed.csv": ("method", "speedup_vs_ar")}
+REWRITE = "restore it (git checkout) or rerun the command that wrote it with --resume, which rewrites it"
 
 
 def read_csv(path: Path) -> pd.DataFrame:
     """A result CSV, with `null` read as the text it is (the method label of AR timed as a method, every board's
-    noise-floor row), not as a missing value; every other spelling pandas reads as missing still is."""
-    return pd.read_csv(path, keep_default_na=False, na_values=NA)
+    noise-floor row), not as a missing value; every other spelling pandas reads as missing still is. A file that is
+    empty, cut short (a row with fewer fields than its header: pandas reads them as blanks) or without a column in
+    REQUIRED is refused in one line naming it, so no table is rendered from it."""
+    try:
+        df = pd.read_csv(path, keep_default_na=False, na_values=NA)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is empty or not a readable CSV ({str(e).strip().splitlines()[0]}); "
+                         f"{REWRITE}") from None
+    missing = [c for c in REQUIRED.get(Path(path).name, ()) if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} has no {', '.join(missing)} column; {REWRITE}")
+    with open(path, newline="", encoding="utf-8") as f:
+        short = next((i for i, row in enumerate(csv.reader(f), 1) if row and len(row) < len(df.columns)), None)
+    if short:
+        raise ValueError(f"{path}:{short} has fewer fields than its header (the file was cut short); {REWRITE}")
+    return df
 
 
 def read_folder(path: Path, kind: str, root: Path | None = None) -> ResultFolder:
     """`path`'s config.json read into a ResultFolder (`root`: the kind's folder, for the task of a folder without
     config.json; by default `path`'s parent)."""
     file = path / CONFIG
-    raw: dict = json.loads(file.read_text()) if file.exists() else {}
+    try:
+        raw: dict = json.loads(file.read_text()) if file.exists() else {}
+    except ValueError as e:
+        raise ValueError(f"{file} is not valid JSON ({e}); restore it (git checkout) or move the folder out of "
+                         f"the results") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file} holds no JSON object; restore it (git checkout) or move the folder out of the "
+                         f"results")
     run, env, res = raw.get("config") or {}, raw.get("environment") or {}, raw.get("resolved") or {}
     asked = raw.get("methods") or ([run["method"]] if run.get("method") else [])
     first = path.relative_to(root).parts[0] if root is not None else path.name

@@ -370,3 +370,22 @@ def test_resume_after_a_prompt_changed_is_refused(tiny_model_dir, tmp_path):
     code, text = cli(*with_opts(args, limit="2"))
     assert code == 0 and "1 done" in text, text
 
+
+SPEED_CSVS = [  # (case, speed.csv content, expected words besides the file's path)
+    ("no-speedup-column", "method,n_prompts,seconds\nar,2,1.0\nbpd,2,0.5\n", ["no speedup_vs_ar column"]),
+    ("empty", "", ["empty or not a readable CSV"]),
+    ("cut-short", "method,n_prompts,speedup_vs_ar\nar,2,1.0\nbpd,2", [":3", "cut short"]),
+]
+
+
+@pytest.mark.parametrize("case,text,expect", SPEED_CSVS, ids=[c[0] for c in SPEED_CSVS])
+def test_tables_refuse_a_broken_speed_csv_before_writing(case, text, expect, tmp_path):
+    """A speed.csv without its speedup column used to rewrite the leaderboard with blank speedups (exit 0), and an
+    empty one failed naming no file: refused in one line naming the file, with nothing written."""
+    results = tmp_path / "results"
+    (results / "speed" / "mt_bench").mkdir(parents=True)
+    (results / "speed" / "mt_bench" / "speed.csv").write_text(text)
+    before = snapshot(results)
+    refused(*cli("tables", "--results", results), str(results / "speed" / "mt_bench" / "speed.csv"), *expect)
+    assert snapshot(results) == before and not (results / "tables").exists()
+
