@@ -389,3 +389,53 @@ def test_tables_refuse_a_broken_speed_csv_before_writing(case, text, expect, tmp
     refused(*cli("tables", "--results", results), str(results / "speed" / "mt_bench" / "speed.csv"), *expect)
     assert snapshot(results) == before and not (results / "tables").exists()
 
+
+@pytest.mark.parametrize("text,expect", [('{"config": {"task": ', "not valid JSON"), ("[1]", "no JSON object")],
+                         ids=["bad-json", "not-an-object"])
+def test_audit_names_a_broken_config_json(text, expect, tmp_path):
+    results = tmp_path / "results"
+    (results / "runs" / "a").mkdir(parents=True)
+    (results / "runs" / "a" / "config.json").write_text(text)
+    refused(*cli("audit", "--results", results), str(results / "runs" / "a" / "config.json"), expect)
+
+
+ALPHA_FILES = [  # (case, file content or None for a directory, expected words)
+    ("bad-json", '{"tiny/prompts/ngram2": 0.', ["not valid JSON"]),
+    ("not-a-number", '{"tiny/prompts/ngram2": "high"}', ["tiny/prompts/ngram2", "'high'", "not a number"]),
+    ("not-an-object", "[0.5]", ["no {"]),
+    ("directory", None, ["is a directory"]),
+]
+
+
+@pytest.mark.parametrize("case,text,expect", ALPHA_FILES, ids=[c[0] for c in ALPHA_FILES])
+def test_a_corrupt_alpha_file_is_refused_before_the_model_loads(case, text, expect, finished_run, tiny_model_dir,
+                                                                 tmp_path):
+    """A corrupt --alpha-file was read only by a rescorer's build, after the model loaded (and by `bpd` never)."""
+    src, prompts = finished_run
+    out = tmp_path / "run"
+    shutil.copytree(src, out)
+    table = tmp_path / "alpha.json"
+    table.mkdir() if text is None else table.write_text(text)
+    before = snapshot(out)
+    code, text = cli(*with_opts(base_args(prompts, tiny_model_dir, out), alpha_file=table))
+    refused(code, text, str(table), *expect)
+    assert "━" not in text and snapshot(out) == before
+
+
+BASELINES = [  # (case, baseline.json content, expected words)
+    ("bad-json", '{"grid": {"tasks": ', ["not valid JSON"]),
+    ("not-an-object", "[]", ["no `grid` and `results`"]),
+    ("grid-lacks", '{"grid": {"tasks": {"xsum": 3}}, "results": {}}', ["grid has no methods"]),
+    ("not-a-number", json.dumps({"grid": {"tasks": {"xsum": 3}, "methods": ["bpd"], "max_new_tokens": 4,
+                                          "dtype": "float32", "heads_profile": "ci", "threads": 1},
+                                 "results": {"xsum/bpd": {"block_efficiency": "1.3", "lossless_rate": 1.0}}}),
+     ["results.xsum/bpd", "block_efficiency"]),
+]
+
+
+@pytest.mark.parametrize("case,text,expect", BASELINES, ids=[c[0] for c in BASELINES])
+def test_a_corrupt_regress_baseline_is_named_before_the_grid_runs(case, text, expect, tmp_path):
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(text)
+    refused(*cli("regress", "--baseline", baseline), str(baseline), "--update", *expect)
+    assert baseline.read_text() == text
