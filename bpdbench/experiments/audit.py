@@ -115,7 +115,14 @@ def folder(path: Path) -> dict | None:
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         return None
-    meta = json.loads(cfg_path.read_text())
+    try:
+        meta = json.loads(cfg_path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{cfg_path} is not valid JSON ({e}); restore it (git checkout) or move the folder out of "
+                         f"the results") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("config", {}), dict):
+        raise ValueError(f"{cfg_path} holds no JSON object with a `config` object; restore it (git checkout) or "
+                         f"move the folder out of the results")
     cfg = meta.get("config", {})
     ids = evaluated_ids(path)
     if not cfg.get("task") or not ids:

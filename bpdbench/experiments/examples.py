@@ -2,10 +2,19 @@
 slice and the sweep's checks, below the session so that what the session calls (autoshape) can select too."""
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import tasks as task_registry
 from ..config import ConfigError, RunConfig
+
+
+def prompt_sha256(example) -> str:
+    """What each result record states of the prompt it was decoded from (store.PROMPT_HASH): the text of the turns
+    up to the one the example asks, so a resume can tell an edited prompt from the one its record was made from."""
+    text = json.dumps([*example.turns[:example.turn], example.prompt], ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def select_examples(cfg: RunConfig, split: str = "eval", per_category: int | None = None) -> list:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .. import paths
+from .. import paths, refine
 from ..config import ConfigError, RunConfig
 from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
@@ -156,6 +156,7 @@ def check_inputs(cfg: RunConfig, split: str = "eval", per_category: int | None =
         if greedy_only:
             raise ConfigError(f"{', '.join(greedy_only)} drafts from the greedy reference, so it exists for greedy "
                               f"decoding only; drop --temperature or the method")
+    refine.alpha_table(Path(cfg.alpha_file) if cfg.alpha_file else paths.alpha_file())    # corrupt: one line now
     return (select or select_examples)(cfg, split, per_category)
 
 

@@ -86,12 +86,37 @@ def same_machine(saved_env: dict, machine: str, grid: dict) -> tuple[bool, str]:
     return True, f"{machine}, linear kernel {linear}"
 
 
+def read_baseline(path: Path) -> dict:
+    """The baseline, checked before the grid runs (minutes of decoding): bad JSON, a missing grid or results, or a
+    number that is none is one line naming the file and what is wrong, not a KeyError after the last run."""
+    fix = f"restore it (git checkout {path}) or write a new one with `bpdbench regress --update --baseline {path}`"
+    if path.is_dir():
+        raise ValueError(f"--baseline {path} is a directory; pass the baseline JSON file (results/baseline.json)")
+    try:
+        saved = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"baseline {path} is not valid JSON ({e}); {fix}") from None
+    grid, results = (saved.get("grid"), saved.get("results")) if isinstance(saved, dict) else (None, None)
+    if not isinstance(grid, dict) or not isinstance(results, dict):
+        raise ValueError(f"baseline {path} has no `grid` and `results` objects; {fix}")
+    lacking = [k for k in GRID if k not in grid]
+    if lacking or not isinstance(grid["tasks"], dict):
+        what = f"no {', '.join(lacking)}" if lacking else "a `tasks` that is no {task: examples} object"
+        raise ValueError(f"baseline {path}: its grid has {what}; {fix}")
+    for key, row in results.items():
+        bad = [f for f in ("block_efficiency", "lossless_rate") if not isinstance(row, dict) or isinstance(
+            row.get(f), bool) or not isinstance(row.get(f), (int, float))]
+        if bad:
+            raise ValueError(f"baseline {path}: results.{key} has no number {', '.join(bad)}; {fix}")
+    return saved
+
+
 def regress(baseline_path: Path, update: bool = False, log=print) -> list[str]:
     """Block efficiency and losslessness of the grid, then (grids that have one) the speed check of
     regress_speed.py: efficiencies on any machine, absolute speedups on the baseline's own machine."""
     from . import regress_speed
     from ..hardware.fingerprint import current as fingerprint
-    saved = json.loads(baseline_path.read_text()) if baseline_path.exists() and not update else None
+    saved = read_baseline(baseline_path) if baseline_path.exists() and not update else None
     grid = saved["grid"] if saved else {**GRID, "speed": regress_speed.GRID}
     current = run_grid({k: v for k, v in grid.items() if k != "speed"}, log)
     machine = fingerprint(grid["threads"]).key()

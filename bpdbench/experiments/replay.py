@@ -19,8 +19,9 @@ from ..engine import (Counters, OnStep, StepEvent, TreeScorer, layers_of, ratios
                       teacher_forced_layers)
 from ..methods import Method
 from ..methods.contract import needs_scorer, reads_reference
-from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
+from ..store import PROMPT_HASH, AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from .carry import CarriedState
+from .examples import prompt_sha256
 from .session import Session
 
 KS = (1, 2, 4, 8, 16)
@@ -112,7 +113,7 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
             if wanted:
                 hidden, layer_states = teacher_forced_layers(s.model, prompt, greedy, wanted, with_prompt=True)
             n_examples += 1
-            rec = {"id": ex.id, "new_tokens": len(greedy)}
+            rec = {"id": ex.id, PROMPT_HASH: prompt_sha256(ex), "new_tokens": len(greedy)}
             memo: dict = {}
             rec["text_pairs"] = len(greedy) - 1
             rec["text_repeats"] = sum(a == b for a, b in zip(greedy, greedy[1:]))

@@ -14,9 +14,10 @@ import torch
 
 from ..methods import Method
 from ..paths import portable_tree
-from ..store import OutputLock, ResultWriter, precheck_run
+from ..store import PROMPT_HASH, OutputLock, ResultWriter, precheck_run
 from .summary import summarize, write_summary
 from .certificate import EXACT, LostExamples, certify_output
+from .examples import prompt_sha256
 from .reference import first_divergence
 from .plan import Plan
 from .session import Log, Session, certify_command, open_session
@@ -72,8 +73,9 @@ def _decode_all(s: Session, method: Method, drafter, writer: ResultWriter, progr
             s.with_reference(drafter, prompt_ids)
         acceptance = s.acceptance(index[ex.id])
         seconds, gen = timed(lambda: s.decode(drafter, prompt_ids, acceptance), s.model.device)
-        record = {"id": ex.id, "category": ex.category, "prompt_tokens": len(prompt_ids),
-                  "prompt_truncated_from": full, "seconds": seconds, **gen.counters.to_dict()}
+        record = {"id": ex.id, PROMPT_HASH: prompt_sha256(ex), "category": ex.category,
+                  "prompt_tokens": len(prompt_ids), "prompt_truncated_from": full, "seconds": seconds,
+                  **gen.counters.to_dict()}
         if not cfg.sampling.greedy:
             record.update(_sampled(s, method, ex, index[ex.id], prompt_ids, acceptance, seconds, is_ar))
         elif is_ar:

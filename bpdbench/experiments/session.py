@@ -2,9 +2,9 @@
 
 run, replay, oracle, analyze, tune, speed and regress all start here, so they share one example selection, one EOS
 set and generation limit, one alpha rule (methods.heads.alpha_for), one greedy reference and one config.json
-layout: {"config": the RunConfig, "methods": labels, "resolved": what was resolved, "sweep": the grid and cell
-that ran it (sweep cells only), "environment": versions, machine, threads, device, dtype, commit}. Everything that
-can be checked is checked before the model loads.
+layout: {"command": the command that made the folder, "config": the RunConfig, "methods": labels, "resolved":
+what was resolved, "sweep": the grid and cell that ran it (sweep cells only), "environment": versions, machine,
+threads, device, dtype, commit}. Everything that can be checked is checked before the model loads.
 """
 from __future__ import annotations
 
@@ -19,12 +19,13 @@ from typing import Any, Callable, Iterator
 import torch
 
 import tasks as task_registry
-from .. import models, paths, train
+from .. import models, paths, store, train
 from ..artefacts.policy import register
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError
 from ..methods.contract import reads_reference
+from .examples import prompt_sha256
 from .plan import Plan
 from .reference import GreedyReference
 
@@ -63,6 +64,7 @@ class Session:
     threads: int
     log: Log = print
     extra: dict = field(default_factory=dict)
+    command: str | None = None          # the Plan's kind, recorded in config.json (store.COMMAND)
 
     def prompt(self, example) -> list[int]:
         return self.prompt_info(example)[0]
@@ -148,7 +150,8 @@ class Session:
         resolved["overlap"] = record(self.cfg, self.examples, resolved)
         from ..hardware.calibration import meta as calibration
         return paths.portable_tree({   # paths relative to the checkout or the cache (paths.portable)
-            "config": self.cfg.to_dict(), "methods": [m.label for m in methods or []], "resolved": resolved,
+            **({store.COMMAND: self.command} if self.command else {}), "config": self.cfg.to_dict(),
+            "methods": [m.label for m in methods or []], "resolved": resolved,
             "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
             **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
             "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)})
@@ -211,6 +214,11 @@ def build_method_once(cfg: RunConfig, method: Method, need: str, log: Log = prin
 
 def open_session(plan: Plan, log: Log = print) -> Session:
     """Load the model for a prepared plan (experiments/plan.py: validated, parsed and selected before this)."""
+    if plan.out is not None:          # before the model loads: another command's folder, an edited prompt
+        store.check_command(plan.out, plan.kind)
+        if plan.resume and plan.kind in store.RESULT_FILES:
+            store.check_prompts(plan.out / store.RESULT_FILES[plan.kind],
+                                {ex.id: prompt_sha256(ex) for ex in plan.examples})
     register_builders()
     cfg = plan.cfg
     task = task_registry.get_task(cfg.task)
@@ -222,6 +230,7 @@ def open_session(plan: Plan, log: Log = print) -> Session:
     env = Env(model, tok, cfg, limits, log)
     greedy = Path(cfg.greedy_dir) if cfg.greedy_dir else paths.greedy_dir()
     reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy, log)
-    session = Session(cfg, task, list(plan.examples), model, tok, limits, env, reference, threads, log)
+    session = Session(cfg, task, list(plan.examples), model, tok, limits, env, reference, threads, log,
+                      command=plan.kind)
     env.builder = session.build
     return session

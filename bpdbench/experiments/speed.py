@@ -39,10 +39,11 @@ from ..engine import Counters
 from ..engine.state import restore, snapshot
 from ..hardware import contention
 from ..methods import Method, MethodUnavailable, Output
-from ..store import AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
+from ..store import PROMPT_HASH, AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from . import drift, engines, prediction
 from .carry import CarriedState
 from .draw import subtask
+from .examples import prompt_sha256
 from .speed_summary import counted, summarize  # noqa: F401 (callers read them here)
 from .reference import first_divergence
 from .plan import Plan
@@ -321,6 +322,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
             continue
         recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify, log,
                        subtask(s.task, ex), engines.baselines(chosen))
+        recs = [{**r, PROMPT_HASH: prompt_sha256(ex)} for r in recs]     # what a resume checks the prompt by
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)
         log(f"[{i + 1}/{len(prompts)}] {ex.id}: " + ", ".join(

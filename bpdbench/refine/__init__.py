@@ -6,6 +6,7 @@ artefacts (KenLM binaries, small neural LMs) live in the cache, one directory pe
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,14 +70,35 @@ def artefact_dir(spec: RescorerSpec | str, model_name: str) -> Path:
     return rescorer_dir(tag, model_name)
 
 
+SAW = "_saw"    # the alpha table's record of what each alpha was tuned on: {key: {"split", "examples"}}
+
+
+def alpha_table(path: Path) -> dict:
+    """The tuned-alpha table at `path` ({} when there is none yet), checked: every command that may read it checks
+    it before its model loads (experiments/plan.py), so a corrupt table is one line naming the file, not a JSON
+    error after loading, or an alpha that is no number."""
+    path = Path(path)
+    if not path.exists():
+        return {}
+    fix = "fix or delete that file (`bpdbench tune` writes its entries again), or pass another --alpha-file"
+    if path.is_dir():
+        raise ValueError(f"--alpha-file {path} is a directory; pass the tuned-alpha JSON file (results/alpha.json)")
+    try:
+        table = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"tuned-alpha table {path} is not valid JSON ({e}); {fix}") from None
+    if not isinstance(table, dict) or not isinstance(table.get(SAW, {}), dict):
+        raise ValueError(f"tuned-alpha table {path} holds no {{\"model/task/rescorer\": alpha}} object; {fix}")
+    for key, alpha in table.items():
+        if not key.startswith("_") and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                                        or not math.isfinite(alpha) or alpha < 0):
+            raise ValueError(f"tuned-alpha table {path}: {key} is {alpha!r}, not a number >= 0; {fix}")
+    return table
+
+
 def tuned_alpha(table: Path, task: str, rescorer: str, model_name: str) -> float | None:
     """The alpha `bpdbench tune` stored for (model, task, rescorer) in `table`, if any."""
-    if not table.exists():
-        return None
-    return json.loads(table.read_text()).get(f"{model_name}/{task}/{rescorer}")
-
-
-SAW = "_saw"    # the alpha table's record of what each alpha was tuned on: {key: {"split", "examples"}}
+    return alpha_table(table).get(f"{model_name}/{task}/{rescorer}")
 
 
 def tuned_on(table: Path, task: str, rescorer: str, model_name: str) -> dict:

@@ -10,6 +10,7 @@ readers select and pivot on labels and ask the Method for its name and parameter
 """
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -96,7 +97,7 @@ class ResultFolder:
 
     def read(self, file: str) -> pd.DataFrame:
         """A CSV of this folder, its `method` column in current labels."""
-        return _relabel(read_table(self.path / file))[0]
+        return _relabel(read_csv(self.path / file))[0]
 
     def examples(self, file: str) -> list[dict]:
         """A JSONL of this folder (store.read_examples: each id once), each record's per-method entries (the dict
@@ -106,11 +107,43 @@ class ResultFolder:
                 for r in read_examples(self.path / file)]
 
 
+# the columns a table cannot do without, per result file name (a file may lack any other: older ones do, and the
+# readers fill those); without them a table would be rewritten with blank cells
+REQUIRED = {"speed.csv": ("method", "speedup_vs_ar")}
+REWRITE = "restore it (git checkout) or rerun the command that wrote it with --resume, which rewrites it"
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    """A result CSV (store.read_table: the `null` method label kept as written). A file that is empty, cut short
+    (a row with fewer fields than its header: pandas reads them as blanks) or without a column in
+    REQUIRED is refused in one line naming it, so no table is rendered from it."""
+    try:
+        df = read_table(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is empty or not a readable CSV ({str(e).strip().splitlines()[0]}); "
+                         f"{REWRITE}") from None
+    missing = [c for c in REQUIRED.get(Path(path).name, ()) if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path} has no {', '.join(missing)} column; {REWRITE}")
+    with open(path, newline="", encoding="utf-8") as f:
+        short = next((i for i, row in enumerate(csv.reader(f), 1) if row and len(row) < len(df.columns)), None)
+    if short:
+        raise ValueError(f"{path}:{short} has fewer fields than its header (the file was cut short); {REWRITE}")
+    return df
+
+
 def read_folder(path: Path, kind: str, root: Path | None = None) -> ResultFolder:
     """`path`'s config.json read into a ResultFolder (`root`: the kind's folder, for the task of a folder without
     config.json; by default `path`'s parent)."""
     file = path / CONFIG
-    raw: dict = json.loads(file.read_text()) if file.exists() else {}
+    try:
+        raw: dict = json.loads(file.read_text()) if file.exists() else {}
+    except ValueError as e:
+        raise ValueError(f"{file} is not valid JSON ({e}); restore it (git checkout) or move the folder out of "
+                         f"the results") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{file} holds no JSON object; restore it (git checkout) or move the folder out of the "
+                         f"results")
     run, env, res = raw.get("config") or {}, raw.get("environment") or {}, raw.get("resolved") or {}
     asked = raw.get("methods") or ([run["method"]] if run.get("method") else [])
     first = path.relative_to(root).parts[0] if root is not None else path.name
@@ -248,7 +281,7 @@ def rows(results: Path, kind: str, file: str, depth: int = 1,
     found = folders(results, kind, file, depth)
     frames, labelled = [], {}
     for f in found:
-        df, ms = _relabel(read_table(f.path / file))
+        df, ms = _relabel(read_csv(f.path / file))
         labelled.update(ms)
         frames.append(per_folder(f, df) if per_folder else df)
     frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..store import read_table
+from .load import read_csv
 
 BOARD, REPLICATION = "-board", "-replication"
 
@@ -57,7 +57,7 @@ def table(board: Path) -> pd.DataFrame | None:
     again = partner(board)
     if again is None:
         return None
-    out = compare(read_table(board / "speed.csv"), read_table(again / "speed.csv"))
+    out = compare(read_csv(board / "speed.csv"), read_csv(again / "speed.csv"))
     fmt = lambda v, lo, hi: f"{v:.2f} [{lo:.2f}, {hi:.2f}]"  # noqa: E731
     return pd.DataFrame({
         "method": out.method,

@@ -50,7 +50,12 @@ def speed_table(results: Path, name: str) -> pd.DataFrame:
 
 
 def build(results: Path | None = None) -> list[Path]:
+    from . import leaderboard as lb_lib
     results = results or paths.results_root()
+    # every speed folder is read before anything is written: a broken speed.csv (load.read_csv) is refused in one
+    # line and leaves the tables as they were, not rewritten with blank speedups
+    speed, by_category = speed_table(results, "speed.csv"), speed_table(results, "speed_by_category.csv")
+    board = lb_lib.collect(results)
     out = results / "tables"
     out.mkdir(parents=True, exist_ok=True)
     written = []
@@ -116,11 +121,11 @@ def build(results: Path | None = None) -> list[Path]:
          "Hardware utilization per generated token: computed from the model config and measured counters "
          "(ratios of sums), not measured with hardware counters", source="replay")
     # The wide dumps stay CSV only (every machine, commit and model in one file); the Markdown is per machine.
-    emit("speed", speed_table(results, "speed.csv"), "", markdown=False)
-    emit("speed_by_category", speed_table(results, "speed_by_category.csv"), "", markdown=False)
+    emit("speed", speed, "", markdown=False)
+    emit("speed_by_category", by_category, "", markdown=False)
     for name in RETIRED:
         (out / name).unlink(missing_ok=True)
-    written.extend(leaderboard_files(results, out))
+    written.extend(leaderboard_files(results, out, board))
     for folder in load.folders(results, "speed", "speed_by_category.csv"):
         written.extend(_speed_figure(folder, out))
     sampled = sampling_table(results)
@@ -179,13 +184,13 @@ def _speed_figure(folder: load.ResultFolder, out: Path) -> list[Path]:
     return [png] if png else []
 
 
-def leaderboard_files(results: Path, out: Path) -> list[Path]:
+def leaderboard_files(results: Path, out: Path, lb: "Leaderboard | None" = None) -> list[Path]:
     """The per-machine leaderboard (report/leaderboard.py): tables/leaderboard.md (the index),
     tables/leaderboard/<fingerprint>.md (the grid's boards) and <fingerprint>-studies.md with a PNG per ranked board
     (report/pages.py), tables/leaderboard.csv (every board's rows, numeric) and the self-contained
-    tables/leaderboard.html."""
+    tables/leaderboard.html. `lb`: the leaderboard already collected from `results`."""
     from . import html, leaderboard as lb_lib, pages
-    lb = lb_lib.collect(results)
+    lb = lb if lb is not None else lb_lib.collect(results)
     written = pages.write(lb, out)
     rows = leaderboard_rows(lb)
     if not rows.empty:

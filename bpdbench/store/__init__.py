@@ -11,6 +11,8 @@ speed, analyze) goes through `OutputLock` + `AppendOnlyJsonl`, so that:
 - a torn last line (a crash mid-write) is cut off before anything is appended, and a line that a crash glued to the
   next record is split back into the complete record it holds, so no finished example is lost;
 - a record whose key (id) is already in the file is never counted twice;
+- a folder holds one command's results (config.json `command`), and a resumed record the prompt it states
+  (`prompt_sha256`): another command's folder or an edited prompt is refused before the model loads;
 - a write the disk refuses (full, a file-size limit, read-only) raises `WriteError`, one line naming the file and the
   fix, after putting the file back as it was: the earlier records and files stay intact and `--resume` continues.
   The lock file stays behind on purpose: it is an flock, so a leftover file blocks no later run, while deleting it
@@ -30,6 +32,11 @@ from .files import (LOCK, WRITE_ERRNOS, OutputBusy, OutputLock, WriteError, appe
 
 EXAMPLES, CONFIG = "examples.jsonl", "config.json"
 Key = Callable[[dict], object]
+COMMAND = "command"             # the config.json (certify: certify.json) field naming the command that made a folder
+PROMPT_HASH = "prompt_sha256"   # the per-example record field: a hash of the prompt text it was decoded from
+# the file each command that resumes appends to: also which command made a folder written before config.json
+# recorded its command (replay and oracle share one)
+RESULT_FILES = {"run": EXAMPLES, "replay": "replay.jsonl", "oracle": "replay.jsonl", "speed": "speed.jsonl"}
 
 
 def by_id(record: dict) -> object:
@@ -251,11 +258,63 @@ def settings_and_heads(meta: dict) -> dict:
     return {"config": meta.get("config", {}), "heads": (meta.get("resolved") or {}).get("heads")}
 
 
+def makers(out: Path) -> set[str]:
+    """The command that made folder `out`, as its config.json (certify: certify.json) records it; in a folder
+    written before that was recorded, the commands whose result file it holds (RESULT_FILES); none: a new folder,
+    or an old one that holds no result file, which any command may write as before."""
+    for name in (CONFIG, "certify.json"):
+        try:
+            recorded = json.loads((Path(out) / name).read_text()).get(COMMAND)
+        except (OSError, ValueError, AttributeError):     # absent or unreadable: the writer's own check names it
+            continue
+        if isinstance(recorded, str):
+            return {recorded}
+    return {c for c, f in RESULT_FILES.items() if (Path(out) / f).is_file() and (Path(out) / f).stat().st_size}
+
+
+def check_command(out: Path, command: str) -> None:
+    """One folder holds one command's results: `run --resume --out <a replay folder>` would append run records
+    beside the replay's and overwrite its config.json, and no settings check sees it (the run's own file is not
+    there yet). Every command checks its --out here before its model loads, with or without --resume."""
+    made = makers(out)
+    if made and command not in made:
+        by = " or ".join(f"`bpdbench {c.replace('_', '-')}`" for c in sorted(made))
+        raise ValueError(f"{out} holds the results of {by}, not of `bpdbench {command.replace('_', '-')}`; "
+                         f"pass a new --out")
+
+
+def check_prompts(path: Path, prompts: dict[str, str]) -> None:
+    """Refuse to resume `path` when an example it holds was decoded from another prompt than its id names now
+    (`prompts`: id -> prompt hash): the settings check compares the data file's path, not its content, so an edited
+    prompt would keep the old output. Records written before the hash was recorded are kept as before."""
+    if not path.is_file():
+        return
+    changed: list[str] = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            rec = _salvage(line)            # a torn or corrupt line: the writer repairs or names it
+        if not isinstance(rec, dict) or not isinstance(rec.get("id"), str):
+            continue
+        was, now = rec.get(PROMPT_HASH), prompts.get(rec["id"])
+        if was and now and was != now and rec["id"] not in changed:
+            changed.append(rec["id"])
+    if changed:
+        more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+        raise ValueError(f"cannot resume {path.parent}: the prompt of example {', '.join(map(repr, changed[:3]))}"
+                         f"{more} differs from the one {path.name} recorded (the data changed since); pass a new "
+                         f"--out")
+
+
 def resumable(out: Path, jsonl: str, config: dict, key: Callable[[dict], dict], resume: bool,
               ignore: tuple[str, ...] = (), file: AppendOnlyJsonl | None = None) -> list[dict]:
     """Records an interrupted run in `out` already wrote, when `key` of its config.json equals `key(config)` (fields
-    in `ignore`, e.g. limit or threads, may change). One check for run, replay and speed, so every --resume refuses
-    to mix results made with other settings or heads in the same words."""
+    in `ignore`, e.g. limit or threads, may change) and the folder is the same command's. One check for run,
+    replay and speed, so every --resume refuses to mix results made with other settings or heads in the same
+    words."""
+    if config.get(COMMAND):
+        check_command(out, config[COMMAND])
     path = out / jsonl
     if not resume or not path.exists():
         return []
