@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 
 from ..config import RunConfig, environment
+from ..store import read_json
 from .plan import prepare
 from .run import run
 
@@ -90,12 +91,7 @@ def read_baseline(path: Path) -> dict:
     """The baseline, checked before the grid runs (minutes of decoding): bad JSON, a missing grid or results, or a
     number that is none is one line naming the file and what is wrong, not a KeyError after the last run."""
     fix = f"restore it (git checkout {path}) or write a new one with `bpdbench regress --update --baseline {path}`"
-    if path.is_dir():
-        raise ValueError(f"--baseline {path} is a directory; pass the baseline JSON file (results/baseline.json)")
-    try:
-        saved = json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"baseline {path} is not valid JSON ({e}); {fix}") from None
+    saved = read_json(path, "--baseline", "baseline", "results/baseline.json", fix)
     grid, results = (saved.get("grid"), saved.get("results")) if isinstance(saved, dict) else (None, None)
     if not isinstance(grid, dict) or not isinstance(results, dict):
         raise ValueError(f"baseline {path} has no `grid` and `results` objects; {fix}")

@@ -10,6 +10,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..store import read_json
 from .base import Lattice, Rescorer
 
 
@@ -81,12 +82,7 @@ def alpha_table(path: Path) -> dict:
     if not path.exists():
         return {}
     fix = "fix or delete that file (`bpdbench tune` writes its entries again), or pass another --alpha-file"
-    if path.is_dir():
-        raise ValueError(f"--alpha-file {path} is a directory; pass the tuned-alpha JSON file (results/alpha.json)")
-    try:
-        table = json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"tuned-alpha table {path} is not valid JSON ({e}); {fix}") from None
+    table = read_json(path, "--alpha-file", "tuned-alpha table", "results/alpha.json", fix)
     if not isinstance(table, dict) or not isinstance(table.get(SAW, {}), dict):
         raise ValueError(f"tuned-alpha table {path} holds no {{\"model/task/rescorer\": alpha}} object; {fix}")
     for key, alpha in table.items():

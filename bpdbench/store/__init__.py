@@ -104,6 +104,17 @@ def read_table(path: Path):
     return df
 
 
+def read_json(path: Path, flag: str, what: str, example: str, fix: str):
+    """A JSON file a command reads as its input, or one line naming it (a directory, or not JSON) and the fix: the
+    check every such input gets before its command loads a model."""
+    if path.is_dir():
+        raise ValueError(f"{flag} {path} is a directory; pass the {what} JSON file ({example})")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"{what} {path} is not valid JSON ({e}); {fix}") from None
+
+
 def read_examples(path: Path, key: Key = by_id) -> list[dict]:
     """Records of a JSONL, each key once (the first copy: a file written twice is never double counted); a torn
     last line (a crash mid-write) is ignored, a glued line yields its complete record."""

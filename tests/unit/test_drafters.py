@@ -192,6 +192,13 @@ def test_eagle_training_passes_compute_what_drafting_computes():
     _randomise(m, 0)
     m.eval().bind(torch.randn(vocab, d), torch.randn(vocab, d), None)
     feat, toks = torch.randn(1, n, d), torch.randint(0, vocab, (1, n))
+    _passes_equal_drafting(m, feat, toks, lambda h: m.project(h[None])[0])
+
+
+def _passes_equal_drafting(m, feat, toks, project) -> None:
+    """Training pass p at position c+p-1 (`unrolled`, projected by `project`) equals the logits drafting computes
+    for the path after c: what the head is fitted on is what it drafts."""
+    n = toks.shape[1]
     pos, valid = torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool)
     with torch.no_grad():
         passes = m.unrolled(feat, m.emb[toks], pos, valid, 4)
@@ -202,8 +209,7 @@ def test_eagle_training_passes_compute_what_drafting_computes():
         for p in range(1, 5):
             path = toks[0, c + 1: c + p].tolist()
             logits = tree.logits([path, path])[0] if path else tree.logits([[]])[0]
-            want = m.project(passes[p - 1][0, c + p - 1][None])[0]
-            assert torch.allclose(logits, want, atol=1e-4), (c, p)
+            assert torch.allclose(logits, project(passes[p - 1][0, c + p - 1]), atol=1e-4), (c, p)
 
 
 def test_eagle3_training_passes_compute_what_drafting_computes():
@@ -215,18 +221,7 @@ def test_eagle3_training_passes_compute_what_drafting_computes():
     _randomise(m, 0)
     m.eval().bind(torch.randn(vocab, d), torch.randn(vocab, d), None)
     feat, toks = torch.randn(1, n, k, d), torch.randint(0, vocab, (1, n))
-    pos, valid = torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool)
-    with torch.no_grad():
-        passes = m.unrolled(feat, m.emb[toks], pos, valid, 4)
-    for c in (0, 3, 6):
-        s = m.session()
-        s.push(feat[0, : c + 1], toks[0, : c + 1].tolist())
-        tree = s.expansion(int(toks[0, c]))
-        for p in range(1, 5):
-            path = toks[0, c + 1: c + p].tolist()
-            logits = tree.logits([path, path])[0] if path else tree.logits([[]])[0]
-            want = passes[p - 1][0, c + p - 1] @ m.proj.T          # the fit projects the normed states as they are
-            assert torch.allclose(logits, want, atol=1e-4), (c, p)
+    _passes_equal_drafting(m, feat, toks, lambda h: h @ m.proj.T)      # the fit projects the normed states as they are
 
 
 def test_hydra_prefix_over_a_window_equals_its_cache():

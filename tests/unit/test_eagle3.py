@@ -10,24 +10,14 @@ import json
 import pytest
 import torch
 
-from bpdbench import models
 from bpdbench.config import RunConfig
 from bpdbench.engine import Layers, Limits, SamplingParams, SpeculativeSampling, generate
 from bpdbench.methods import Env, parse
 from bpdbench.nets import registry
 from bpdbench.stats import holm, homogeneity
-from tests.drafter_fixtures import copy_drafters
+from tests.unit.test_drafters import tiny  # noqa: F401 (the trained tiny drafters, one fixture)
 
 PROMPT = [5, 17, 3, 42, 8, 11]
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir, tmp_path_factory, trained_drafters):
-    torch.set_num_threads(1)
-    model, tok = models.load(str(tiny_model_dir), "float32")
-    cache = tmp_path_factory.mktemp("eagle3-cache")
-    folders = copy_drafters(trained_drafters, cache)
-    return model, tok, str(tiny_model_dir), cache, folders
 
 
 def test_the_record_and_report_say_eagle3s_recipe(tiny):
