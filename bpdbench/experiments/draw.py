@@ -5,7 +5,7 @@ A rule such as "the first N per category" hands the same prompts to every study,
 board's rows end up tuned on its prompts. The draw is made once, with a seed it records, from the eval prompts no
 committed result folder has evaluated, stratified by the task's subtasks (Spec-Bench's six: MT-Bench, translation,
 summarization, QA, math reasoning, RAG) with the same count in each; within a subtask its categories are taken in
-turns (MT-Bench's eight), so 8 MT-Bench questions are one per category. The order interleaves the subtasks, so a
+turns (MT-Bench's eight), so 8 MT-Bench questions span as many categories as the eval prompts left allow. The order interleaves the subtasks, so a
 board stopped early still spans them. `tests/unit/test_board_heldout.py` fails when any other committed folder
 evaluates a drawn prompt.
 """
@@ -16,6 +16,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import tasks as task_registry
 from tasks.base import TURN_SUFFIX
@@ -49,12 +50,11 @@ def subtask(task, example) -> str | None:
     return task.tune_group(example) if task.tune_group else None
 
 
-def evaluated(results: Path, task: str, skip: frozenset[Path] = frozenset()) -> set[str]:
-    """Every prompt id any result folder under `results` evaluated for `task` or a task sharing its ids (see
-    SHARED_IDS), from the folders' per-example files; folders in `skip` (a board's own) are left out."""
+def by_folder(results: Path, task: str, skip: frozenset[Path] = frozenset()) -> Iterator[tuple[Path, set[str]]]:
+    """(folder, the question ids it evaluated) for every committed folder under `results` of `task` or a task
+    sharing its ids (SHARED_IDS), from its per-example files; folders in `skip` (a board's own) are left out."""
     from .audit import evaluated_ids
     family = SHARED_IDS.get(task, (task,))
-    out: set[str] = set()
     for cfg_path in committed(results):
         folder = cfg_path.parent
         if "tables" in folder.relative_to(results).parts or folder.resolve() in skip:
@@ -64,8 +64,12 @@ def evaluated(results: Path, task: str, skip: frozenset[Path] = frozenset()) -> 
         except (OSError, ValueError):
             continue
         if (meta.get("config") or {}).get("task") in family:
-            out |= {i.split(TURN_SUFFIX)[0] for i in evaluated_ids(folder)}
-    return out
+            yield folder, {i.split(TURN_SUFFIX)[0] for i in evaluated_ids(folder)}
+
+
+def evaluated(results: Path, task: str, skip: frozenset[Path] = frozenset()) -> set[str]:
+    """Every prompt id any committed folder under `results` evaluated for `task` or a task sharing its ids."""
+    return set().union(*(ids for _, ids in by_folder(results, task, skip)))
 
 
 def made_from(results: Path, draw_file: Path) -> list[Path]:
@@ -169,22 +173,10 @@ def record(path: str | Path, task: str) -> dict:
 def violations(results: Path, draw_file: Path) -> list[str]:
     """"folder: ids" for every committed folder not made from `draw_file` that evaluated one of its prompts: what
     makes a board's prompts no longer held out (tests/unit/test_board_heldout.py fails on any)."""
-    from .audit import evaluated_ids
     task = json.loads(draw_file.read_text())["task"]
     drawn = set(read(draw_file, task))
-    own = set(made_from(results, draw_file))
-    family = SHARED_IDS.get(task, (task,))
     out = []
-    for cfg_path in committed(results):
-        folder = cfg_path.parent
-        if folder.resolve() in own or "tables" in folder.relative_to(results).parts:
-            continue
-        try:
-            if (json.loads(cfg_path.read_text()).get("config") or {}).get("task") not in family:
-                continue
-        except (OSError, ValueError):
-            continue
-        hit = sorted(drawn & {i.split(TURN_SUFFIX)[0] for i in evaluated_ids(folder)})
-        if hit:
+    for folder, ids in by_folder(results, task, frozenset(made_from(results, draw_file))):
+        if hit := sorted(drawn & ids):
             out.append(f"{folder.relative_to(results)}: {', '.join(hit)}")
     return out
