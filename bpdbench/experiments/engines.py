@@ -13,6 +13,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable
 
+from .. import paths
 from ..config import ConfigError
 from ..methods import Method
 from .reference import first_divergence
@@ -82,7 +83,7 @@ def verify_curves(s, cal, methods: Iterable[Method], labels: Iterable[str], log:
             "llamacpp": {str(n): round(c, 4) for n, c in curve.fitted().items() if n in engine_curve.NS},
             "bpdbench_step_ms": round(cal.step_ms_at(ctx), 3), "llamacpp_step_ms": round(curve.step_ms, 3),
             "bpdbench_dtype": cal.dtype, "llamacpp_file": curve.file, "llamacpp_version": curve.version,
-            "llamacpp_curve": engine_curve.relative(engine_curve.cache_path(curve.model, curve.sha256,
-                                                                            curve.version, curve.threads)),
+            "llamacpp_curve": paths.portable(engine_curve.cache_path(curve.model, curve.sha256, curve.version,
+                                                                     curve.threads), hashed=False),
             "llamacpp_measured_at": curve.measured_at, "llamacpp_others_cores": curve.others_cores,
             "llamacpp_raw": {str(n): round(c, 4) for n, c in curve.cost.items()}}

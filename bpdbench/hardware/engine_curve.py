@@ -128,14 +128,6 @@ def cache_path(model: str, sha256: str, version: str, threads: int) -> Path:
             f"{safe}-llamacpp{version}-{sha256[:12]}-e{VERSION}.json")
 
 
-def relative(path: Path) -> str:
-    """A cache path as a result records it: relative to $BPDBENCH_CACHE (no machine's absolute path)."""
-    try:
-        return str(Path(path).relative_to(paths.cache_root()))
-    except ValueError:
-        return Path(path).name
-
-
 def cached(model: str, sha256: str, version: str, threads: int) -> EngineCurve | None:
     path = cache_path(model, sha256, version, threads)
     curve = seal.readable(path, lambda p: EngineCurve.from_dict(json.loads(p.read_text())))

@@ -177,7 +177,7 @@ def test_the_verify_curve_is_timed_cached_per_machine_and_recorded_beside_ours(t
     assert engines.verify_curves(s, cal, methods, ["ar"], print) is None          # llamacpp skipped: no curve
     rec = json.loads(json.dumps(engines.verify_curves(s, cal, methods, ["ar", "llamacpp"], print)))
     assert rec["llamacpp"] == {str(n): round(v, 4) for n, v in fit.items()} and rec["context"] == 512
-    assert rec["bpdbench"]["16"] == 1.15 and rec["llamacpp_curve"].startswith("calibration/")
+    assert rec["bpdbench"]["16"] == 1.15 and rec["llamacpp_curve"].startswith("$BPDBENCH_CACHE/calibration/")
 
     from bpdbench.report.engines import verify_curves
     folder = tmp_path / "board" / "spec_bench"
