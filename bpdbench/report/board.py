@@ -168,7 +168,7 @@ def fill(b: Board, sources: load.StandIns, training: dict) -> None:
     b.rows, b.engines = every[~other].reset_index(drop=True), every[other].reset_index(drop=True)
     r = b.rows
     title, tid = describe(b), f"{b.fingerprint}-{b.slug}"
-    today = not b.study and any(checks.today_protocol(x.records, x.summary) for x in b.runs)
+    today = not b.study and any(checks.today_protocol(x.records) for x in b.runs)
     b.refused, b.noise = checks.noise_floor(r, today)
     by = {letter: run for letter, run in zip(LETTERS, b.runs)}
     labels = [shown(by[x], m, n) for m, n, x in zip(r.method, r.nothing, r.run)]

@@ -56,11 +56,11 @@ def noise_floor(rows: pd.DataFrame, today: bool) -> tuple[str, str]:
     shown = f"{v:.3f}" + ("" if pd.isna(lo) or pd.isna(hi) else f" [{lo:.3f}, {hi:.3f}]")
     if band and spans:
         return "", f"noise floor: `{NULL}` reads {shown}, within 1.00 ± {TOLERANCE:.0%}; {conditions(rows)}"
-    why = "outside 1.00 ± 3%" if not band else "its interval excludes 1"
+    why = f"outside 1.00 ± {TOLERANCE:.0%}" if not band else "its interval excludes 1"
     return f"REFUSED: the noise-floor row `{NULL}` reads {shown}, {why}; {conditions(rows)}", ""
 
 
-def today_protocol(records: pd.DataFrame, summary: pd.DataFrame) -> bool:
+def today_protocol(records: pd.DataFrame) -> bool:
     """Whether a folder was made under today's speed protocol: its records name their question (`speed` writes it
     since the board's protocol; speed.csv columns alone are recomputed for old folders too, so they cannot tell)."""
     return "question" in records
