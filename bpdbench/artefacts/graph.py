@@ -2,7 +2,8 @@
 per dtype, the distillation data heads and networks are trained on (only where one of them is missing), heads per
 profile, n-gram and neural LMs per target model, the draft networks a grid trains, and the
 tables and networks a method reads, the last built by building that method once, as its first use would. What a
-method reads is its contract's typed artefact keys (methods/contract.py: `artefacts`), one kind resolved one way here.
+method reads is its contract's typed artefact keys (keys.py: `artefacts`, declared on its registry entry), one kind
+resolved one way here; a parsed method is read through its spec only, so this layer imports nothing above it.
 
 Why tasks of their own: a cell builds a missing artefact on first use (rescorers.py, heads.py: resolve_heads), and
 two cells doing that at once would both train it and race on its files. As Ray tasks that run before the cells
@@ -17,8 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import RunConfig
-from ..methods import Method, contract
-from ..methods.contract import Kind
+from .keys import Kind, Method, artefacts as reads_of
 from .policy import builder, network_need
 
 Log = Callable[[str], None]
@@ -98,7 +98,7 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
         out.setdefault(a.id, a)
 
     model(cfg.model, cfg.dtype)
-    keys = {m.label: contract.artefacts(m, cfg) for m in methods}
+    keys = {m.label: reads_of(m, cfg) for m in methods}
     for k in (k for ks in keys.values() for k in ks if k.kind is Kind.HEADS):   # heads first: what the rest waits on
         heads(k.name)
     for m in methods:
@@ -108,7 +108,7 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
                 rescorer(k.name)
             elif k.kind is Kind.MODEL:
                 model(k.name, cfg.dtype)
-            elif k.kind in (Kind.DRAFTER, Kind.BUILT):       # built by building the method once
+            elif k.kind in (Kind.NETWORK, Kind.BUILT):       # built by building the method once
                 a = Artefact("method", cfg.model, k.name, tuple(model(cfg.model, cfg.dtype) + own_heads +
                                                                  data(k.data)), (cfg, m))
                 out.setdefault(a.id, a)
@@ -257,7 +257,7 @@ def _network_present(a: Artefact) -> bool:
 
 def _make_network(a: Artefact, auto_train: bool, log: Log) -> None:
     saved, profile, _ = a.build_with
-    builder("drafter")(saved, profile, a.model, log=log)
+    builder("network")(saved, profile, a.model, log=log)
 
 
 def _copy_report(a: Artefact) -> None:

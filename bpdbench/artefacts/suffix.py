@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 
 from ..store import seal
-from ..methods.lookup import SEP, save_npz
+from .formats import SEP, save_npz
 
 DEPTH = 32          # suffixes are sorted on their first DEPTH tokens: the longest pattern a query may use
 
@@ -260,7 +260,7 @@ def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
     """REST's datastore: the corpus followed by the model's greedy history of `profile` (generated on first use,
     as hierarchy's; FileNotFoundError under --no-auto-train when it would take minutes)."""
     from . import history as history_lib
-    from ..methods.lookup import stream
+    from .formats import stream
     from .tables import _corpus, history_table
     history, _ = history_table(env, profile)               # makes sure the history exists
     hist = history_lib.history_file(env.cfg.model, profile)

@@ -21,8 +21,8 @@ from .. import paths
 from . import history as history_lib
 from .policy import Need, builder
 from ..store import seal
-from ..methods.env import Env
-from ..methods.lookup import FrequencyTable, bigram_table, stream
+from .formats import FrequencyTable, bigram_table, stream
+from .keys import BuildEnv
 
 STATIC = {"sizes": (2, 3), "top": 4, "min_count": 2}
 HISTORY = {"sizes": (1, 2, 3), "top": 4, "min_count": 1}
@@ -38,7 +38,7 @@ def bigram_file(model: str, source: str, profile: str = "quick") -> Path:
                                       f"bigram-history-{profile}.npy")
 
 
-def _corpus(env: Env) -> tuple[np.ndarray, list[str]]:
+def _corpus(env: BuildEnv) -> tuple[np.ndarray, list[str]]:
     """The corpus as one token stream; its tokenization is cached with the neural LMs' (same files, same key)."""
     from tasks import corpus_files
     from .corpus import corpus_cache, default_corpus_files, tokenized_corpus
@@ -59,7 +59,7 @@ def _table(path: Path) -> FrequencyTable:
     return _load_table(str(path), path.stat().st_mtime_ns)
 
 
-def static_table(env: Env) -> tuple[FrequencyTable, dict]:
+def static_table(env: BuildEnv) -> tuple[FrequencyTable, dict]:
     """The corpus n-gram table, rebuilt when missing, damaged or built from other corpus files than the current
     ones."""
     from tasks import corpus_files
@@ -75,7 +75,7 @@ def static_table(env: Env) -> tuple[FrequencyTable, dict]:
     return table, _describe(path, table.meta)
 
 
-def history_table(env: Env, profile: str) -> tuple[FrequencyTable, dict]:
+def history_table(env: BuildEnv, profile: str) -> tuple[FrequencyTable, dict]:
     """The model-history table of a profile, built from the cached continuations (generated on first use; a damaged
     file is generated again, or refused in one line where --no-auto-train forbids it)."""
     path = history_lib.history_file(env.cfg.model, profile)
@@ -111,7 +111,7 @@ def _history(path: str, mtime: int) -> tuple[FrequencyTable, dict]:
     return table, _describe(Path(path), {**info, "keys": table.meta["keys"]})
 
 
-def bigram(env: Env, source: str = "corpus", profile: str = "quick") -> tuple[np.ndarray, dict]:
+def bigram(env: BuildEnv, source: str = "corpus", profile: str = "quick") -> tuple[np.ndarray, dict]:
     """Each token's most frequent successor, from the corpus or from the model history."""
     path = bigram_file(env.cfg.model, source, profile)
     vocab = int(env.model.config.vocab_size)

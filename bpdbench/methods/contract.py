@@ -13,17 +13,19 @@ needs in one place and nothing else names it.
   declares (before anything is built or loaded); `takes(drafter, method)` is what a built drafter takes, the one
   place a drafter's optional attributes (`feedback_k`, `needs_reference`, `needs_hidden`, `needs_base_cache`,
   `hidden_layers`, `snapshot`) are read.
-- `Kind`, `ArtefactKey`, `Reads`: the artefacts a method reads, as typed keys (`artefacts(method, cfg)`); the sweep
-  builds them before the cells that use them, the preflight checks heads files, the tables pick draft networks.
+- `Kind`, `Reads`: the artefacts a method reads, as typed keys (`ArtefactKey`, artefacts/keys.py: `artefacts(method,
+  cfg)`); the sweep builds them before the cells that use them, the preflight checks heads files, the tables pick
+  draft networks. They are defined in the artefact layer that resolves them, below this one.
 - `preflight(method, cfg)`: the method's own checks before the model loads (draft networks: folder, type, shape).
 - `search(method)`: how `auto` sizes the method (methods/search.py), or None when it has no `auto` parameter.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import Enum, StrEnum
-from typing import Any, Callable, Iterable
+from enum import StrEnum
+from typing import Any
 
+# the key types live in the layer that resolves them; registry entries and readers of the contract find them here
+from ..artefacts.keys import Kind, Reads, kinds  # noqa: F401
 from ..config import RunConfig
 from ..engine import state as drafter_state
 from ..engine.types import layers_of
@@ -45,33 +47,6 @@ class Input(StrEnum):
 
 
 ALWAYS = frozenset({Input.RESET, Input.OBSERVE})    # every drafter gets these
-
-
-class Kind(Enum):
-    """Kinds of artefact, each resolved one way by the artefact graph (artefacts/graph.py)."""
-    MODEL = "model"           # a registered model's dense cache at the run's dtype (sps's draft model)
-    HEADS = "heads"           # the blockwise heads of a profile (bpdbench train-heads)
-    RESCORER = "rescorer"     # a refine stage's artefact, by tag (ngram4, neural-m)
-    DRAFTER = "drafter"       # a trained draft network, built by the method's first use (bpdbench train-network)
-    BUILT = "built"           # anything else the method's first use builds (lookup tables, suffix indexes)
-
-
-@dataclass(frozen=True)
-class ArtefactKey:
-    """One artefact: its kind and its name (a heads profile, a rescorer tag, a model, or for DRAFTER and BUILT the
-    need as `bpdbench methods` prints it, which is what the sweep checks readiness by). `data`: the distillation
-    budget a DRAFTER is trained on, when its first use trains it (a node of its own in the graph)."""
-    kind: Kind
-    name: str
-    data: str | None = None
-
-
-@dataclass(frozen=True)
-class Reads:
-    """A method reads artefacts of `kind`; `names(method, cfg)` names them for one spelling and run."""
-    kind: Kind
-    names: Callable[[Method, RunConfig], Iterable[str]]
-    data: Callable[[Method, RunConfig], str | None] | None = None     # DRAFTER: its distillation budget
 
 
 def need_names(method: Method, cfg: RunConfig) -> list[str]:
@@ -128,17 +103,6 @@ def reads_reference(drafter: Any) -> bool:
     """Whether a built drafter must be given the greedy reference before each example (the oracle, a wrapper of
     it)."""
     return bool(getattr(drafter, "needs_reference", False))
-
-
-def artefacts(method: Method, cfg: RunConfig) -> tuple[ArtefactKey, ...]:
-    """The artefacts a method reads in this run, in declaration order."""
-    return tuple(ArtefactKey(r.kind, str(name), r.data(method, cfg) if r.data else None)
-                 for r in method.spec.artefacts for name in r.names(method, cfg))
-
-
-def kinds(method: Method) -> frozenset[Kind]:
-    """The kinds of artefact a method reads, whatever its values (the tables pick draft networks by it)."""
-    return frozenset(r.kind for r in method.spec.artefacts)
 
 
 def preflight(method: Method, cfg: RunConfig) -> None:

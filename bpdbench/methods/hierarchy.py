@@ -35,7 +35,8 @@ from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from ..artefacts.history import PROFILES
-from .lookup import ContextIndex, FrequencyTable, continuation, cut_after_eos
+from ..artefacts.formats import FrequencyTable
+from .lookup import ContextIndex, continuation, cut_after_eos
 from .search import Chain, Grid
 
 # candidates and length are chosen jointly: one replay per candidate count at the longest length (8), every

@@ -28,7 +28,7 @@ import numpy as np
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
-from .lookup import SEP
+from ..artefacts.formats import SEP
 from .search import Chain, Grid
 from ..artefacts.suffix import SuffixIndex
 from ..artefacts.history import PROFILES

@@ -176,7 +176,7 @@ def resolve(env: Env, method: Method, trained_name: str, drafter_type: str) -> t
             raise MethodError(f"{method.label}: no drafter at {where}; train one with `bpdbench train-network "
                               f"{trained_name} --out {where}`")
         drafter_need(method, env.cfg.model, trained_name, profile).build(
-            env.cfg.auto_train, lambda: builder("drafter")(trained_name, profile, env.cfg.model, env.model, env.tok, env.log),
+            env.cfg.auto_train, lambda: builder("network")(trained_name, profile, env.cfg.model, env.model, env.tok, env.log),
             env.log, where, MethodError)
     why = seal.problem(where)            # sealed when trained: a changed or missing file is never loaded silently
     if why:
@@ -316,7 +316,7 @@ def data_of(method: Method, cfg: RunConfig) -> str | None:
 
 # Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then),
 # from distillation data that the graph builds first, apart.
-DRAFTER = Reads(Kind.DRAFTER, need_names, data_of)
+NETWORK = Reads(Kind.NETWORK, need_names, data_of)
 
 
 def model_of(drafter: LatticeDrafter | TrainedDrafter) -> DraftModel:
@@ -368,7 +368,7 @@ def spec(name: str, description: str, trained_name, drafter_type=None, extra: tu
     description += "; tree=dynamic grows an EAGLE-2 tree each step (nodes, topk, depth)"
     return MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), type_of(m), longest),
                       extra + COMMON, needs_of(trained_name), inputs=lambda m: inputs_of(name_of(m)),
-                      artefacts=(DRAFTER,),
+                      artefacts=(NETWORK,),
                       preflight=lambda m, cfg: check(m, cfg, name_of(m), type_of(m), longest), shapes=SEARCH)
 
 

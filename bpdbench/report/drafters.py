@@ -14,10 +14,10 @@ from ..methods.base import Method
 from . import load
 
 
-def is_drafter(method: Method) -> bool:
+def is_network(method: Method) -> bool:
     """A draft network (eagle, hydra:tree=4, koala:base=hydra, ...); the tables set bpd (the Medusa-1 baseline)
     beside them by its label."""
-    return contract.Kind.DRAFTER in contract.kinds(method)
+    return contract.Kind.NETWORK in contract.kinds(method)
 
 
 def training_table(results: Path) -> pd.DataFrame:
@@ -50,7 +50,7 @@ def efficiency_table(replay: load.Rows) -> pd.DataFrame:
     same profile) beside them."""
     if replay.empty:
         return replay.frame
-    keep = _profiled(replay.frame[replay.where(is_drafter) | (replay.frame.method == "bpd")])
+    keep = _profiled(replay.frame[replay.where(is_network) | (replay.frame.method == "bpd")])
     if keep.empty:
         return keep
     wide = keep.pivot_table(index=["task", "profile"], columns="method", values="block_efficiency", aggfunc="last")
@@ -66,7 +66,7 @@ def certificate_table(runs: load.Rows) -> pd.DataFrame:
     """float32 runs of drafters: lossless_rate (1.0 required) per task and method."""
     if runs.empty or "method" not in runs.frame:
         return pd.DataFrame()
-    keep = runs.frame[runs.where(is_drafter) & (runs.frame.dtype == "float32")]
+    keep = runs.frame[runs.where(is_network) & (runs.frame.dtype == "float32")]
     cols = [c for c in ("task", "method", "n_examples", "new_tokens", "block_efficiency", "lossless_rate",
                         "n_exact", "n_near_tie", "n_lost") if c in keep]
     return keep[cols].reset_index(drop=True)
@@ -77,7 +77,7 @@ def repetition_table(replay: load.Rows) -> pd.DataFrame:
     own share: drafts that repeat more than the text does waste verified tokens (the paper's repetition analysis)."""
     if replay.empty or "draft_repeat_share" not in replay.frame:
         return pd.DataFrame()
-    keep = replay.frame[replay.where(is_drafter) | (replay.frame.method == "bpd")]
+    keep = replay.frame[replay.where(is_network) | (replay.frame.method == "bpd")]
     keep = keep.dropna(subset=["draft_repeat_share"])
     keep = _profiled(keep)
     if keep.empty:

@@ -12,7 +12,7 @@ def _heads(model_name, profile, model=None, tok=None, log=print):
     return heads.train(model_name, profile, model, tok, log=log)
 
 
-def _drafter(trained_name, profile, model_name, model=None, tok=None, log=print):
+def _network(trained_name, profile, model_name, model=None, tok=None, log=print):
     from .network import train
     return train(trained_name, profile, model_name, model, tok, log=log)
 
@@ -43,6 +43,6 @@ def register_builders() -> None:
     """Explicit, not an import's side effect: importing training code changes nothing until a command asks."""
     register("heads", _heads)
     register("distill", _distill)
-    register("drafter", _drafter)
+    register("network", _network)
     register("neural-rescorer", _neural_rescorer)
     register("history", _history)

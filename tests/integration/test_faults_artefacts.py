@@ -55,7 +55,7 @@ def truncate(path: Path) -> None:
 
 def other_table(path: Path) -> None:
     """A valid table with other contents (what a stray write or another build could leave): loads without a word."""
-    from bpdbench.methods.lookup import FrequencyTable
+    from bpdbench.artefacts.formats import FrequencyTable
     table = FrequencyTable.load(path)
     FrequencyTable.build(table.tokens[::-1].copy(), sizes=(2, 3), top=4, min_count=2, meta=table.meta).save(path)
 

@@ -96,12 +96,12 @@ def test_the_example_touches_at_most_three_files():
 def test_the_contract_is_what_everything_reads(example, tiny_model_dir):
     from bpdbench.methods.compose import INPUTS, check_inner
     from bpdbench.methods.search import Chain
-    from bpdbench.report.drafters import is_drafter
+    from bpdbench.report.drafters import is_network
     from bpdbench.artefacts.graph import artefacts_for
     m = parse(f"{example.name}:depth=auto")
     assert m.auto == ["depth"]
     assert contract.inputs(m) == contract.ALWAYS | {contract.Input.HIDDEN}
-    assert contract.kinds(m) == {contract.Kind.DRAFTER} and is_drafter(m)
+    assert contract.kinds(m) == {contract.Kind.NETWORK} and is_network(m)
     assert isinstance(contract.search(m), Chain) and contract.search(m).param == "depth"
     check_inner("sam", "fallback", m, INPUTS)
     assert parse(f"sam:fallback={example.name}").label == f"sam:fallback={example.name}"
@@ -119,17 +119,17 @@ def test_bpdbench_methods_lists_it(example):
 
 
 def test_preflight_refuses_before_the_model_loads(example, tiny_model_dir, trained_drafters, tmp_path, monkeypatch):
-    from bpdbench.artefacts.checks import check_drafters
+    from bpdbench.methods.preflight import check_methods
     from tests.drafter_fixtures import copy_drafters
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "empty"))
     cfg = RunConfig(model=str(tiny_model_dir), auto_train=False)
     with pytest.raises(ConfigError, match="bpdbench train-network koala"):
-        check_drafters(cfg, [parse(example.name)])
+        check_methods(cfg, [parse(example.name)])
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     copy_drafters(trained_drafters, tmp_path / "cache")
-    check_drafters(cfg, [parse(example.name)])
+    check_methods(cfg, [parse(example.name)])
     with pytest.raises(ConfigError, match="depth=99 but this medusa drafter drafts at most"):
-        check_drafters(cfg, [parse(f"{example.name}:depth=99")])
+        check_methods(cfg, [parse(f"{example.name}:depth=99")])
 
 
 @pytest.mark.parametrize("eos_at,max_new", SETTINGS)

@@ -12,7 +12,8 @@ from bpdbench.config import RunConfig
 from bpdbench.engine import DraftContext, Limits, generate, ratios, replay, teacher_forced
 from bpdbench.methods import Env, MethodError, parse
 from bpdbench.methods.cascade import AssistedDraftModel, CascadeDrafter
-from bpdbench.methods.lookup import MaG, ContextIndex, bigram_table, continuation, stream
+from bpdbench.artefacts.formats import bigram_table, stream
+from bpdbench.methods.lookup import MaG, ContextIndex, continuation
 from bpdbench.methods.sps import DraftModelDrafter
 from tests.conftest import random_heads
 from tests.helpers import decode_and_replay, eos_limits, parse_error

@@ -14,7 +14,7 @@ from bpdbench.config import RunConfig
 from bpdbench.engine import DraftContext, Limits, generate
 from bpdbench.methods import Env, MethodError, parse
 from bpdbench.methods.hierarchy import HierarchyDrafter, _add
-from bpdbench.methods.lookup import SEP, FrequencyTable, stream
+from bpdbench.artefacts.formats import SEP, FrequencyTable, stream
 from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error, write_corpus
 
 PROMPTS = ([5, 17, 3, 42, 8, 11], [1, 2, 3], [90, 4, 4, 4, 7, 90, 4, 4])

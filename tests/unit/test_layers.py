@@ -14,10 +14,11 @@ RANK = {"engine": 0, "nets": 0, "store": 0, "paths": 0, "stats": 0,
         "hardware": 1,
         "models": 2,
         "refine": 3, "config": 3,
-        "methods": 4, "train": 4, "artefacts": 4,
-        "experiments": 5,
-        "report": 6, "sweep": 6,
-        "cli": 7, "__init__": 7}
+        "artefacts": 4,             # below the methods that declare what they read (artefacts/keys.py)
+        "methods": 5, "train": 5,
+        "experiments": 6,
+        "report": 7, "sweep": 7,
+        "cli": 8, "__init__": 8}
 DECODING = ("engine", "nets", "refine", "methods", "artefacts", "hardware", "store", "models")
 
 

@@ -81,7 +81,7 @@ def _lookup_tables(model_name):
     """Tiny stand-ins for the lookup drafters' corpus table, bigram table and quick model history."""
     import random
     import numpy as np
-    from bpdbench.methods.lookup import FrequencyTable, bigram_table, stream
+    from bpdbench.artefacts.formats import FrequencyTable, bigram_table, stream
     from bpdbench.train import history
     from bpdbench.train.rescorer import default_corpus_files
     rng = random.Random(1)
@@ -100,7 +100,7 @@ def _suffix_indexes(monkeypatch, refs):
     """Stand-ins for sam's corpus index (random documents) and rest's datastore (the greedy texts, so it accepts)."""
     import random
     from bpdbench.artefacts import suffix as suffix_index
-    from bpdbench.methods.lookup import stream
+    from bpdbench.artefacts.formats import stream
     rng = random.Random(2)
     corpus = suffix_index.SuffixIndex.build(stream([[rng.randrange(VOCAB) for _ in range(60)] for _ in range(20)]))
     store = suffix_index.SuffixIndex.build(stream([list(p) + g for p, g in refs.items()]))

@@ -12,7 +12,7 @@ import pytest
 from bpdbench.experiments.plan import prepare
 from bpdbench.engine import DraftContext, Limits, generate
 from bpdbench.methods import parse
-from bpdbench.methods.lookup import SEP, stream
+from bpdbench.artefacts.formats import SEP, stream
 from bpdbench.methods.rest import RestDrafter, top_prefixes
 from bpdbench.artefacts.suffix import SuffixIndex
 from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error, write_corpus

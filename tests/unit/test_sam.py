@@ -16,7 +16,7 @@ from bpdbench.experiments.plan import prepare
 from bpdbench.engine import DraftContext, Limits, Proposal, SamplingParams, SpeculativeSampling, generate, replay
 from bpdbench.engine.replay import teacher_forced
 from bpdbench.methods import parse
-from bpdbench.methods.lookup import SEP, stream
+from bpdbench.artefacts.formats import SEP, stream
 from bpdbench.methods.sam import SamDrafter
 from bpdbench.artefacts.suffix import SuffixAutomaton, SuffixIndex
 from tests.helpers import decode_and_replay, eos_limits, never_written, parse_error

@@ -82,7 +82,7 @@ def test_build_trains_once_and_copies_the_report(tmp_path, monkeypatch):
         folder = paths.network_dir(model, saved, profile)
         folder.mkdir(parents=True)
         (folder / "report.json").write_text(json.dumps({"name": saved, "heldout": {"top1": [0.5]}}))
-    monkeypatch.setitem(policy.BUILDERS, "drafter", fake_train)
+    monkeypatch.setitem(policy.BUILDERS, "network", fake_train)
     (net,) = trainings([{"networks": ["koala-adv"], "profile": "ci"}], "tiny/m", "g",
                                        str(tmp_path / "res"))
     assert graph.build(net, False, lambda m: None) == "built"
