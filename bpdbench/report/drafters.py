@@ -37,6 +37,52 @@ def training_table(results: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+SEQUENTIAL = ("unrolled", "prefix")     # objectives whose fit samples are whole sequences (train/objectives.py)
+
+
+def _positions_per_sample(r: dict) -> float | None:
+    """Positions one fit sample covers: recorded by newer trainings; for older reports a sequence's mean length where
+    the objective trains on sequences (EAGLE, Hydra++), else one row."""
+    if r.get("positions_per_sample"):
+        return float(r["positions_per_sample"])
+    data, family = r.get("data") or {}, r.get("family") or {}
+    # older reports name no objective: their sequential fits batch a few sequences (8), positional ones 512 rows
+    objective = family.get("objective") or ("unrolled" if (r.get("fit_config") or {}).get("batch", 512) < 64
+                                            else "positional")
+    if objective not in SEQUENTIAL:
+        return 1.0
+    rows, seqs = data.get("rows"), data.get("sequences")
+    return rows / seqs if rows and seqs else None
+
+
+def learning_curve(results: Path) -> pd.DataFrame:
+    """Held-out top-1 at depth 1 against the positions the fit had seen, per trained network and profile: each
+    checkpoint the training recorded (newer trainings record it) and the weights it kept (the report's held-out
+    numbers). Why: a trained row measures its method only where its curve has flattened; before that it measures
+    its training budget. `distinct_positions`: the greedy positions in its data (what a second epoch repeats)."""
+    rows = []
+    for r in load.reports(results, "drafters/training"):
+        fit, data = r.get("fit") or {}, r.get("data") or {}
+        batch, per = (r.get("fit_config") or {}).get("batch"), _positions_per_sample(r)
+        base = {"network": r.get("name"), "profile": r.get("profile"),
+                "distinct_positions": data.get("greedy_positions") or data.get("positions")}
+
+        def seen(samples: float | None) -> float | None:
+            return round(samples * per) if samples is not None and per else None
+        for c in fit.get("validation") or []:
+            if c.get("heldout_top1"):
+                samples = c.get("samples_seen", c["step"] * batch if batch else None)
+                rows.append(base | {"point": "checkpoint", "step": c["step"], "positions_seen": seen(samples),
+                                    "top1_d1": c["heldout_top1"][0]})
+        top1 = (r.get("heldout") or {}).get("top1")
+        kept = fit.get("kept_step", fit.get("steps"))
+        if top1:
+            rows.append(base | {"point": "kept", "step": kept,
+                                "positions_seen": seen(kept * batch if kept is not None and batch else None),
+                                "top1_d1": top1[0]})
+    return pd.DataFrame(rows)
+
+
 def collect_replays(results: Path) -> load.Rows:
     """Every `replay/<dir>/replay.csv` under results/drafters, with the training profile its drafters were read at
     (the run's --heads-profile, from its config.json; quick where none is recorded): quick and full drafters

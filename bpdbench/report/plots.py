@@ -117,3 +117,34 @@ def speedup_bars(rows: pd.DataFrame, title: str, subtitle: str) -> bytes | None:
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
     return buf.getvalue()
+
+
+def learning_curves(df: pd.DataFrame, path: Path, subtitle: str) -> Path | None:
+    """Held-out top-1 at depth 1 against positions seen (log x), one colour per network: a solid line through one
+    training's checkpoints, a dashed one through the weights kept at each budget (quick, full, bench). Where a line
+    still climbs, the network's row on the board measures its budget, not its method."""
+    df = df.dropna(subset=["positions_seen", "top1_d1"]) if not df.empty else df
+    if df.empty:
+        return None
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    colours = plt.get_cmap("tab20")
+    for i, (net, g) in enumerate(df.groupby("network", sort=True)):
+        colour = colours(i % 20)
+        for _, run in g[g.point == "checkpoint"].groupby("profile"):       # within one training
+            ax.plot(run.positions_seen, run.top1_d1, "-", color=colour, alpha=0.6)
+        kept = g[g.point == "kept"].sort_values("positions_seen")         # across budgets (quick, full, bench)
+        ax.plot(kept.positions_seen, kept.top1_d1, "o--", color=colour, label=net)
+    ax.set_xscale("log")
+    ax.set(xlabel="positions seen by the fit", ylabel="held-out top-1 at depth 1", ylim=(0, 1),
+           title="Draft networks: held-out top-1 vs training positions")
+    fig.suptitle(subtitle, fontsize=8)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -143,6 +143,13 @@ def build(results: Path | None = None) -> list[Path]:
     from . import drafters
     emit("drafters_training", drafters.training_table(results), "Draft networks (`bpdbench train-network`): "
          "parameters, budget, held-out per-depth top-1/top-16 agreement with the base's greedy continuation")
+    curve = drafters.learning_curve(results)
+    emit("drafters_learning_curve", curve, "Draft networks: held-out top-1 at depth 1 against the positions the fit "
+         "had seen (checkpoints where the training recorded them; `kept`: the weights it kept, its reported numbers)")
+    from .plots import learning_curves
+    png = learning_curves(curve, out / "drafters_learning_curve.png", "from results/drafters/training/*.json; "
+                          "the filled points are the kept weights, what a run drafts with")
+    written.extend([png] if png else [])
     rep = drafters.collect_replays(results)
     runs = load.rows(results, "drafters/runs", "summary.csv")
     emit("drafters_block_efficiency", drafters.efficiency_table(rep), "Draft networks vs bpd (Medusa-1 heads), "

@@ -165,7 +165,10 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
                  "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
               "environment": environment(torch.get_num_threads(), "cpu", "float32"),
-              "seen": distill.seen_of(ds.meta)}
+              "seen": distill.seen_of(ds.meta),
+              # what one fit sample is, in positions (the learning curve's x: samples seen times this)
+              "positions_per_sample": round(len(ds.rows(train_seqs)) / max(len(train_seqs), 1), 2)
+              if obj.sequential else 1}
     report["data"].update({k: ds.meta[k] for k in ("dtype", "truncated_by_time", "quality_warning") if k in ds.meta})
     warning = quality_warning(saved, (heldout.get("top1") or [None])[0], ds.meta.get("quality_warning"))
     if warning:

@@ -92,6 +92,7 @@ def test_the_page_s_network_trains_on_prefill_data_and_decodes_losslessly(toy, l
     out = network.train(toy, profile, model_name, model, tok, log=lambda m: None)
     report = network.read_report(out)
     assert report["drafter"] == toy and report["positions"] == 768 and report["family"]["objective"] == "positional"
+    assert report["positions_per_sample"] == 1          # the learning curve's x: a positional fit's sample is a row
     assert len(report["heldout"]["top1"]) == 3 and report["heldout"]["positions"] > 0
     assert report["data"]["kind"] == "prefill" and report["data"]["sources"]["greedy"] > 0
     curve = report["fit"]["validation"]
