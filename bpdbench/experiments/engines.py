@@ -2,9 +2,11 @@
 curve their folder records beside bpdbench's.
 
 Certification: every method's tokens are compared with its baseline's (`MethodSpec.baseline`): `ar` for this
-engine's methods, as always; `llamacpp` for llama.cpp's speculative mode. A divergence from another engine's greedy
-is lost: the near-tie certificate (experiments/certificate.py) recomputes bpdbench's own logits, which says nothing
-about llama.cpp's kernels. An engine's own greedy (`llamacpp`, its own baseline) is checked across its repeats only,
+engine's methods, as always; `llamacpp` for llama.cpp's speculative mode. bpdbench's near-tie certificate
+(experiments/certificate.py) recomputes bpdbench's own logits, which says nothing about llama.cpp's kernels, so a
+divergence from llama.cpp's greedy gets the same rule on llama.cpp's logits (`near_tie_against`): near-tie when the
+method's token trails the greedy one by no more than llama.cpp's batched and 1-token evaluations differ by there.
+Any other engine's divergence is lost. An engine's own greedy (`llamacpp`, its own baseline) is checked across its repeats only,
 and how many of its leading tokens equal ar's is recorded as information (`tokens_equal_ar`), never as a failure:
 another engine rounds differently, so its greedy output may leave ours at a near-tie and never come back.
 """
@@ -19,6 +21,7 @@ from ..methods import Method
 from .reference import first_divergence
 
 AR = "ar"
+LLAMACPP = "llamacpp"       # llama.cpp's greedy: its speculative mode's baseline, certified on its own logits
 
 
 def baselines(methods: Iterable[Method]) -> dict[str, str]:
@@ -45,6 +48,49 @@ def lost_against(base: str) -> Callable[..., Any]:
                                reason=f"differs from {base}'s greedy (no near-tie certificate applies to another "
                                       f"engine's kernels)")
     return certify
+
+
+def near_tie_against(base: str, context: Callable[[], Any], three_ways: Callable[..., tuple]) -> Callable[..., Any]:
+    """A certifier with `certify_output`'s signature for a divergence from another engine's greedy, on that engine's
+    logits: `three_ways(llm, prompt, decided, draft)` gives them one token at a time, teacher-forced and in a verify
+    batch (methods/llamacpp.py); `context()` loads the engine once, at the first divergence."""
+    held: list[Any] = []
+
+    def certify(prompt: list[int], output: list[int], ref: list[int], width: int) -> Any:
+        i = first_divergence(output, ref)
+        if i >= len(ref) or i >= len(output):
+            return SimpleNamespace(certificate="lost", divergence=i, reason=f"lengths differ ({len(output)} vs "
+                                   f"{base}'s {len(ref)}) after an identical prefix: a stopping bug, not rounding")
+        if not held:
+            held.append(context())
+        one, tf, block = three_ways(held[0], prompt, ref[:i], (output[i:] + ref[i:])[:max(width, 1)])
+        if int(one.argmax()) != ref[i]:
+            return SimpleNamespace(certificate="lost", divergence=i, reason=f"{base}'s greedy token {ref[i]} is not "
+                                   f"the argmax of its logits recomputed here: its greedy did not reproduce")
+        numeric = max([float(abs(tf - one).max())] + ([float(abs(block - one).max())] if block is not None else []))
+        gap = float(one[ref[i]] - one[output[i]])
+        if gap <= numeric:
+            return SimpleNamespace(certificate="near_tie", divergence=i, reason=(
+                f"the method's token trails {base}'s greedy one by {gap:.4g} logits, within the {numeric:.4g} that "
+                f"its batched and 1-token evaluations differ by here (its quantized kernels)"))
+        return SimpleNamespace(certificate="lost", divergence=i, reason=(
+            f"the method's token trails {base}'s greedy one by {gap:.4g} logits, more than the {numeric:.4g} its "
+            f"batched and 1-token evaluations differ by: a real divergence"))
+    return certify
+
+
+def certifiers(s) -> Callable[[str], Callable[..., Any]]:
+    """baseline -> the certifier of a divergence from it, for a method certified against another engine: llama.cpp's
+    near-tie rule on its own logits (one context, loaded at the run's first divergence), else lost."""
+    from ..methods import llamacpp
+    made: dict[str, Callable[..., Any]] = {}
+
+    def of(base: str) -> Callable[..., Any]:
+        if base not in made:
+            made[base] = (near_tie_against(base, lambda: llamacpp.certifying(s.env), llamacpp.logits_three_ways)
+                          if base == LLAMACPP else lost_against(base))
+        return made[base]
+    return of
 
 
 def compared(base: str, tokens: list[int], ar_tokens: list[int]) -> dict:

@@ -120,12 +120,13 @@ def _work(rs: list) -> dict:
 
 def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int = 0, sampled: bool = False,
             certify: Callable | None = None, log: Log = print, subtask: str | None = None,
-            baselines: dict | None = None) -> list[dict]:
+            baselines: dict | None = None, engine_certify: Callable[[str], Callable] | None = None) -> list[dict]:
     """All methods on one prompt, interleaved; one record per method with the time of every repeat. A greedy
     output that differs from ar's gets its certificate (`certify(prompt, output, ref, width)`: near_tie or lost,
     experiments/certificate.py), so a bfloat16 near-tie is counted instead of dropping the prompt; a method whose
-    `baselines` entry names another engine's greedy is compared with that one's tokens instead (experiments/
-    engines.py: a divergence from it is lost). A busy call is
+    `baselines` entry names another engine's greedy is compared with that one's tokens instead, and a divergence
+    from it gets `engine_certify(baseline)`'s certificate (experiments/engines.py: llama.cpp's near-tie rule on its
+    own logits; lost without it). A busy call is
     timed again (RETIME_CALL, hardware/timing.interleaved), a busy prompt again whole (RETIME_BUSY, then kept with its
     others_cores): a leaderboard accumulated over sittings must not keep what a test run beside it slowed."""
     load = _load()
@@ -167,7 +168,8 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
                         "load_average": load, "others_cores": others.others_cores, **_work(rs),
                         **engines.compared(base, rs[0][1].tokens, runs["ar"][0][1].tokens),
                         **({"sampled": True} if sampled else _certificate(
-                            certify if base == "ar" else engines.lost_against(base), prompt, wrong, ref, rs))})
+                            certify if base == "ar" else (engine_certify or engines.lost_against)(base), prompt,
+                            wrong, ref, rs))})
     return records
 
 
@@ -321,7 +323,7 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         if ex.id in done:
             continue
         recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify, log,
-                       subtask(s.task, ex), engines.baselines(chosen))
+                       subtask(s.task, ex), engines.baselines(chosen), engines.certifiers(s))
         recs = [{**r, PROMPT_HASH: prompt_sha256(ex)} for r in recs]     # what a resume checks the prompt by
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)

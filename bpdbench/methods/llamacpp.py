@@ -15,8 +15,11 @@ its quantization type, its sha256 prefix, the llama-cpp-python version and these
 
 Certification: llama.cpp's tokens are not bpdbench's (other kernels, other rounding), so `llamacpp` is not compared
 with `ar`; how many of its leading tokens equal ar's is recorded as information (experiments/engines.py). Its
-speculative mode is certified against its own greedy (`baseline="llamacpp"`): a prompt where `llamacpp-pld` differs
-from `llamacpp` is lost, since no bfloat16 near-tie certificate applies to llama.cpp's kernels.
+speculative mode is certified against its own greedy (`baseline="llamacpp"`), by llama.cpp's own near-tie rule: at
+the first token where `llamacpp-pld` differs from `llamacpp`, llama.cpp's logits there are recomputed three ways
+(`logits_three_ways`: one token at a time as its greedy runs, teacher-forced in one batch, in a verify batch as its
+prompt lookup runs); the divergence is a near-tie when the method's token trails the greedy token by no more than
+those evaluations differ by, as bpdbench's own certificate does for its bfloat16 kernels, else it is lost.
 
 One call decodes one prompt from scratch: `Llama.generate` reuses a cached prefix of its previous call, so the
 context is reset first, and every repeat pays the prefill as bpdbench's AR does. Forwards are counted per `eval`
@@ -215,10 +218,47 @@ def verifier(llm: Any) -> tuple[Any, Any, int]:
     def forward(ids: list[int]) -> None:
         llm.eval(ids)
 
-    def crop(length: int) -> None:
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), -1, length, -1)
-        llm.n_tokens = length
-    return forward, crop, int(llm.n_vocab())
+    return forward, lambda length: _crop(llm, length), int(llm.n_vocab())
+
+
+def _crop(llm: Any, length: int) -> None:
+    """Drop the KV memory from `length` on, as llama-cpp-python's own eval does before it writes."""
+    import llama_cpp
+    llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(llm.ctx), -1, length, -1)
+    llm.n_tokens = length
+
+
+def certifying(env: Env) -> Any:
+    """A context keeping every row's logits, for the near-tie certificate of llama.cpp's speculative rows
+    (experiments/engines.py); loaded at a run's first divergence only."""
+    path, _ = gguf_of(env)
+    return load(path, threads_of(env), context_of(env), logits_all=True)
+
+
+def logits_three_ways(llm: Any, prompt: list[int], decided: list[int], draft: list[int]) -> tuple[Any, Any, Any]:
+    """llama.cpp's logits for the token after prompt + decided, as numpy rows: (one) as its greedy computes them,
+    the prompt in one batch, then one eval per token; (tf) teacher-forced, prompt + decided in one batch; (block) as
+    its prompt lookup verifies, the last decided token and `draft` in one batch on the same cache (None when nothing
+    is decided). Their differences are what llama.cpp's own kernels round by at this position."""
+    import numpy as np
+    end = len(prompt) + len(decided) - 1             # the row that predicts the next token
+
+    def row(i: int) -> Any:
+        return np.array(llm.scores[i], dtype=np.float64)
+    llm.reset()
+    llm.eval(list(prompt) + list(decided))
+    tf = row(end)
+    llm.reset()
+    llm.eval(list(prompt))
+    block = None
+    for j, t in enumerate(decided):
+        if j == len(decided) - 1 and draft:
+            n = llm.n_tokens
+            llm.eval([t] + list(draft))
+            block = row(n)
+            _crop(llm, n)
+        llm.eval([t])
+    return row(end), tf, block
 
 
 def _build(env: Env, method: Method, draft: Any = None, extra: dict | None = None) -> Decoder:

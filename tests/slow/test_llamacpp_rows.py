@@ -32,3 +32,9 @@ def test_llamacpp_and_its_prompt_lookup_decode_the_same_tokens(llamacpp_runtime)
     forward, crop, vocab = llamacpp.verifier(llamacpp.load(path, 2, 1024, logits_all=True))
     step, cost, rounds = engine_curve.time_curve(forward, crop, vocab, rounds=1)
     assert step > 0 and set(cost) == set(engine_curve.NS) and cost[32] > 1.0 and rounds == 1
+    # the near-tie certificate's three evaluations (experiments/engines.py): the 1-token one reproduces the greedy,
+    # and the batched ones round within a few logits of it (a misread row would be a different distribution)
+    llm = llamacpp.certifying(s.env)
+    one, tf, block = llamacpp.logits_three_ways(llm, prompt, greedy.tokens[:5], greedy.tokens[5:9])
+    assert int(one.argmax()) == greedy.tokens[5] and block is not None
+    assert abs(tf - one).max() < 5.0 and abs(block - one).max() < 5.0

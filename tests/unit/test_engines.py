@@ -197,3 +197,43 @@ def test_the_verify_curve_is_timed_cached_per_machine_and_recorded_beside_ours(t
     text = io.StringIO()
     show(curve, cal, Console(file=text, width=120))
     assert "llama.cpp m.gguf" in text.getvalue() and "1.15" in text.getvalue()
+
+
+def _rows(one, tf, block=None):
+    import numpy as np
+    return lambda llm, prompt, decided, draft: (np.array(one, float), np.array(tf, float),
+                                                None if block is None else np.array(block, float))
+
+
+def test_llamacpp_near_ties_are_judged_on_its_own_logits():
+    """A divergence from llama.cpp's greedy is a near-tie when the method's token trails the greedy token by no more
+    than llama.cpp's batched and 1-token evaluations differ by at that position; otherwise, or when its greedy does
+    not reproduce, it is lost (the control)."""
+    loads: list[int] = []
+
+    def context():
+        loads.append(1)
+        return object()
+    ref, out = [5, 6, 7, 8], [5, 6, 9, 8]                 # differ at token 2: greedy 7, the method's 9
+    tie = engines.near_tie_against("llamacpp", context, _rows([0, 0, 0, 0, 0, 0, 0, 2.0, 0, 1.97],
+                                                              [0, 0, 0, 0, 0, 0, 0, 1.99, 0, 2.05]))
+    cert = tie([1], out, ref, 3)
+    assert (cert.certificate, cert.divergence) == ("near_tie", 2) and "within" in cert.reason
+    tie([1], out, ref, 3)
+    assert len(loads) == 1                                # the context is loaded once, at the first divergence
+    far = engines.near_tie_against("llamacpp", context, _rows([0, 0, 0, 0, 0, 0, 0, 2.0, 0, 1.5],
+                                                              [0, 0, 0, 0, 0, 0, 0, 1.99, 0, 1.5],
+                                                              [0, 0, 0, 0, 0, 0, 0, 2.01, 0, 1.5]))
+    cert = far([1], out, ref, 3)
+    assert cert.certificate == "lost" and "real divergence" in cert.reason
+    stale = engines.near_tie_against("llamacpp", context, _rows([0, 0, 0, 0, 0, 0, 0, 1.0, 0, 3.0],
+                                                                [0, 0, 0, 0, 0, 0, 0, 1.0, 0, 3.0]))
+    assert "did not reproduce" in stale([1], out, ref, 3).reason
+    short = engines.near_tie_against("llamacpp", context, _rows([0], [0]))
+    assert "lengths differ" in short([1], [5, 6], [5, 6, 7], 3).reason
+
+
+def test_only_llamacpp_has_a_near_tie_rule():
+    of = engines.certifiers(SimpleNamespace(env=None))
+    assert of("llamacpp") is of("llamacpp")
+    assert of("other")([1], [5], [6], 3).certificate == "lost"
