@@ -19,7 +19,7 @@ from ..config import ConfigError, RunConfig
 from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
 from ..artefacts import checks
-from ..methods import preflight
+from ..methods import preflight as method_checks
 from . import engines
 from .examples import select_examples
 
@@ -165,8 +165,8 @@ def check_files(cfg: RunConfig, methods: list[Method] | None = None, log=print) 
     """The artefact files the command reads: model folder or cache, heads against their config, draft networks.
     A sweep checks them on the worker, just before the cell runs: its own tasks build them after the driver plans."""
     checks.check_model_files(cfg.model, cfg.dtype)
-    preflight.check_heads(cfg, methods, log)
-    preflight.check_methods(cfg, methods)
+    method_checks.check_heads(cfg, methods, log)
+    method_checks.check_methods(cfg, methods)
 
 
 def check_replay(cfg: RunConfig, methods: list[Method]) -> None:

@@ -262,8 +262,11 @@ def logits_three_ways(llm: Any, prompt: list[int], decided: list[int], draft: li
 
 
 def _build(env: Env, method: Method, draft: Any = None, extra: dict | None = None) -> Decoder:
+    """With a draft model, every row's logits are asked for explicitly: llama-cpp-python turns them on itself then,
+    but sizes its logits buffer by the argument (n_batch rows), so a prompt longer than 512 tokens failed in its
+    prefill ("could not broadcast ... into shape (0,)")."""
     path, file = gguf_of(env)
-    llm = load(path, threads_of(env), context_of(env), draft)
+    llm = load(path, threads_of(env), context_of(env), draft, logits_all=draft is not None)
     env.resolved[method.label] = {"engine": "llama.cpp", **file, **settings(llm), **(extra or {}),
                                   "baseline": method.spec.baseline}
     return decoder(llm, env.limits)
