@@ -7,20 +7,31 @@ user sees what a run or a sweep would build before starting one.
 """
 from __future__ import annotations
 
-from ..config import RunConfig
+from typing import Annotated, Callable, Optional
+
+import typer
+
+from ..config import ConfigError, RunConfig
 from .errors import one_line_errors
 from .options import DEFAULT_MODEL, HeadsPath, HeadsProfile, Model
 
 
+PlanOf = Annotated[Optional[str], typer.Option("--plan", help="comma-separated method spellings: print only what a run "
+                                                              "of them would build, where, and in how many minutes")]
+
+
 @one_line_errors
-def methods(model: Model = DEFAULT_MODEL, heads_profile: HeadsProfile = "quick", heads_path: HeadsPath = None) -> None:
+def methods(model: Model = DEFAULT_MODEL, heads_profile: HeadsProfile = "quick", heads_path: HeadsPath = None,
+            plan: PlanOf = None) -> None:
     """List every method with the artefacts it needs, from the artefact graph a sweep builds them by (present, or
     the minutes and command that build it), and what its drafter takes from the decode loop (its contract, for the
-    default spelling)."""
+    default spelling). With --plan, the graph's answer for those spellings alone: every node in build order."""
     from ..artefacts import graph
     from ..methods import REGISTRY, Method, contract
     from ..sweep.trainings import heads_dtype
     cfg = RunConfig(model=model, heads_profile=heads_profile, heads_path=heads_path).validate()
+    if plan is not None:
+        return _plan(cfg, plan, heads_dtype)
     base = graph.nodes(cfg, [], heads_dtype)           # the run's own model: every method needs it, said once
     print("every method needs " + ("; ".join(f"{a.label} {graph.describe(a)}" for a in base) or model))
     for spec in REGISTRY.values():
@@ -34,6 +45,31 @@ def methods(model: Model = DEFAULT_MODEL, heads_profile: HeadsProfile = "quick",
         print(f"{'':16s} needs: {state}{'; takes the ' + ' and the '.join(takes) if takes else ''}"
               f"{'; timed with speed only' if spec.external else ''}")
     print("~: the parameter also takes `auto`, the shape fastest on this machine (docs/methods.md, draft shapes)")
+
+
+def _plan(cfg: RunConfig, spellings: str, heads_dtype: Callable[[str], str]) -> None:
+    """What a run of these spellings would build, from the artefact graph alone (the nodes a sweep cell of them
+    waits for, timed runs' cost curve aside): each node present, or its minutes, its command and its path."""
+    from ..artefacts import graph
+    from ..methods import MethodError, parse_list
+    try:
+        chosen = parse_list(spellings)
+    except MethodError as e:
+        raise ConfigError(f"--plan: {e}") from None
+    _, nodes = graph.without_unneeded_data([], graph.nodes(cfg, chosen, heads_dtype))
+    minutes, unknown = 0.0, 0
+    for a in nodes:
+        spec = graph.KINDS[a.kind]
+        there = spec.present(a)
+        where = spec.path(a)
+        print(f"{a.label:40s} {graph.describe(a)}" + (f" ({where})" if there and where is not None else ""))
+        if not there:
+            m = spec.minutes(a)
+            minutes, unknown = (minutes + m, unknown) if m is not None else (minutes, unknown + 1)
+    missing = sum(not graph.KINDS[a.kind].present(a) for a in nodes)
+    print(f"{', '.join(m.label for m in chosen)} on {cfg.model}: " + (
+        "nothing to build" if not missing else f"{missing} to build, about {minutes:g} min on 2 CPU cores"
+        + (f" and {unknown} whose first use says how long" if unknown else "")))
 
 
 @one_line_errors

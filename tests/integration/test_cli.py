@@ -188,6 +188,20 @@ def test_methods_lists_every_registered_method():
     assert ("distillation data (heads-quick) to build" in bpd) == ("heads (quick) to build" in bpd), bpd
 
 
+def test_methods_plan_says_what_a_run_would_build_where_and_how_long():
+    """`bpdbench methods --plan <spellings>`: the artefact graph's answer for those methods alone, on an empty cache
+    (this test's): every node to build with its minutes, command and path, and the total; a bad spelling is one line."""
+    code, text = cli("methods", "--plan", "bpd,ngram4")
+    assert code == 0, text
+    lines = text.splitlines()
+    heads = next(x for x in lines if x.startswith("heads (quick)"))
+    assert "to build, about" in heads and "bpdbench train-heads" in heads and "into " in heads
+    assert any(x.startswith("ngram4") for x in lines) and not any(x.startswith("hydra") for x in lines)
+    assert lines[-1].startswith("bpd, ngram4 on qwen2.5-coder-0.5b: ") and "to build, about" in lines[-1]
+    code, text = cli("methods", "--plan", "bpd:nope=1")
+    assert code == 2 and len(text.strip().splitlines()) == 1 and "--plan: bpd: unknown parameter 'nope'" in text
+
+
 def test_a_run_records_no_absolute_path(tiny_model_dir, prompts_file, tmp_path):
     """Every path a run's config.json records (out, data file, model folder, greedy cache, alpha table, a lookup
     method's table) is portable: no folder of this machine (paths.portable; tests/unit/test_results_portable.py)."""
