@@ -140,7 +140,8 @@ def measure(fns: dict, ex, prompt: list[int], repeats: int, device, index: int =
         with contention.Meter() as others:
             runs = interleaved({m: (lambda fn=fn: fn(prompt, index)) for m, fn in fns.items()}, repeats, device,
                                before=lambda m: restore(drafters[m], states[m]), retimes=RETIME_CALL,
-                               pause_s=RETIME_CALL_PAUSE_S, log=lambda msg: log(f"{ex.id}: {msg}"))
+                               pause_s=RETIME_CALL_PAUSE_S, log=lambda msg: log(f"{ex.id}: {msg}"),
+                               order_seed=index)
         if not contention.is_busy(others.others_cores):
             break
     load = max(load, _load())

@@ -5,6 +5,7 @@ device is synchronised before the clock is read everywhere, not in some places o
 """
 from __future__ import annotations
 
+import random
 import statistics
 import time
 from typing import Any, Callable
@@ -29,13 +30,18 @@ def timed(fn: Callable[[], Any], device="cpu") -> tuple[float, Any]:
 
 def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu",
                 before: Callable[[str], None] | None = None, retimes: int = 0, pause_s: float = 5.0,
-                log: Callable[[str], None] | None = None) -> dict[str, list[tuple[float, Any]]]:
+                log: Callable[[str], None] | None = None, order_seed: int | None = None
+                ) -> dict[str, list[tuple[float, Any]]]:
     """Every function `repeats` times, interleaved so drifts in machine load hit all alike, in an order that rotates
     by 1/repeats of the list each round; `before(name)` runs, untimed, before each call (`speed` puts a drafter's
     cross-example state back there, so each repeat does the same work and the restore is never on the clock). Why
     rotate: in a fixed order ar ran first in every round, right after the last method (the peers load another
     model), and the `auto` rows that draft nothing, which decode exactly as ar does, read 1.00-1.10x of it on the
-    leaderboard's first prompts.
+    leaderboard's first prompts. `order_seed` (speed gives each prompt its own): each round in its own seeded random
+    order instead. Why: rotating by half a list of 10 for 2 repeats still put ar right after the peers in every round,
+    and first after the previous prompt's certificates and files; the null row (ar timed as a method) then read 1.04x
+    ar over a board's first 10 prompts (AMD EPYC, 2 cores). A random order gives every method every place alike, so
+    what a place costs is noise spread over all of them, and the null row can check it.
 
     `retimes`: a call during which other processes kept the CPU busy (hardware/contention.py) is timed again, from
     the same state, at most `retimes` times, `pause_s` apart. Why per call: a meter over a whole prompt averages a
@@ -45,7 +51,9 @@ def interleaved(fns: dict[str, Callable[[], Any]], repeats: int, device="cpu",
     runs: dict[str, list[tuple[float, Any]]] = {name: [] for name in names}
     for r in range(repeats):
         shift = (r * len(names)) // repeats
-        for name in names[shift:] + names[:shift]:
+        order = (names[shift:] + names[:shift] if order_seed is None
+                 else random.Random(order_seed * 1_000_003 + r).sample(names, len(names)))
+        for name in order:
             for attempt in range(1 + retimes):
                 if attempt:
                     time.sleep(pause_s)

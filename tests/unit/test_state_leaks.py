@@ -280,6 +280,23 @@ def test_the_interleaved_order_rotates_each_round():
     assert {m: [out for _, out in rs] for m, rs in runs.items()} == {m: [m] * 3 for m in "abcdef"}
 
 
+def test_a_seeded_order_is_random_per_round_and_reproducible():
+    """`speed` seeds each prompt's rounds: every method gets every place alike over a board (no method always
+    first, or always right after the peers), and the same seed gives the same order again."""
+    from bpdbench.experiments.timing import interleaved
+
+    def orders(seed: int) -> list[list[str]]:
+        order: list[str] = []
+        interleaved({m: (lambda m=m: order.append(m) or m) for m in "abcdefghij"}, 2, order_seed=seed)
+        return [order[:10], order[10:]]
+    assert orders(3) == orders(3) and orders(3) != orders(4)
+    assert all(sorted(o) == list("abcdefghij") for o in orders(3))
+    firsts = [o[0] for seed in range(200) for o in orders(seed)]
+    assert all(20 <= firsts.count(m) <= 60 for m in "abcdefghij")      # 40 expected each
+    after_j = [o[o.index("j") + 1] for seed in range(200) for o in orders(seed) if o[-1] != "j"]
+    assert after_j.count("a") < len(after_j) / 4                       # the control: a rotation puts a after j
+
+
 def test_a_call_timed_on_a_busy_machine_is_timed_again_from_the_same_state(monkeypatch):
     """One busy call (a test run beside the first round made ar's first repeat 54.5 s against 13.5 s while the
     prompt's meter, averaged over half an hour, stayed under its threshold) is timed again, after `before` puts the
