@@ -14,7 +14,8 @@ machine under one protocol; this is that, for every folder under results/speed*/
   merged (a method measured twice: the first folder's; heads of another version: left out), each row's speedup
   still against its own folder's AR;
 - the machine's page holds the grid's boards only, the newest per benchmark, model and dtype; studies (frontier-*,
-  speed-*, other grids) and older grid boards go to its studies page (report/pages.py);
+  speed-*, other grids) and older grid boards go to its studies page (report/pages.py), as do boards of an older
+  leaderboard grid of any benchmark once the machine has one that follows today's grid;
 - a board ranks only when its noise floor holds (report/checks.py), and says whether it follows today's grid.
 """
 from __future__ import annotations
@@ -110,6 +111,11 @@ def collect(results: Path) -> Leaderboard:
                 whys = [w for r in b.runs if (w := checks.follows_today(r.folder, r.rel))]
                 b.today = whys[0] if whys else ""
             fill(b, sources, training)
+        if any(not b.study and b.today == "" for b in boards):     # today's grid answers here: older grids' boards
+            for b in boards:                                       # (another benchmark, e.g. the MT-Bench board the
+                if not b.study and b.today:                        # first protocol had) go to the studies page
+                    b.study = True
+                    b.why_study = f"a board of an older leaderboard grid ({b.today}); this machine has today's"
         env = boards[0].runs[0].env
         page = [b for b in boards if not b.study]
         commits = dict.fromkeys(short(b.runs[0].commit) for b in page)

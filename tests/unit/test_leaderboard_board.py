@@ -149,6 +149,21 @@ def test_a_board_is_one_commit_and_one_sweep_and_the_page_says_when_boards_diffe
     assert "2 commits" in m.commits and "mt_bench at c0" in m.commits and "spec_bench at c1" in m.commits
 
 
+def test_where_today_grid_has_a_board_older_grids_boards_go_to_the_studies_page(tmp_path, monkeypatch):
+    """The first protocol's MT-Bench board is not an answer beside today's Spec-Bench board: once a board follows
+    today's grid, the machine's page holds only such boards. The control: without one, older boards stay."""
+    from bpdbench.report import leaderboard as lb
+    r = tmp_path / "results"
+    folder(r, "leaderboard-afcf1aeb72d2/mt_bench", {"pld": 1.3}, commit="c0")
+    folder(r, "leaderboard-afcf1aeb72d2/spec_bench", {"null": 1.0, "pld": 1.4}, today=True)
+    monkeypatch.setattr(lb.checks, "follows_today", lambda f, rel: "" if "spec_bench" in rel else "an older grid")
+    m = machine(r)
+    assert [b.task for b in m.boards] == ["spec_bench"] and [b.task for b in m.studies] == ["mt_bench"]
+    assert "older leaderboard grid" in m.studies[0].why_study and not m.commits
+    monkeypatch.setattr(lb.checks, "follows_today", lambda f, rel: "an older grid")
+    assert sorted(b.task for b in machine(r).boards) == ["mt_bench", "spec_bench"]
+
+
 def test_the_null_row_checks_the_noise_floor_and_refuses_a_board_outside_it(tmp_path):
     r = tmp_path / "results"
     folder(r, "leaderboard-afcf1aeb72d2/spec_bench", {"null": 1.0, "pld": 1.4, "bpd": 1.1}, today=True)
