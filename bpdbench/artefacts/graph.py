@@ -342,10 +342,11 @@ def _ready(a: Artefact) -> list[tuple[str, bool]]:
     return ready(_rescorer(a), a.model)
 
 
-def describe(a: Artefact) -> str:
-    """One line for the dry run: there, or what building it costs and the command that builds it alone."""
+def describe(a: Artefact, present: bool | None = None) -> str:
+    """One line for the dry run: there, or what building it costs and the command that builds it alone. `present`:
+    the caller's own check of it, so a sealed folder is not hashed again."""
     spec = KINDS[a.kind]
-    if spec.present(a):
+    if spec.present(a) if present is None else present:
         return "present"
     minutes, where = spec.minutes(a), spec.path(a)
     return (f"to build{f', about {minutes:g} min' if minutes is not None else ''} ({spec.command(a)})"

@@ -57,16 +57,16 @@ def _plan(cfg: RunConfig, spellings: str, heads_dtype: Callable[[str], str]) -> 
     except MethodError as e:
         raise ConfigError(f"--plan: {e}") from None
     _, nodes = graph.without_unneeded_data([], graph.nodes(cfg, chosen, heads_dtype))
-    minutes, unknown = 0.0, 0
+    minutes, unknown, missing = 0.0, 0, 0
     for a in nodes:
         spec = graph.KINDS[a.kind]
-        there = spec.present(a)
+        there = spec.present(a)         # once per node: a sealed folder's check hashes its files
         where = spec.path(a)
-        print(f"{a.label:40s} {graph.describe(a)}" + (f" ({where})" if there and where is not None else ""))
+        print(f"{a.label:40s} {graph.describe(a, there)}" + (f" ({where})" if there and where is not None else ""))
         if not there:
+            missing += 1
             m = spec.minutes(a)
             minutes, unknown = (minutes + m, unknown) if m is not None else (minutes, unknown + 1)
-    missing = sum(not graph.KINDS[a.kind].present(a) for a in nodes)
     print(f"{', '.join(m.label for m in chosen)} on {cfg.model}: " + (
         "nothing to build" if not missing else f"{missing} to build, about {minutes:g} min on 2 CPU cores"
         + (f" and {unknown} whose first use says how long" if unknown else "")))

@@ -320,11 +320,12 @@ def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_cate
         from .certificate import certify_output as cert
         return cert(s.model, prompt, output, ref, cfg.dtype, width)
 
+    engine_certify = engines.certifiers(s)     # one per run: llama.cpp's certifying context loads once, not per prompt
     for i, (ex, prompt) in enumerate(zip(s.examples, prompts)):
         if ex.id in done:
             continue
         recs = measure(fns, ex, prompt, repeats, s.model.device, i, not cfg.sampling.greedy, certify, log,
-                       subtask(s.task, ex), engines.baselines(chosen), engines.certifiers(s))
+                       subtask(s.task, ex), engines.baselines(chosen), engine_certify)
         recs = [{**r, PROMPT_HASH: prompt_sha256(ex)} for r in recs]     # what a resume checks the prompt by
         records += jsonl.append(recs)     # one fsynced write per prompt; a pair already in the file is not doubled
         carried.save(ids[:i + 1], set(ids[:i + 1]))   # then the state it hands on (a crash between: redone)

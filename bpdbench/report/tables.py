@@ -23,7 +23,7 @@ from .. import paths
 from . import load, paper
 from .hardware import hardware_table
 from .paper import TASK_ORDER, lattice_table, lattice_wide  # noqa: F401 (lattice_table: tests read it here)
-from .plots import lines_by_task
+from .plots import learning_curves, lines_by_task
 from ..experiments.summary import to_markdown
 
 if TYPE_CHECKING:
@@ -146,7 +146,6 @@ def build(results: Path | None = None) -> list[Path]:
     curve = drafters.learning_curve(results)
     emit("drafters_learning_curve", curve, "Draft networks: held-out top-1 at depth 1 against the positions the fit "
          "had seen (checkpoints where the training recorded them; `kept`: the weights it kept, its reported numbers)")
-    from .plots import learning_curves
     png = learning_curves(curve, out / "drafters_learning_curve.png", "from results/drafters/training/*.json; "
                           "the filled points are the kept weights, what a run drafts with")
     written.extend([png] if png else [])
