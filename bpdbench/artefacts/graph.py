@@ -53,7 +53,7 @@ def artefacts_for(cell, methods: list[Method], heads_dtype: HeadsDtype) -> list[
     """The artefacts one cell needs, each with the artefacts it is itself built from. `heads_dtype` is the training
     profile's fact (the sweep passes it: decoding code never reads a trainer's profiles)."""
     out = nodes(cell.config, methods, heads_dtype)
-    if cell.kind == "speed":        # timed: its cost curve is measured before the cell, not on the cell's clock
+    if cell.timed:                  # speed: its cost curve is measured before the cell, not on the cell's clock
         cfg = cell.config
         model = tuple(a.id for a in out if a.kind == "model" and a.model == cfg.model and a.detail == cfg.dtype)
         out.append(Artefact("calibration", cfg.model, f"{cfg.dtype}-{cfg.device}-{cell.threads}t", model,

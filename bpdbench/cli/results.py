@@ -20,8 +20,8 @@ from .options import DEFAULT_MODEL, Device, Dtype, Model, Threads, set_threads
 def regress(baseline: Annotated[str, typer.Option(help="baseline file")] = "results/baseline.json",
             update: Annotated[bool, typer.Option(help="re-run the grid and overwrite the baseline")] = False) -> None:
     """Re-run the fixed regression grid; exit 1 if block efficiency moved beyond tolerance or a run lost tokens."""
-    from ..experiments import commands
-    if commands.regress(Path(baseline), update, log):
+    from ..experiments import regress as lib
+    if lib.check(Path(baseline), update, log):
         raise typer.Exit(1)
 
 

@@ -22,10 +22,10 @@ import pandas as pd
 
 from ..config import ConfigError
 from ..engine import StepEvent
-from ..store import OutputLock, write_atomic
+from ..store import write_atomic
 from .summary import to_markdown
-from .plan import Plan
-from .session import Log, open_session
+from .command import Plan
+from .session import Log
 
 TEMPERATURES = (0.0, 0.7, 1.0)
 
@@ -87,39 +87,38 @@ def spelling(draft: str | None, gamma_max: int) -> str:
     return f"sps:gamma={gamma_max}" + (f",model={draft}" if draft else "")
 
 
-def run(plan: Plan, gamma_max: int = 8, temperatures=TEMPERATURES, log: Log = print) -> Path:
-    bad = [t for t in temperatures if t < 0]
-    if bad:
-        raise ConfigError(f"temperatures must be >= 0, got {bad[0]}")
+def measure(s, plan: Plan, log: Log = print) -> Path:
+    """Decode at each temperature, write alpha_law.csv / .md / .png, examples.csv, steps.jsonl, then config.json
+    (the folder's lock is held: experiments/execute.py)."""
+    o = plan.options
+    gamma_max, temperatures = o.gamma_max, o.temperatures
     cfg, method, out = plan.cfg, plan.method, plan.out
-    with OutputLock(out):
-        s = open_session(plan, log)
-        drafter, logged = s.drafter(method), StepLog()
-        frames, per_example, steps_log = [], [], []
-        for t in temperatures:
-            st = s.cfg.replace(temperature=t or None)
-            s.cfg = st
-            logged.steps = []
-            for i, ex in enumerate(s.examples):
-                acc = s.acceptance(i)
-                logged.attach(acc)
-                gen = s.decode(drafter, s.prompt(ex), acc, on_step=logged)
-                per_example.append({"temperature": t, "id": ex.id, "new_tokens": len(gen.tokens),
-                                    "serial_calls": gen.counters.serial_calls})
-            frames.append(table(logged.steps, t, gamma_max))
-            steps_log += [{"temperature": t, "drafted": d, "accepted": a, "beta": b} for d, a, b in logged.steps]
-            log(f"T={t:g}: {len(logged.steps)} steps, alpha_trial {frames[-1].alpha_trial.iloc[0]:.3f}")
-        df = pd.concat(frames, ignore_index=True)
-        out.mkdir(parents=True, exist_ok=True)
-        write_atomic(out / "alpha_law.csv", df.to_csv(index=False))
-        write_atomic(out / "alpha_law.md", to_markdown(df))
-        write_atomic(out / "examples.csv", pd.DataFrame(per_example).to_csv(index=False))
-        write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in steps_log))
-        meta = s.meta([method], gamma_max=gamma_max, temperatures=list(temperatures))
-        meta["config"]["temperature"] = None      # one run per temperature, listed above
-        write_atomic(out / "config.json", json.dumps(meta, indent=2, default=str))
-        from .figures import plot_alpha_law
-        plot_alpha_law(df, out / "alpha_law.png", f"{cfg.model}, {cfg.dtype}, draft "
-                       f"{meta['resolved']['methods'][method.label]['draft_model']}, {cfg.task}, "
-                       f"n = {len(s.examples)} prompts x {s.limits.max_new_tokens} tokens")
+    drafter, logged = s.drafter(method), StepLog()
+    frames, per_example, steps_log = [], [], []
+    for t in temperatures:
+        st = s.cfg.replace(temperature=t or None)
+        s.cfg = st
+        logged.steps = []
+        for i, ex in enumerate(s.examples):
+            acc = s.acceptance(i)
+            logged.attach(acc)
+            gen = s.decode(drafter, s.prompt(ex), acc, on_step=logged)
+            per_example.append({"temperature": t, "id": ex.id, "new_tokens": len(gen.tokens),
+                                "serial_calls": gen.counters.serial_calls})
+        frames.append(table(logged.steps, t, gamma_max))
+        steps_log += [{"temperature": t, "drafted": d, "accepted": a, "beta": b} for d, a, b in logged.steps]
+        log(f"T={t:g}: {len(logged.steps)} steps, alpha_trial {frames[-1].alpha_trial.iloc[0]:.3f}")
+    df = pd.concat(frames, ignore_index=True)
+    out.mkdir(parents=True, exist_ok=True)
+    write_atomic(out / "alpha_law.csv", df.to_csv(index=False))
+    write_atomic(out / "alpha_law.md", to_markdown(df))
+    write_atomic(out / "examples.csv", pd.DataFrame(per_example).to_csv(index=False))
+    write_atomic(out / "steps.jsonl", "".join(json.dumps(r) + "\n" for r in steps_log))
+    meta = s.meta([method], gamma_max=gamma_max, temperatures=list(temperatures))
+    meta["config"]["temperature"] = None      # one run per temperature, listed above
+    write_atomic(out / "config.json", json.dumps(meta, indent=2, default=str))
+    from .figures import plot_alpha_law
+    plot_alpha_law(df, out / "alpha_law.png", f"{cfg.model}, {cfg.dtype}, draft "
+                   f"{meta['resolved']['methods'][method.label]['draft_model']}, {cfg.task}, "
+                   f"n = {len(s.examples)} prompts x {s.limits.max_new_tokens} tokens")
     return out

@@ -10,7 +10,6 @@ a Ray worker, so a Plan pickles (its methods as references into the registry, se
 from __future__ import annotations
 
 import copyreg
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -20,53 +19,9 @@ from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
 from ..methods.registry import canonical
 from ..artefacts import checks
 from ..methods import preflight as method_checks
-from . import engines
+from .command import AlphaLawOptions, CertifyOptions, CommandSpec, Plan, SpeedOptions  # noqa: F401 (re-exported)
+from .commands import spec
 from .examples import select_examples
-
-# the result folder of each command under <results>/ (run folders are named after the method, see `run_folder`)
-FOLDERS = {"run": "runs", "replay": "replay", "oracle": "oracle", "analyze": "analysis", "speed": "speed",
-           "certify": "certify", "alpha_law": "alpha_law", "tune": ""}
-
-
-@dataclass(frozen=True)
-class SpeedOptions:
-    repeats: int = 3
-
-
-@dataclass(frozen=True)
-class CertifyOptions:
-    rules: tuple[str, ...] = ("exact",)
-    samples: int = 300
-    positions: int = 4
-    level: float = 0.01
-
-
-@dataclass(frozen=True)
-class AlphaLawOptions:
-    gamma_max: int = 8
-    temperatures: tuple[float, ...] = (0.0, 0.7, 1.0)
-
-
-# a command's own settings beyond the RunConfig, typed, on the Plan: the CLI and a grid cell fill the same object, and
-# `execute` (experiments/execute.py) reads it; the commands without any have none
-OPTIONS = {"speed": SpeedOptions, "certify": CertifyOptions, "alpha_law": AlphaLawOptions}
-
-
-@dataclass(frozen=True)
-class Plan:
-    cfg: RunConfig                      # validated
-    kind: str                           # a key of FOLDERS
-    methods: tuple[Method, ...]
-    examples: tuple                     # the selection the session decodes (held-out for tune)
-    out: Path | None                    # None: the command writes no folder (tune writes the alpha table)
-    resume: bool = False
-    per_category: int | None = None
-    options: object = None              # OPTIONS[kind], or None for a command without settings of its own
-
-    @property
-    def method(self) -> Method:
-        """The one method of `run` (and `tune`)."""
-        return self.methods[0]
 
 
 def _method(name: str, params: dict, spelled: str) -> Method:
@@ -124,18 +79,20 @@ def takes_threshold(method: Method) -> bool:
     return method.label != "ar" and any(p.name == "threshold" for p in method.spec.params)
 
 
-def out_of(cfg: RunConfig, kind: str, methods: Sequence[Method]) -> Path | None:
-    if kind == "tune":
+def out_of(cfg: RunConfig, command: CommandSpec, methods: Sequence[Method]) -> Path | None:
+    """Where the command writes: --out, else its default folder (run and certify: named after their methods and
+    settings; the others: <results>/<folder>/<task>); None for a command that writes no folder (tune)."""
+    if not command.writes_folder:
         return None
     if cfg.out:
         return Path(cfg.out)
-    if kind == "run":
+    if command.named_by_methods and command.methods == "one":
         return run_folder(cfg, methods[0])
-    if kind == "certify":                   # one folder per question asked: methods, sampling, dtype
+    if command.named_by_methods:          # one folder per question asked: methods, sampling, dtype
         tag = paths.folder_name("+".join(m.label for m in methods))
         name = paths.shell_safe(f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
-        return paths.experiment_dir("certify", name)
-    return paths.experiment_dir(FOLDERS[kind], cfg.task)
+        return paths.experiment_dir(command.name, name)
+    return paths.experiment_dir(command.folder, cfg.task)
 
 
 def preflight(cfg: RunConfig, split: str = "eval", per_category: int | None = None,
@@ -169,47 +126,47 @@ def check_files(cfg: RunConfig, methods: list[Method] | None = None, log=print) 
     method_checks.check_methods(cfg, methods)
 
 
-def check_replay(cfg: RunConfig, methods: list[Method]) -> None:
-    """Before anything loads: replay needs a greedy trajectory and our own decode loop."""
-    if not cfg.sampling.greedy:
-        raise ConfigError(f"replay walks each method along the greedy reference, but at --temperature "
-                          f"{cfg.temperature:g} the trajectory depends on the draws, so there is none to replay; "
-                          f"decode for real with `bpdbench run --temperature {cfg.temperature:g} --method M`")
+def check_engines(command: CommandSpec, methods: Sequence[Method]) -> None:
+    """Methods that run another engine's loop can only be timed: every other command walks ours."""
     external = [m.label for m in methods if m.spec.external]
-    if external:
-        raise ValueError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp) and cannot be "
-                         f"replayed; "
-                         f"time them with `bpdbench speed`")
+    if external and not command.external:
+        raise ConfigError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp) and cannot be "
+                          f"replayed, certified or analysed by `bpdbench {command.name.replace('_', '-')}`; time "
+                          f"them with `bpdbench speed` (in a grid: a [[speed]] block)")
 
 
-def prepare(cfg: RunConfig, kind: str, methods: str | Sequence[str] | Sequence[Method] | None = None, *,
-            resume: bool | None = None, per_category: int | None = None, split: str = "eval",
+def with_baseline(command: CommandSpec, methods: list[Method]) -> list[Method]:
+    """The methods with the command's baseline first (speed: ar, the divisor of every speedup), added if absent."""
+    if command.baseline is None:
+        return methods
+    first = [m for m in methods if m.label == command.baseline] or [parse(command.baseline)]
+    return first[:1] + [m for m in methods if m.label != command.baseline]
+
+
+def prepare(cfg: RunConfig, command: str, methods: str | Sequence[str] | Sequence[Method] | None = None, *,
+            resume: bool | None = None, per_category: int | None = None, split: str | None = None,
             log=print, files: bool = True, select: Callable[..., list] | None = None, options: object = None) -> Plan:
     """Validate, parse and select once; raise ConfigError (one line) on anything a user can fix. `files=False`
     leaves the artefact files to `check_files` (a sweep's driver: its tasks build them later, on the workers);
-    `select`: see check_inputs."""
-    if kind not in FOLDERS:
-        raise ValueError(f"unknown command kind {kind!r}")
-    want = OPTIONS.get(kind)
-    if options is None and want is not None:
-        options = want()
-    if (want is None) != (options is None) or (want is not None and not isinstance(options, want)):
-        raise ValueError(f"{kind} takes {want.__name__ if want else 'no options'}, got {type(options).__name__}")
+    `select`: see check_inputs; `split`: the command's own (tune: the tune split) unless given."""
+    c = spec(command)
+    if options is None and c.options is not None:
+        options = c.options()
+    if (c.options is None) != (options is None) or (c.options is not None and not isinstance(options, c.options)):
+        raise ValueError(f"{command} takes {c.options.__name__ if c.options else 'no options'}, "
+                         f"got {type(options).__name__}")
     cfg = cfg.validate()
     if methods is None:
-        parsed = [method_of(cfg)] if kind in ("run", "tune") else []
+        parsed = [method_of(cfg)] if c.methods == "one" else []
     elif isinstance(methods, str) or any(isinstance(m, str) for m in methods):
         parsed = methods_of(methods)
     else:
         parsed = list(methods)
-    if kind == "speed":          # ar, the baseline every speedup divides by, always runs, first
-        ar = [m for m in parsed if m.label == "ar"] or [parse("ar")]
-        parsed = ar[:1] + [m for m in parsed if m.label != "ar"]
-        engines.check(parsed)     # llama.cpp's prompt lookup needs llama.cpp's greedy, which certifies it
-    if kind == "replay":
-        check_replay(cfg, parsed)
-    examples = check_inputs(cfg, split, per_category, parsed, select)
+    parsed = with_baseline(c, parsed)
+    check_engines(c, parsed)
+    c.check(cfg, parsed, options)
+    examples = check_inputs(cfg, split or c.split, per_category, parsed, select)
     if files:
         check_files(cfg, parsed, log)
-    return Plan(cfg, kind, tuple(parsed), tuple(examples), out_of(cfg, kind, parsed),
+    return Plan(cfg, command, tuple(parsed), tuple(examples), out_of(cfg, c, parsed),
                 cfg.resume if resume is None else resume, per_category, options)

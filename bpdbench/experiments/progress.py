@@ -5,7 +5,7 @@ import pandas as pd
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .certificate import LostExamples
-from .plan import Plan
+from .command import Plan
 from .summary import SUMMARY_CSV
 from .execute import execute
 from .terminal import run_table, run_verdict, show

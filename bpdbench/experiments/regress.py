@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ..config import RunConfig, environment
 from ..store import read_json
+from .execute import execute
 from .plan import prepare
-from .run import run
 
 GRID = {"tasks": {"xsum": 3, "squad": 3, "mt_bench": 3}, "methods": ["bpd", "16best-0gram", "medusa"],
         "max_new_tokens": 24, "dtype": "float32", "heads_profile": "ci", "threads": 2}
@@ -36,7 +36,7 @@ def _grid(grid: dict, tmp: str, log) -> dict[str, dict]:
             cfg = RunConfig(task=task, limit=limit, max_new_tokens=grid["max_new_tokens"], dtype=grid["dtype"],
                             heads_profile=grid["heads_profile"], threads=grid["threads"],
                             method=method, out=f"{tmp}/{task}-{method}", greedy_dir=f"{tmp}/greedy")
-            row = run(prepare(cfg, "run", log=log), log=log)
+            row = execute(prepare(cfg, "run", log=log), log=log)
             out[f"{task}/{method}"] = {k: row.get(k) for k in ("block_efficiency", "lossless_rate", "new_tokens",
                                                                   "serial_calls", "speedup_vs_ar")}
             sp = row.get("speedup_vs_ar")
@@ -133,4 +133,18 @@ def regress(baseline_path: Path, update: bool = False, log=print) -> list[str]:
         log(f"speed: baseline machine {'matches' if same else 'differs'} ({why}): absolute speedups "
             f"{'compared' if same else 'not compared'}, efficiencies compared")
         failures += regress_speed.compare(base, speed, same, saved.get("speed_tolerance"))
+    return failures
+
+
+def check(baseline: Path, update: bool, log=print) -> list[str]:
+    """`bpdbench regress`: the failures, each said on its own line (none: the check passed)."""
+    if not update and not baseline.exists():
+        raise FileNotFoundError(f"no baseline at {baseline}; create it with `bpdbench regress --update`")
+    failures = regress(baseline, update, log=log)
+    if update:
+        log(f"baseline written to {baseline}")
+    for f in failures:
+        log(f"REGRESSION {f}")
+    if not update and not failures:
+        log("regression check passed")
     return failures

@@ -83,16 +83,16 @@ def consistent(ar_time_efficiency: float) -> bool:
 
 def measure_once(grid: dict, log=print, recalibrate: bool = False) -> dict:
     """One `speed` run of the grid's methods in a private folder: per method, the efficiencies and speedups."""
-    from .plan import prepare
-    from .speed import run as speed_run
+    from .execute import execute
+    from .plan import SpeedOptions, prepare
     with tempfile.TemporaryDirectory() as tmp:
         cfg = RunConfig(task=grid["task"], model=grid.get("model", RunConfig.model), limit=grid["limit"],
                         max_new_tokens=grid["max_new_tokens"], dtype=grid["dtype"],
                         heads_profile=grid["heads_profile"], threads=grid["threads"],
                         max_prompt_tokens=grid.get("max_prompt_tokens", 1024), data_file=grid.get("data_file"),
                         out=f"{tmp}/speed", greedy_dir=f"{tmp}/greedy")
-        out = speed_run(prepare(cfg, "speed", grid["methods"], log=log), repeats=grid["repeats"], log=log,
-                        recalibrate=recalibrate)
+        out = execute(prepare(cfg, "speed", grid["methods"], log=log,
+                              options=SpeedOptions(grid["repeats"], recalibrate)), log)
         df = read_table(Path(out) / "speed.csv").set_index("method")
         cal = (json.loads((Path(out) / "config.json").read_text()).get("calibration") or {}).get("others_cores")
     timed = _num(df["others_cores_max"].max()) if "others_cores_max" in df else float("nan")

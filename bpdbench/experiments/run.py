@@ -14,13 +14,13 @@ import torch
 
 from ..methods import Method
 from ..paths import portable_tree
-from ..store import PROMPT_HASH, OutputLock, ResultWriter, precheck_run
+from ..store import EXAMPLES, PROMPT_HASH, OutputLock, ResultWriter, precheck_run, read_examples
 from .summary import summarize, write_summary
 from .certificate import EXACT, LostExamples, certify_output
 from .examples import prompt_sha256
 from .reference import first_divergence
-from .plan import Plan
-from .session import Log, Session, certify_command, open_session
+from .command import Plan
+from .session import Log, Session, certify_command
 from .timing import timed
 
 
@@ -33,28 +33,34 @@ def target_nll(model, prompt_ids: list[int], target_ids: list[int]) -> tuple[flo
     return float(nll), len(target_ids)
 
 
-def run(plan: Plan, log: Log = print, progress: Callable[[dict], None] | None = None) -> dict:
-    """Decode, certify, append one record per example; raise LostExamples (after writing every record and the
-    summary) when an example diverged from greedy beyond numerical noise."""
+def decode(s: Session, plan: Plan, lock: OutputLock, log: Log, progress: Callable[[dict], None] | None) -> dict:
+    """Decode, certify, append one record per example, then the summary (the folder's lock is held: execute)."""
     cfg, method, out = plan.cfg, plan.method, plan.out
-    with OutputLock(out) as lock:         # a second writer fails here, before the model loads
-        precheck_run(out, cfg.to_dict(), plan.resume)
-        s = open_session(plan, log)
-        drafter = s.drafter(method)
-        meta = s.meta([method])
-        heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
-        meta["resolved"].update(method=method.label, **portable_tree(s.env.resolved.get(method.label, {})))
-        meta["resolved"]["heads_files"] = heads_meta
-        if not cfg.sampling.greedy:
-            meta["resolved"]["sampling"]["certificate"] = f"statistical ({certify_command(cfg, method.label)})"
-        with ResultWriter(out, meta, plan.resume, log, lock) as writer:
-            row = _decode_all(s, method, drafter, writer, progress, meta)
-            write_summary(out, row)
-    if row.get("n_lost"):
-        lost = [r["id"] for r in writer.records if r.get("certificate") == "lost"]
-        raise LostExamples(f"{row['n_lost']} example(s) lost: output differs from greedy beyond numerical noise "
-                           f"({', '.join(lost[:5])}); see certificate_reason in {out / 'examples.jsonl'}")
+    drafter = s.drafter(method)
+    meta = s.meta([method])
+    heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
+    meta["resolved"].update(method=method.label, **portable_tree(s.env.resolved.get(method.label, {})))
+    meta["resolved"]["heads_files"] = heads_meta
+    if not cfg.sampling.greedy:
+        meta["resolved"]["sampling"]["certificate"] = f"statistical ({certify_command(cfg, method.label)})"
+    with ResultWriter(out, meta, plan.resume, log, lock) as writer:
+        row = _decode_all(s, method, drafter, writer, progress, meta)
+        write_summary(out, row)
     return row
+
+
+def precheck(plan: Plan) -> None:
+    """Inside the lock, before the model loads: a folder of other settings is refused, not mixed."""
+    precheck_run(plan.out, plan.cfg.to_dict(), plan.resume)
+
+
+def refuse_lost(plan: Plan, row: dict, log: Log) -> None:
+    """After every record and the summary are written: an example that diverged from greedy beyond numerical noise
+    fails the command (LostExamples)."""
+    if row.get("n_lost"):
+        lost = [r["id"] for r in read_examples(plan.out / EXAMPLES) if r.get("certificate") == "lost"]
+        raise LostExamples(f"{row['n_lost']} example(s) lost: output differs from greedy beyond numerical noise "
+                           f"({', '.join(lost[:5])}); see certificate_reason in {plan.out / EXAMPLES}")
 
 
 def _decode_all(s: Session, method: Method, drafter, writer: ResultWriter, progress, meta: dict) -> dict:

@@ -23,75 +23,47 @@ from pathlib import Path
 
 import pandas as pd
 
-from ..config import ConfigError, RunConfig
 from ..engine import Limits, generate
-from ..engine.sampling import LOSSY, RULES
-from ..store import OutputLock, write_atomic
+from ..engine.sampling import LOSSY
+from ..store import write_atomic
 from ..stats import holm, homogeneity
-from ..methods import Method
-from .plan import Plan
-from .session import Log, open_session
+from .command import Plan
+from .session import Log
 
 END = -1             # the "token" at a position after EOS
 SEED_STRIDE = 1_000_000
 
 
-def check(cfg: RunConfig, rules: list[str], samples: int, positions: int, level: float) -> None:
-    """Before the model loads: one line naming what is wrong."""
-    if cfg.sampling.greedy:
-        raise ConfigError("certify tests sampling: pass --temperature > 0 (greedy runs are certified per example "
-                          "by `bpdbench run`)")
-    bad = [r for r in rules if r not in RULES]
-    if bad:
-        raise ConfigError(f"unknown rule {bad[0]!r}; valid: {', '.join(RULES)}")
-    if samples < 20:
-        raise ConfigError(f"--samples must be >= 20 per side, got {samples}")
-    if positions < 1:
-        raise ConfigError(f"--positions must be >= 1, got {positions}")
-    if not 0.0 < level < 1.0:
-        raise ConfigError(f"--level must be in (0, 1), got {level}")
-
-
-def check_methods(methods: list[Method]) -> None:
-    external = [m.label for m in methods if m.spec.external]
-    if external:
-        raise ConfigError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp); certify "
-                          f"tests methods in ours")
-
-
-def certify_sampling(plan: Plan, rules: str = "exact", samples: int = 300, positions: int = 4, level: float = 0.01,
-            log: Log = print) -> dict:
-    """Checks the test's own settings first, before the model loads."""
+def sample_and_test(s, plan: Plan, log: Log = print) -> dict:
+    """The samples and the tests, written to certify.json / certify.csv / certify_summary.csv / samples.jsonl (the
+    folder's lock is held: experiments/execute.py; the options were checked when the Plan was made)."""
+    o = plan.options
     cfg, chosen, out = plan.cfg, list(plan.methods), plan.out
-    rule_list = [r.strip() for r in rules.split(",") if r.strip()]
-    check(cfg, rule_list, samples, positions, level)
-    check_methods(chosen)
-    with OutputLock(out):
-        s = open_session(plan, log)
-        drafters = {m.label: s.drafter(m) for m in chosen}
-        limits = Limits(cfg.max_new_tokens or positions, s.limits.eos_ids)
-        families = [("ar", None, "exact")] + [(m, d, r) for m, d in drafters.items() for r in rule_list]
-        draws: dict[str, list] = {f"{m}|{r}": [] for m, _, r in families}
-        alphas: dict[str, list[float]] = {k: [] for k in draws}
-        for i, ex in enumerate(s.examples):
-            prompt, memo = s.prompt(ex), {}
-            for side, (label, drafter, rule) in enumerate(families):
-                t0, key = time.perf_counter(), f"{label}|{rule}"
-                outs = []
-                for j in range(samples):
-                    seed = (cfg.seed or 0) + SEED_STRIDE * (cfg.offset + i) + len(families) * j + side
-                    acc = s.acceptance(i, rule, seed=seed)
-                    if drafter is not None:
-                        s.with_reference(drafter, prompt)
-                    gen = generate(s.model, drafter, prompt, limits, acc, memo=memo)
-                    outs.append((gen.tokens + [END] * positions)[:positions])
-                    alphas[key] += acc.alphas
-                draws[key].append({"id": ex.id, "tokens": outs})
-                log(f"[{i + 1}/{len(s.examples)}] {ex.id} {key}: {samples} samples in {time.perf_counter() - t0:.0f}s")
-        result = _tests(draws, alphas, families, positions, level)
-        meta = s.meta(chosen, samples=samples, positions=positions, level=level, rules=rule_list,
-                      seeds=f"seed + {SEED_STRIDE} x example index + {len(families)} x sample + side")
-        _write(out, meta, result, draws)
+    rule_list, samples, positions, level = list(o.rules), o.samples, o.positions, o.level
+    drafters = {m.label: s.drafter(m) for m in chosen}
+    limits = Limits(cfg.max_new_tokens or positions, s.limits.eos_ids)
+    families = [("ar", None, "exact")] + [(m, d, r) for m, d in drafters.items() for r in rule_list]
+    draws: dict[str, list] = {f"{m}|{r}": [] for m, _, r in families}
+    alphas: dict[str, list[float]] = {k: [] for k in draws}
+    for i, ex in enumerate(s.examples):
+        prompt, memo = s.prompt(ex), {}
+        for side, (label, drafter, rule) in enumerate(families):
+            t0, key = time.perf_counter(), f"{label}|{rule}"
+            outs = []
+            for j in range(samples):
+                seed = (cfg.seed or 0) + SEED_STRIDE * (cfg.offset + i) + len(families) * j + side
+                acc = s.acceptance(i, rule, seed=seed)
+                if drafter is not None:
+                    s.with_reference(drafter, prompt)
+                gen = generate(s.model, drafter, prompt, limits, acc, memo=memo)
+                outs.append((gen.tokens + [END] * positions)[:positions])
+                alphas[key] += acc.alphas
+            draws[key].append({"id": ex.id, "tokens": outs})
+            log(f"[{i + 1}/{len(s.examples)}] {ex.id} {key}: {samples} samples in {time.perf_counter() - t0:.0f}s")
+    result = _tests(draws, alphas, families, positions, level)
+    meta = s.meta(chosen, samples=samples, positions=positions, level=level, rules=rule_list,
+                  seeds=f"seed + {SEED_STRIDE} x example index + {len(families)} x sample + side")
+    _write(out, meta, result, draws)
     return result
 
 

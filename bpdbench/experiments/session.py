@@ -25,8 +25,7 @@ from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError
 from ..methods.contract import reads_reference
-from .examples import prompt_sha256
-from .plan import Plan
+from .command import Plan
 from .reference import GreedyReference
 
 Log = Callable[[str], None]
@@ -64,7 +63,7 @@ class Session:
     threads: int
     log: Log = print
     extra: dict = field(default_factory=dict)
-    command: str | None = None          # the Plan's kind, recorded in config.json (store.COMMAND)
+    command: str | None = None          # the Plan's command, recorded in config.json (store.COMMAND)
 
     def prompt(self, example) -> list[int]:
         return self.prompt_info(example)[0]
@@ -205,20 +204,18 @@ def register_builders() -> None:
 
 
 def build_method_once(cfg: RunConfig, method: Method, need: str, log: Log = print) -> None:
-    """Build `need` through one first use of `method` on a one-example session (the graph checked it is missing)."""
-    from .plan import prepare
+    """Build `need` through one first use of `method` on a one-example session (the graph checked it is missing).
+    The Plan is made here, not by `prepare`: a first use happens inside a command whose inputs were checked."""
+    from .examples import select_examples
     log(f"{need} for {cfg.model}: building it through {method.label}'s first use")
-    plan = prepare(cfg.replace(limit=1, resume=False, out=None), "replay", [method], log=log)
+    one = cfg.replace(limit=1, resume=False, out=None).validate()
+    plan = Plan(one, "replay", (method,), tuple(select_examples(one, "eval", None)), None)
     open_session(plan, log).drafter(method)
 
 
 def open_session(plan: Plan, log: Log = print) -> Session:
-    """Load the model for a prepared plan (experiments/plan.py: validated, parsed and selected before this)."""
-    if plan.out is not None:          # before the model loads: another command's folder, an edited prompt
-        store.check_command(plan.out, plan.kind)
-        if plan.resume and plan.kind in store.RESULT_FILES:
-            store.check_prompts(plan.out / store.RESULT_FILES[plan.kind],
-                                {ex.id: prompt_sha256(ex) for ex in plan.examples})
+    """Load the model for a prepared plan (experiments/plan.py: validated, parsed and selected before this; the
+    folder's command and prompts checked by experiments/execute.py)."""
     register_builders()
     cfg = plan.cfg
     task = task_registry.get_task(cfg.task)
@@ -231,6 +228,6 @@ def open_session(plan: Plan, log: Log = print) -> Session:
     greedy = Path(cfg.greedy_dir) if cfg.greedy_dir else paths.greedy_dir()
     reference = GreedyReference(model, models.model_id(cfg.model), cfg.dtype, str(model.device), greedy, log)
     session = Session(cfg, task, list(plan.examples), model, tok, limits, env, reference, threads, log,
-                      command=plan.kind)
+                      command=plan.command)
     env.builder = session.build
     return session

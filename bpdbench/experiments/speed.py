@@ -46,8 +46,8 @@ from .draw import subtask
 from .examples import prompt_sha256
 from .speed_summary import counted, summarize  # noqa: F401 (callers read them here)
 from .reference import first_divergence
-from .plan import Plan
-from .session import Log, open_session
+from .command import Plan
+from .session import Log
 from .timing import interleaved, median
 
 MACHINE_AND_CODE = ("fingerprint", "git_commit")      # a resumed speed run must share both
@@ -270,18 +270,16 @@ def _summaries(records: list[dict], cal, out: Path) -> pd.DataFrame:
     return summary
 
 
-def run(plan: Plan, repeats: int = 3, log: Log = print, recalibrate: bool = False) -> Path:
+def run_speed(s, plan: Plan, lock: OutputLock, log: Log = print) -> Path:
     """Measure, write speed.jsonl / speed.csv / speed_by_category.csv / config.json, return the directory.
     Records are appended per prompt, so an interrupted run loses only the prompt in flight (`resume`).
-    `recalibrate`: measure this machine's forward costs again now instead of reading the cached curve."""
-    if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    `recalibrate` (SpeedOptions): measure this machine's forward costs again now instead of reading the cached
+    curve. The folder's lock is held (experiments/execute.py)."""
+    o = plan.options
     chosen = list(plan.methods)                # ar first: `prepare` put the baseline there
-    with OutputLock(plan.out) as lock:     # one writer per folder, taken before the model loads
-        s = open_session(plan, log)
-        with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log, lock) as jsonl:
-            return _measure_all(s, plan.cfg, chosen, repeats, plan.per_category, plan.resume, plan.out, jsonl, log,
-                                recalibrate)
+    with AppendOnlyJsonl(plan.out, "speed.jsonl", by_prompt_method, log, lock) as jsonl:
+        return _measure_all(s, plan.cfg, chosen, o.repeats, plan.per_category, plan.resume, plan.out, jsonl, log,
+                            o.recalibrate)
 
 
 def _measure_all(s, cfg: RunConfig, chosen: list[Method], repeats: int, per_category: int | None, resume: bool,

@@ -16,13 +16,14 @@ from pathlib import Path
 import pandas as pd
 
 from .. import paths
+from ..experiments.commands import COMMANDS
 from ..experiments.summary import to_markdown
 
 FILE = "README.md"
-CONFIG_FILES = ("config.json", "certify.json")      # certify folders record their settings in certify.json
-# the file each command kind leaves in its folder (as sweep/folders.py's SUMMARY), checked in this order
-KIND_FILES = (("speed", "speed.csv"), ("replay", "replay.csv"), ("oracle", "oracle.csv"), ("analyze", "entropy.csv"),
-              ("alpha_law", "alpha_law.csv"), ("certify", "certify_summary.csv"), ("run", "summary.csv"))
+CONFIG_FILES = tuple(dict.fromkeys(c.config_file for c in COMMANDS.values()))   # certify's: certify.json
+# the summary each command leaves in its folder (CommandSpec.summary), run's last: summary.csv is the most generic name
+COMMAND_FILES = tuple(sorted(((c.name, c.summary) for c in COMMANDS.values() if c.writes_folder),
+                             key=lambda pair: pair[1] == "summary.csv"))
 OLDER = "is older than"          # the leaderboard's reason for a folder a newer commit of its board replaced
 
 HEADER = """# Result folders
@@ -74,15 +75,15 @@ def _config(folder: Path) -> dict:
     return {}
 
 
-def kind(folder: Path) -> str:
-    return next((k for k, file in KIND_FILES if (folder / file).exists()), "unknown")
+def command_of(folder: Path) -> str:
+    return next((k for k, file in COMMAND_FILES if (folder / file).exists()), "unknown")
 
 
 def made_by(config: dict, folder: Path) -> str:
     sweep = config.get("sweep") or {}
     if sweep.get("grid"):
         return f"{sweep['grid']}: {sweep.get('cell', '?')}"
-    return f"bpdbench {kind(folder)}"
+    return f"bpdbench {command_of(folder)}"
 
 
 def machine(env: dict) -> str:

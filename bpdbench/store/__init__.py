@@ -34,9 +34,6 @@ EXAMPLES, CONFIG = "examples.jsonl", "config.json"
 Key = Callable[[dict], object]
 COMMAND = "command"             # the config.json (certify: certify.json) field naming the command that made a folder
 PROMPT_HASH = "prompt_sha256"   # the per-example record field: a hash of the prompt text it was decoded from
-# the file each command that resumes appends to: also which command made a folder written before config.json
-# recorded its command (replay and oracle share one)
-RESULT_FILES = {"run": EXAMPLES, "replay": "replay.jsonl", "oracle": "replay.jsonl", "speed": "speed.jsonl"}
 
 
 def by_id(record: dict) -> object:
@@ -269,10 +266,11 @@ def settings_and_heads(meta: dict) -> dict:
     return {"config": meta.get("config", {}), "heads": (meta.get("resolved") or {}).get("heads")}
 
 
-def makers(out: Path) -> set[str]:
+def makers(out: Path, result_files: dict[str, str] | None = None) -> set[str]:
     """The command that made folder `out`, as its config.json (certify: certify.json) records it; in a folder
-    written before that was recorded, the commands whose result file it holds (RESULT_FILES); none: a new folder,
-    or an old one that holds no result file, which any command may write as before."""
+    written before that was recorded, the commands whose result file it holds (`result_files`: command -> the file
+    it appends to, experiments/commands.py; replay and oracle share one); none: a new folder, or an old one that
+    holds no result file, which any command may write as before."""
     for name in (CONFIG, "certify.json"):
         try:
             recorded = json.loads((Path(out) / name).read_text()).get(COMMAND)
@@ -280,14 +278,14 @@ def makers(out: Path) -> set[str]:
             continue
         if isinstance(recorded, str):
             return {recorded}
-    return {c for c, f in RESULT_FILES.items() if (Path(out) / f).is_file() and (Path(out) / f).stat().st_size}
+    return {c for c, f in (result_files or {}).items() if (Path(out) / f).is_file() and (Path(out) / f).stat().st_size}
 
 
-def check_command(out: Path, command: str) -> None:
+def check_command(out: Path, command: str, result_files: dict[str, str] | None = None) -> None:
     """One folder holds one command's results: `run --resume --out <a replay folder>` would append run records
     beside the replay's and overwrite its config.json, and no settings check sees it (the run's own file is not
     there yet). Every command checks its --out here before its model loads, with or without --resume."""
-    made = makers(out)
+    made = makers(out, result_files)
     if made and command not in made:
         by = " or ".join(f"`bpdbench {c.replace('_', '-')}`" for c in sorted(made))
         raise ValueError(f"{out} holds the results of {by}, not of `bpdbench {command.replace('_', '-')}`; "

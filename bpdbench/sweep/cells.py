@@ -111,16 +111,16 @@ def run_cell(cell, retries: int, state_dir: str, commit: str | None, *deps: dict
     results of the artefacts and tune cells it needs (Ray passes them in once they are done, which is how the cell
     waits)."""
     import torch
-    from . import kinds
+    from . import commands
     blocked = _other_code(cell.id, commit) or _blocked(cell.id, deps)
     if blocked:
         return blocked
     torch.set_num_threads(cell.threads)        # the commands set it again from the cell's RunConfig (the same)
-    if kinds.finished(cell, paths.results_root()):      # e.g. finished since the driver looked
+    if commands.finished(cell, paths.results_root()):      # e.g. finished since the driver looked
         return {"id": cell.id, "status": "finished"}
     with _logged(state_dir, cell.id) as (log, state):
-        log(f"{cell.kind} {cell.id}: threads {cell.threads}, gpus {cell.gpus}, results {paths.results_root()}")
-        return _attempts(cell.id, state, retries, log, lambda: kinds.execute(cell, log))
+        log(f"{cell.command} {cell.id}: threads {cell.threads}, gpus {cell.gpus}, results {paths.results_root()}")
+        return _attempts(cell.id, state, retries, log, lambda: commands.execute(cell, log))
 
 
 def run_artefact(artefact, auto_train: bool, threads: int, retries: int, state_dir: str, commit: str | None,

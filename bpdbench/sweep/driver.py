@@ -18,7 +18,7 @@ from ..artefacts.graph import KINDS, describe
 from ..paths import portable_tree
 from ..config import ConfigError
 from ..store import write_atomic
-from . import kinds
+from . import commands
 from .cells import OK, run_artefact, run_cell
 from .grid import SweepPlan
 
@@ -36,7 +36,7 @@ def status(plan: SweepPlan) -> tuple[list, list]:
     """(cells left to run, cells finished earlier), from the results tree as the driver sees it."""
     todo, done = [], []
     for c in plan.cells:
-        (done if kinds.finished(c, plan.results) else todo).append(c)
+        (done if commands.finished(c, plan.results) else todo).append(c)
     return todo, done
 
 
@@ -51,9 +51,9 @@ def show(plan: SweepPlan, out: Callable[[str], None] = print) -> None:
         out(f"  artefact {a.id}: {describe(a)}" + (f"  after {', '.join(a.needs)}" if a.needs else ""))
     for c in plan.cells:
         state = "finished" if c in done else "to run  "
-        what = c.options.get("methods") or c.config.method if c.kind in ("run", "replay", "speed") else ""
+        what = c.options.get("methods") or c.config.method if c.spec.methods != "fixed" else ""
         waits = [n for n in c.needs if n in {a.id for a in needed} or n in {t.id for t in todo}]
-        out(f"  {state} {c.kind:7s} {c.id}  limit {c.config.limit}, {c.threads} thread(s)"
+        out(f"  {state} {c.command:9s} {c.id}  limit {c.config.limit}, {c.threads} thread(s)"
             + (f", {c.gpus:g} GPU" if c.gpus else "") + (f"  [{what}]" if what else "")
             + (f"  after {', '.join(waits)}" if waits and c in todo else ""))
 
@@ -134,8 +134,8 @@ def run(plan: SweepPlan, address: str = "local", cpus: int | None = None, log: L
 
 
 def _earlier(c, plan: SweepPlan) -> dict:
-    lost = kinds.lost(c, plan.results)
-    return {"id": c.id, "kind": c.kind, "status": "finished", "earlier": True, **({"lost": lost} if lost else {})}
+    lost = commands.lost(c, plan.results)
+    return {"id": c.id, "command": c.command, "status": "finished", "earlier": True, **({"lost": lost} if lost else {})}
 
 
 def _submit(ray, plan: SweepPlan, todo: list) -> dict:
@@ -156,7 +156,7 @@ def _submit(ray, plan: SweepPlan, todo: list) -> dict:
                           name=a.id).remote(a, auto_train, threads, plan.retries, state, commit,
                                             *[by_id[n] for n in a.needs if n in by_id])
         refs[ref], by_id[a.id] = ("artefact", a), ref
-    for c in sorted(todo, key=lambda c: c.kind != "tune"):
+    for c in sorted(todo, key=lambda c: c.spec.writes_folder):       # tune cells first: others read their alpha
         ref = cell.options(num_cpus=c.threads, num_gpus=c.gpus, max_retries=plan.retries, retry_exceptions=False,
                            runtime_env=env, name=c.id).remote(c, plan.retries, state, commit,
                                                               *[by_id[n] for n in c.needs if n in by_id])
@@ -178,18 +178,19 @@ def _wait(ray, refs: dict, report: dict, total: int, log: Log) -> None:
             log(f"[{n}/{total}] {running} cell(s) waiting or running, {_eta(time.time() - t0)} elapsed")
             continue
         for ref in ready:
-            kind, item = refs[ref]
+            task, item = refs[ref]
             try:
                 res = ray.get(ref)
             except Exception as e:          # noqa: BLE001 -- a worker that died beyond its retries, a lost node
                 res = {"id": item.id, "status": "failed", "error": f"{type(e).__name__}: "
                        f"{(str(e).strip().splitlines() or [''])[-1][:300]}"}
-            res = {"kind": item.kind, **res}
-            if kind == "artefact":
+            if task == "artefact":
+                res = {"kind": item.kind, **res}
                 report["artefacts"].append(res)
                 log(f"artefact {item.id}: {res['status']}" + _tail(res))
                 continue
             n += 1
+            res = {"command": item.command, **res}
             report["cells"].append(res)
             left = total - n
             eta = f", ETA {_eta((time.time() - t0) / n * left)}" if left else ""

@@ -16,27 +16,22 @@ from typing import Sequence
 
 from .. import paths
 from ..config import ConfigError, RunConfig
-from ..experiments.plan import FOLDERS
+from ..experiments.command import CommandSpec
 from ..methods import Method
 
-# where a command writes without --out: <this>/<task> (run: runs/<task>-<model>-<method>-<dtype>)
-# the file a finished cell of each kind leaves (written last, after config.json)
-SUMMARY = {"run": "summary.csv", "replay": "replay.csv", "oracle": "oracle.csv", "analyze": "entropy.csv",
-           "speed": "speed.csv", "alpha_law": "alpha_law.csv", "certify": "certify_summary.csv"}
-CONFIG_FILE = {"certify": "certify.json"}          # where a kind records its settings, when not config.json
-FOLDER = {k: v for k, v in FOLDERS.items() if k not in ("run", "certify", "tune")}
 PLACEHOLDERS = ("task", "method", "model", "dtype", "heads_profile", "temperature", "seed", "machine")
 
 
-def place(kind: str, cfg: RunConfig, merged: dict, results: str, methods: Sequence[Method]) -> tuple[str, RunConfig]:
+def place(command: CommandSpec, cfg: RunConfig, merged: dict, results: str,
+          methods: Sequence[Method]) -> tuple[str, RunConfig]:
     """(the cell's folder relative to the results root, its config with `out` set where that folder is not where
-    the command writes by default), from the cell's parsed methods (kinds.parse_cell). Raises ConfigError naming
-    the key."""
+    the command writes by default), from the cell's parsed methods (commands.parse_cell). Raises ConfigError
+    naming the key."""
     folder, template = merged.get("folder"), merged.get("out")
     if folder is not None and template is not None:
         raise ConfigError("give folder or out, not both (out is a path template, e.g. out = \"certificates/"
                           "{task}-{method}\")")
-    if kind == "tune":
+    if not command.writes_folder:
         if template is not None:
             raise ConfigError("out: a tune cell writes the alpha table (alpha_file), not a folder")
         return "", cfg
@@ -44,13 +39,13 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str, methods: Sequen
                                or folder.startswith(".")):
         raise ConfigError(f"folder must be one folder name under the results root, got {folder!r}; for a path "
                           f"use out = \"a/b/{{task}}\"")
-    default = _cli_default(kind, cfg, methods)
+    default = _cli_default(command, cfg, methods)
     if template is not None:
-        rel = expand(template, kind, cfg)
-    elif kind in ("run", "certify"):     # named by their methods and settings, as the command names them
+        rel = expand(template, command, cfg)
+    elif command.named_by_methods:       # run and certify: named by their methods and settings, as the command does
         rel = default
     else:
-        rel = f"{folder or FOLDER[kind]}/{cfg.task}"
+        rel = f"{folder or command.folder}/{cfg.task}"
         if not cfg.sampling.greedy:      # one folder per temperature and seed, named as run's are
             rel += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
     if rel != default:                   # as `--out <results>/<rel>` would
@@ -58,11 +53,11 @@ def place(kind: str, cfg: RunConfig, merged: dict, results: str, methods: Sequen
     return rel, cfg
 
 
-def _cli_default(kind: str, cfg: RunConfig, methods: Sequence[Method]) -> str:
+def _cli_default(command: CommandSpec, cfg: RunConfig, methods: Sequence[Method]) -> str:
     """The folder the command writes to without --out, relative to the results root (experiments/plan.py names it;
     only run and certify folders are named after their methods)."""
     from ..experiments.plan import out_of
-    return out_of(cfg.replace(out=None), kind, list(methods)).relative_to(paths.results_root()).as_posix()
+    return out_of(cfg.replace(out=None), command, list(methods)).relative_to(paths.results_root()).as_posix()
 
 
 def machine_key(cfg: RunConfig) -> str:
@@ -78,7 +73,7 @@ def names_machine(merged: dict) -> bool:
     return isinstance(template, str) and "{machine}" in template
 
 
-def expand(template: object, kind: str, cfg: RunConfig) -> str:
+def expand(template: object, command: CommandSpec, cfg: RunConfig) -> str:
     """The template with the cell's values: {task}, {model}, {dtype}, {heads_profile}, {temperature} (0 when
     greedy, `:g`), {seed} (0 when unset), {machine} (machine_key: the fingerprint the leaderboard groups by, so two
     machines' boards of one benchmark are two folders, not one overwriting the other), and for run cells {method},
@@ -106,9 +101,9 @@ def expand(template: object, kind: str, cfg: RunConfig) -> str:
             raise ConfigError(f"out = {template!r}: unknown placeholder {{{shown}}}; valid: "
                               + ", ".join("{" + p + "}" for p in PLACEHOLDERS))
         if name == "method":
-            if kind != "run":
-                raise ConfigError(f"out = {template!r}: {{method}} names a run cell's one method; a {kind} cell "
-                                  f"has {'several' if kind in ('replay', 'speed') else 'none'}")
+            if not (command.per_method and command.writes_folder):
+                raise ConfigError(f"out = {template!r}: {{method}} names a run cell's one method; a {command.name} "
+                                  f"cell has {'several' if command.methods == 'many' else 'none'}")
             if spec not in ("", "-", "_"):
                 raise ConfigError(f"out = {template!r}: {{method:{spec}}}: the separator must be - or _")
             value = paths.folder_name(cfg.method, spec or "-", spec or "-")

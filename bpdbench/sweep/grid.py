@@ -1,7 +1,8 @@
 """The grid file: a small TOML document, validated whole before anything loads, expanded into cells and artefacts.
 
-A cell is one command (`run`, `replay`, `oracle`, `analyze`, `tune`, `speed`) with the RunConfig the CLI would build
-from the same flags: the CLI's defaults per command (CLI_DEFAULTS), the grid's [defaults], then the block's keys. So a
+A cell is one command (experiments/commands.py COMMANDS: `run`, `replay`, `speed`, ...) with the RunConfig the CLI
+would build from the same flags: the CLI's defaults of that command (CommandSpec.defaults), the grid's [defaults],
+then the block's keys. So a
 cell's config.json equals that of the equivalent command line, a folder the CLI wrote is recognised as finished or
 resumed, and the reverse. Cell identity is its output folder relative to the results root (tune: its alpha-table
 key): the command's default, a block's `folder` or its `out` template (folders.py), so a grid can name the folders
@@ -20,27 +21,13 @@ from typing import Any
 
 from .. import paths
 from ..config import ConfigError, RunConfig
-from ..experiments.plan import Plan
+from ..experiments.command import CommandSpec, Plan
+from ..experiments.commands import COMMANDS
 from ..methods import Method
 from ..artefacts.graph import Artefact, artefacts_for, collect, with_trainings, without_unneeded_data
 from .folders import machine_key, names_machine, place
 from .trainings import heads_dtype, trainings, with_data
 
-KINDS = ("tune", "run", "replay", "oracle", "analyze", "speed", "alpha_law", "certify")
-# what `bpdbench <kind>` uses for options the grid leaves out (cli.py), so cells record what the CLI records
-CLI_DEFAULTS: dict[str, dict[str, Any]] = {
-    "run": {"limit": 10, "methods": ["bpd"]},
-    "replay": {"limit": 30, "methods": ["bpd", "16best-0gram", "oracle:k=16"]},
-    "oracle": {"limit": 30}, "analyze": {"limit": 30}, "tune": {"limit": 20},
-    "speed": {"limit": 20, "max_new_tokens": 128, "repeats": 3,
-              "methods": ["ar", "bpd", "pld", "hf-greedy", "hf-pld", "hf-assisted"]},
-    "alpha_law": {"limit": 4, "max_new_tokens": 64, "gamma_max": 8, "temperatures": [0.0, 0.7, 1.0]},
-    "certify": {"limit": 3, "rules": ["exact"], "samples": 300, "positions": 4, "level": 0.01}}
-KIND_KEYS = {"run": {"methods", "out", "private_greedy"}, "replay": {"methods", "per_category", "folder", "out"},
-             "oracle": {"folder", "out"}, "analyze": {"folder", "out"}, "tune": {"methods", "out"},
-             "speed": {"methods", "repeats", "per_category", "folder", "out"},
-             "alpha_law": {"draft", "gamma_max", "temperatures", "folder", "out"},
-             "certify": {"methods", "rules", "samples", "positions", "level", "out"}}
 SWEEP_KEYS = {"name": str, "results": str, "cache": str, "data": str, "threads": int, "gpus": (int, float),
               "retries": int, "tables": bool}
 # RunConfig fields the sweep sets itself (axes, roots, resume): not grid keys
@@ -54,14 +41,14 @@ _TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
 
 @dataclass(frozen=True)
 class Cell:
-    """One command of the grid, planned once on the driver: `plan` is what its worker runs (kinds.plan_cell), and
-    `config`, `options` and `rel` are what identify it and its finished folder."""
-    kind: str
+    """One command of the grid, planned once on the driver: `plan` is what its worker runs (commands.plan_cell),
+    and `config`, `options` and `rel` are what identify it and its finished folder."""
+    command: str                        # a key of experiments/commands.COMMANDS
     config: RunConfig                   # as the equivalent command line records it (resume unset)
     options: dict                       # methods (a spelling list), k, repeats, per_category, rescorer
     rel: str                            # output folder relative to the results root; "" for tune
     plan: Plan = field(compare=False, repr=False)                   # validated, parsed, selected: shipped as is
-    methods: tuple[Method, ...] = field(compare=False, repr=False)  # what it builds (kinds.parse_cell)
+    methods: tuple[Method, ...] = field(compare=False, repr=False)  # what it builds (commands.parse_cell)
     threads: int = 1                    # torch threads = Ray CPUs
     gpus: float = 0
     needs: tuple[str, ...] = ()         # ids of artefacts and tune cells that must finish first
@@ -71,16 +58,25 @@ class Cell:
     #                                     cell on another machine writes the folder with that part replaced
 
     @property
+    def spec(self) -> CommandSpec:
+        return COMMANDS[self.command]
+
+    @property
+    def timed(self) -> bool:
+        """Its command measures wall time (the artefact graph measures its cost curve before it)."""
+        return self.spec.timed
+
+    @property
     def id(self) -> str:
         c = self.config
-        if self.kind == "tune":
+        if not self.spec.writes_folder:            # tune: its alpha-table key
             return f"tune:{c.model}/{c.task}/{self.methods[0].name}"
         return self.rel
 
     def key(self) -> dict:
         """What the cell's result must have been made with (threads and resume never change a result)."""
         cfg = {k: v for k, v in self.config.to_dict().items() if k not in ("threads", "resume")}
-        return {"kind": self.kind, "config": cfg, "options": self.options}
+        return {"command": self.command, "config": cfg, "options": self.options}
 
 
 @dataclass
@@ -138,10 +134,10 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
     """Read, validate and expand a grid; CLI options override the grid's [sweep] table."""
     grid = Path(grid)
     doc = _toml(grid)
-    unknown = sorted(set(doc) - {"sweep", "defaults", "train", *KINDS})
+    unknown = sorted(set(doc) - {"sweep", "defaults", "train", *COMMANDS})
     if unknown:
         raise GridError(f"{grid}: unknown table [{unknown[0]}]; valid: [sweep], [defaults], [[train]], "
-                        + ", ".join(f"[[{k}]]" for k in KINDS))
+                        + ", ".join(f"[[{k}]]" for k in COMMANDS))
     sweep = _table(doc, "sweep", grid)
     if not re.fullmatch(r"[\w.-]+", str(sweep.get("name", "x"))):
         raise GridError(f"{grid}: [sweep]: name must be one folder name (letters, digits, . _ -)")
@@ -169,12 +165,12 @@ def load(grid: Path, results: str | None = None, cache: str | None = None, data:
     _check_keys(defaults, set(SETTINGS) | {"models", "model", "temperatures", "temperature", "seeds", "seed",
                                            "threads", "gpus"}, f"{grid}: [defaults]")
     cells: list[Cell] = []
-    for kind in KINDS:
-        blocks = doc.get(kind, [])
+    for name, command in COMMANDS.items():
+        blocks = doc.get(name, [])
         if not isinstance(blocks, list) or not all(isinstance(b, dict) for b in blocks):
-            raise GridError(f"{grid}: write [[{kind}]] blocks (an array of tables), not [{kind}]")
+            raise GridError(f"{grid}: write [[{name}]] blocks (an array of tables), not [{name}]")
         for i, block in enumerate(blocks, 1):
-            cells += _expand(kind, block, defaults, f"{grid}: [[{kind}]] {i}", ctx)
+            cells += _expand(command, block, defaults, f"{grid}: [[{name}]] {i}", ctx)
     blocks = doc.get("train", [])
     if not isinstance(blocks, list):
         raise GridError(f"{grid}: write [[train]] blocks (an array of tables), not [train]")
@@ -267,27 +263,24 @@ def _setting(name: str, value: Any, where: str) -> Any:
     return float(value) if allowed == ["float"] else value
 
 
-def _one_line(e: Exception) -> str:
-    """The CLI's messages name flags (--limit); a grid names keys (limit)."""
-    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e).splitlines()[0])
-
-
-def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> list[Cell]:
+def _expand(command: CommandSpec, block: dict, defaults: dict, where: str, ctx: dict) -> list[Cell]:
+    name = command.name
     valid = set(SETTINGS) | {"tasks", "task", "models", "model", "temperatures", "temperature", "seeds", "seed",
-                             "threads", "gpus"} | KIND_KEYS[kind] | ({"method"} if kind in ("run", "tune") else set())
+                             "threads", "gpus"} | command.grid_keys | ({"method"} if command.per_method else set())
     _check_keys(block, valid, where)
-    sampled = [k for k in block if k in SAMPLING and not (kind == "alpha_law" and k == "temperatures")]
-    if sampled and kind not in ("run", "speed", "certify"):
-        raise GridError(f"{where}: {sampled[0]}: {kind} decodes greedily; sampling options go in [[run]] and "
+    sampled = [k for k in block if k in SAMPLING and k not in command.grid_keys]
+    if sampled and not command.samples:
+        raise GridError(f"{where}: {sampled[0]}: {name} decodes greedily; sampling options go in [[run]] and "
                         f"[[speed]] blocks")
-    merged = _merge(CLI_DEFAULTS[kind], defaults, block, where)
-    if kind == "alpha_law":                    # its temperatures are measured in one folder, not an axis
-        merged = {**merged, "law_temperatures": merged.pop("temperatures", None)}
-    if kind not in ("run", "speed", "certify"):    # [defaults]' sampling options are for the cells that sample
+    merged = _merge(command.defaults, defaults, block, where)
+    # a setting of the command's own that shares an axis's name (alpha_law's temperatures: measured in one
+    # folder) is the command's, not an axis
+    own = {k: merged.pop(k) for k in list(merged) if k in SAMPLING and k in command.grid_keys}
+    if not command.samples:                  # [defaults]' sampling options are for the cells that sample
         merged = {k: v for k, v in merged.items() if k not in SAMPLING}
     if "tasks" not in block and "task" not in block:
         raise GridError(f"{where}: name its tasks, e.g. tasks = [\"xsum\"]")
-    if kind == "tune" and "methods" not in block and "method" not in block:
+    if command.per_method and "methods" not in command.defaults and "methods" not in block and "method" not in block:
         raise GridError(f"{where}: name the methods whose alpha to tune, e.g. methods = [\"ngram4\"]")
     tasks = _axis(merged, "tasks", where, [])
     models = _axis(merged, "models", where, [RunConfig.model])
@@ -301,7 +294,7 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
         raise GridError(f"{where}: threads must be an integer >= 1, got {threads!r}")
     if not isinstance(gpus, (int, float)) or isinstance(gpus, bool) or gpus < 0:
         raise GridError(f"{where}: gpus must be a number >= 0, got {gpus!r}")
-    from .kinds import options_for
+    from .commands import options_for
     cells = []
     for model in models:
         for task in tasks:
@@ -311,12 +304,12 @@ def _expand(kind: str, block: dict, defaults: dict, where: str, ctx: dict) -> li
                     # greedy cells record what a command line without sampling options records
                     extra = dict.fromkeys(("temperature", "top_p", "top_k", "seed")) if greedy else \
                         {"temperature": _setting("temperature", t, where), "seed": _setting("seed", s, where)}
-                    for cfg, options in options_for(kind, merged, where):
+                    for cfg, options in options_for(command, {**merged, **own}, where):
                         cfg = RunConfig(task=_str(task, "task", where), model=_str(model, "model", where),
                                         threads=threads, **{**settings, **extra, **cfg})
                         cfg = _cap(cfg, ctx["limit"])
                         options = _cap_options(options, ctx["limit"])
-                        cells.append(_cell(kind, cfg, options, merged, where, ctx, threads, gpus))
+                        cells.append(_cell(command, cfg, options, merged, where, ctx, threads, gpus))
     return cells
 
 
@@ -338,11 +331,11 @@ def _cap_options(options: dict, limit: int | None) -> dict:
     return options
 
 
-def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ctx: dict, threads: int,
+def _cell(command: CommandSpec, cfg: RunConfig, options: dict, merged: dict, where: str, ctx: dict, threads: int,
           gpus: float) -> Cell:
     """The cell, planned once: its spellings parsed, its config validated and its examples selected here, on the
-    driver (kinds.plan_cell), before anything loads; the worker runs that plan."""
-    from .kinds import check, parse_cell, placed, plan_cell
+    driver (commands.plan_cell), before anything loads; the worker runs that plan."""
+    from .commands import check, one_line, parse_cell, placed, plan_cell
     for name in ("data_file", "heads_path"):    # `~` and paths relative to the grid, as a shell and cwd would
         if getattr(cfg, name):
             cfg = cfg.replace(**{name: _root(getattr(cfg, name), ctx["grid"].parent)})
@@ -355,16 +348,16 @@ def _cell(kind: str, cfg: RunConfig, options: dict, merged: dict, where: str, ct
         from ..hardware.dtype import resolve
         cfg = cfg.replace(dtype=resolve("auto", "cpu" if cfg.device == "cpu" else cfg.device, cfg.threads))
     try:
-        chosen, methods = parse_cell(kind, cfg, options)
-        check(kind, cfg, methods)
-        plan = plan_cell(kind, cfg, chosen, options, ctx)
+        chosen, methods = parse_cell(command, cfg, options)
+        check(command, cfg, methods)
+        plan = plan_cell(command, cfg, chosen, options, ctx)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
-        raise GridError(f"{where}: {cfg.task}: {_one_line(e)}") from None
+        raise GridError(f"{where}: {cfg.task}: {one_line(e)}") from None
     try:
-        rel, cfg = place(kind, cfg, merged, ctx["results"], methods)
+        rel, cfg = place(command, cfg, merged, ctx["results"], methods)
     except ConfigError as e:
         raise GridError(f"{where}: {e}") from None
-    cell = Cell(kind, cfg, options, rel, placed(plan, cfg, rel, ctx["results"]), methods, threads, gpus,
+    cell = Cell(command.name, cfg, options, rel, placed(plan, cfg, rel, ctx["results"]), methods, threads, gpus,
                 grid=ctx["shown"], machine=machine_key(cfg) if names_machine(merged) else "")
     return dataclasses.replace(cell, needs=tuple(a.id for a in artefacts_for(cell, list(methods), heads_dtype)))
 
@@ -388,9 +381,9 @@ def _unique(cells: list[Cell], grid: Path) -> list[Cell]:
 
 def _link(cells: list[Cell]) -> tuple[list[Cell], list[Artefact]]:
     """Artefacts once per (model, artefact); a cell reading a tuned alpha waits for the tune cell that writes it."""
-    from .kinds import tuned_keys
+    from .commands import tuned_keys
     artefacts = collect(cells, heads_dtype)
-    tunes = {c.id for c in cells if c.kind == "tune"}
+    tunes = {c.id for c in cells if not c.spec.writes_folder}
     linked = []
     for c in cells:
         waits = tuple(t for t in tuned_keys(c) if t in tunes)

@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from bpdbench.experiments.plan import prepare
-from bpdbench.experiments import run as runner
+from bpdbench.experiments.execute import execute
 from bpdbench.cli import app
 from tests.conftest import write_prompts
 from bpdbench.config import RunConfig
@@ -60,7 +60,7 @@ def test_run_writes_results_and_certifies(tiny_model_dir, prompts_file, tmp_path
 def test_ar_block_efficiency_is_exactly_one(tiny_model_dir, prompts_file, tmp_path):
     cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), method="ar", limit=4,
                     max_new_tokens=10, dtype="float32", out=str(tmp_path / "ar"))
-    row = runner.run(prepare(cfg, "run"), log=lambda m: None)
+    row = execute(prepare(cfg, "run"), log=lambda m: None)
     assert row["block_efficiency"] == 1.0 and row["lossless_rate"] == 1.0
 
 
@@ -75,12 +75,12 @@ def test_resume_after_interrupt_loses_nothing(tiny_model_dir, prompts_file, tmp_
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        runner.run(prepare(cfg, "run"), log=lambda m: None, progress=interrupt_after_two)
+        execute(prepare(cfg, "run"), log=lambda m: None, progress=interrupt_after_two)
     lines = (tmp_path / "r" / "examples.jsonl").read_text().splitlines()
     assert len(lines) == 2
     with pytest.raises(FileExistsError):
-        runner.run(prepare(cfg, "run"), log=lambda m: None)
-    row = runner.run(prepare(cfg.replace(resume=True), "run"), log=lambda m: None)
+        execute(prepare(cfg, "run"), log=lambda m: None)
+    row = execute(prepare(cfg.replace(resume=True), "run"), log=lambda m: None)
     ids = [json.loads(line)["id"] for line in (tmp_path / "r" / "examples.jsonl").read_text().splitlines()]
     assert ids == ["p0", "p1", "p2", "p3", "p4"] and row["n_examples"] == 5
 
@@ -88,9 +88,9 @@ def test_resume_after_interrupt_loses_nothing(tiny_model_dir, prompts_file, tmp_
 def test_resume_rejects_a_changed_config(tiny_model_dir, prompts_file, tmp_path):
     cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads_profile="init",
                     heads=2, limit=1, max_new_tokens=4, dtype="float32", out=str(tmp_path / "r"))
-    runner.run(prepare(cfg, "run"), log=lambda m: None)
+    execute(prepare(cfg, "run"), log=lambda m: None)
     with pytest.raises(ValueError, match=r"config.json differs in config.heads; pass a new --out"):
-        runner.run(prepare(cfg.replace(resume=True, heads=1), "run"), log=lambda m: None)
+        execute(prepare(cfg.replace(resume=True, heads=1), "run"), log=lambda m: None)
 
 
 def test_resume_rejects_other_heads_under_the_same_settings(tiny_model_dir, prompts_file, tmp_path):
@@ -108,11 +108,11 @@ def test_resume_rejects_other_heads_under_the_same_settings(tiny_model_dir, prom
 
     cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), heads=2, limit=1,
                     max_new_tokens=4, dtype="float32", heads_path=heads(tmp_path / "h", 1), out=str(tmp_path / "r"))
-    runner.run(prepare(cfg, "run"), log=lambda m: None)
-    runner.run(prepare(cfg.replace(resume=True, limit=2), "run"), log=lambda m: None)      # same heads: resumes
+    execute(prepare(cfg, "run"), log=lambda m: None)
+    execute(prepare(cfg.replace(resume=True, limit=2), "run"), log=lambda m: None)      # same heads: resumes
     heads(tmp_path / "h", 2)                                                          # retrained in place
     with pytest.raises(ValueError, match=r"config.json differs in heads.seconds; pass a new --out"):
-        runner.run(prepare(cfg.replace(resume=True, limit=3), "run"), log=lambda m: None)
+        execute(prepare(cfg.replace(resume=True, limit=3), "run"), log=lambda m: None)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -210,7 +210,7 @@ def test_a_run_records_no_absolute_path(tiny_model_dir, prompts_file, tmp_path):
         cfg = RunConfig(task="prompts", data_file=str(prompts_file), model=str(tiny_model_dir), method=method,
                         heads_profile="init", heads=2, limit=1, max_new_tokens=4, dtype="float32",
                         out=str(tmp_path / method))
-        runner.run(prepare(cfg, "run"), log=lambda m: None)
+        execute(prepare(cfg, "run"), log=lambda m: None)
         text = (tmp_path / method / "config.json").read_text()
         assert not MACHINE_PATH.search(text), MACHINE_PATH.search(text).group(0)
         meta = json.loads(text)

@@ -139,12 +139,12 @@ def test_sweep_equals_serial_recovers_a_killed_worker_and_reruns_nothing(tiny_mo
     assert before == {p: p.stat().st_mtime_ns for p in before}
 
     import shutil
-    from bpdbench.sweep import kinds
+    from bpdbench.sweep import commands
     moved = tmp_path / "elsewhere" / "results"          # the same tree in another checkout: nothing to rerun
     shutil.copytree(plan.results, moved)
     elsewhere = tmp_path / "elsewhere" / "grid.toml"
     elsewhere.write_text(grid_text(tiny_model_dir, moved, data, tmp_path / "cache"))
-    assert all(kinds.finished(c, moved) for c in grid.load(elsewhere).cells)
+    assert all(commands.finished(c, moved) for c in grid.load(elsewhere).cells)
 
 
 @needs_ray
@@ -188,7 +188,7 @@ def test_artefacts_once_then_tune_then_the_replay_reading_its_alpha(tiny_model_d
         "[[analyze]]", 'tasks = ["xsum"]']))
     plan = grid.load(path)
     assert [a.id for a in plan.artefacts] == [f"ngram2:{tiny_model_dir}", f"corpus bigram table:{tiny_model_dir}"]
-    replay = next(c for c in plan.cells if c.kind == "replay")
+    replay = next(c for c in plan.cells if c.command == "replay")
     assert f"tune:{tiny_model_dir}/xsum/ngram2" in replay.needs
     report = driver.run(plan, "local", cpus=2, log=print)
     assert driver.exit_code(report) == 0 and [a["status"] for a in report["artefacts"]] == ["built"] * 2, report
@@ -228,7 +228,7 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
         'limit = "all"', "", "[[speed]]", 'tasks = ["mt_bench"]', "per_category = 3", "", "[[oracle]]",
         'tasks = ["mt_bench"]', "limit = 1"]))
     plan = grid.load(path, data=str(data))
-    by_kind = {c.kind: c for c in plan.cells}
+    by_kind = {c.command: c for c in plan.cells}
     assert plan.results == tmp_path / "sub" / "out" and plan.env() == {"BPDBENCH_RESULTS": str(plan.results),
                                                                     "BPDBENCH_DATA": str(data)}
     replay, run, speed = by_kind["replay"], by_kind["run"], by_kind["speed"]
@@ -251,9 +251,9 @@ def test_grid_expansion(tiny_model_dir, data, tmp_path):
     with pytest.raises(grid.GridError, match="--results"):   # a reduced pass never overwrites the full grid's
         grid.load(path, data=str(data), limit=2)
     capped = grid.load(path, data=str(data), limit=2, threads=3, results=str(tmp_path / "quick"))
-    assert {c.kind: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
-    assert next(c for c in capped.cells if c.kind == "speed").options["per_category"] == 2
-    assert "per_category" not in next(c for c in capped.cells if c.kind == "replay").options
+    assert {c.command: c.config.limit for c in capped.cells} == {"replay": 2, "run": 2, "speed": 2, "oracle": 1}
+    assert next(c for c in capped.cells if c.command == "speed").options["per_category"] == 2
+    assert "per_category" not in next(c for c in capped.cells if c.command == "replay").options
     assert {c.threads for c in capped.cells} == {3}
 
 

@@ -18,7 +18,7 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     """config.json names the grid and cell; that key, the private greedy folder each attempt gets and the `out` path
     are not what a cell computed, so the folder is finished for the grid, resumes with a larger limit, and the CLI
     resumes it too."""
-    from bpdbench.sweep import cells, grid, kinds
+    from bpdbench.sweep import cells, commands, grid
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "g.toml"
 
@@ -35,13 +35,13 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
     for cell in first.cells:
         assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok"
     pld = next(c for c in plan(2).cells if c.config.method == "pld")
-    assert not kinds.finished(pld, first.results)            # one example more to decode
+    assert not commands.finished(pld, first.results)            # one example more to decode
     assert cells.run_cell(pld, 0, "sweep/g", None)["status"] == "ok"    # resumed with a fresh greedy folder
     meta = json.loads((first.results / pld.rel / "config.json").read_text())
     assert meta["sweep"] == {"grid": paths.portable(path.resolve()), "cell": "sampling/xsum/pld-T0",   # portable
                              "grid_sha256": hashlib.sha256(path.read_bytes()).hexdigest()[:16]}
     assert meta["config"]["greedy_dir"] != str(tmp_path / "cache" / "greedy") and meta["config"]["limit"] == 2
-    assert kinds.finished(pld, first.results)
+    assert commands.finished(pld, first.results)
     examples = [json.loads(x) for x in (first.results / pld.rel / "examples.jsonl").read_text().splitlines()]
     assert len(examples) == 2 and all(r["ref_seconds"] for r in examples)      # its own AR, timed in the cell
     code, text = cli("run", "--task", "xsum", "--method", "pld", "--model", tiny_model_dir, "--dtype", "float32",
@@ -53,7 +53,7 @@ def test_a_cell_records_its_grid_and_stays_finished(tiny_model_dir, data, tmp_pa
 def test_a_speed_cell_cut_after_a_prompt_is_not_finished(tiny_model_dir, data, tmp_path, monkeypatch):
     """speed.csv is rewritten after every prompt, so a run killed after its first prompt leaves a summary newer
     than its config.json: the cell must still be run (and resumes), not reported finished."""
-    from bpdbench.sweep import cells, grid, kinds
+    from bpdbench.sweep import cells, commands, grid
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "g.toml"
     path.write_text("\n".join([
@@ -64,21 +64,21 @@ def test_a_speed_cell_cut_after_a_prompt_is_not_finished(tiny_model_dir, data, t
     monkeypatch.setenv("BPDBENCH_RESULTS", str(plan.results))
     monkeypatch.setenv("BPDBENCH_DATA", str(data))
     (cell,) = plan.cells
-    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and commands.finished(cell, plan.results)
     out = plan.results / cell.rel
     rows = (out / "speed.jsonl").read_text().splitlines()
     first = json.loads(rows[0])["id"]
     (out / "speed.jsonl").write_text("".join(r + "\n" for r in rows if json.loads(r)["id"] == first))
     (out / "speed.csv").write_text((out / "speed.csv").read_text())       # the summary of that prompt, newer
-    assert not kinds.finished(cell, plan.results)
-    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
+    assert not commands.finished(cell, plan.results)
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and commands.finished(cell, plan.results)
     assert len((out / "speed.jsonl").read_text().splitlines()) == len(rows)
 
 
 def test_a_folder_decoded_with_heads_of_another_recipe_is_not_finished(tiny_model_dir, data, tmp_path, monkeypatch):
     """Heads retrained by another `train-heads` recipe give other numbers, so a folder made with them is not the
     cell's result; heads without a recorded recipe were made by the first one, and untrained heads have none."""
-    from bpdbench.sweep import cells, grid, kinds
+    from bpdbench.sweep import cells, commands, grid
     from bpdbench.train import heads as train_heads
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "g.toml"
@@ -90,7 +90,7 @@ def test_a_folder_decoded_with_heads_of_another_recipe_is_not_finished(tiny_mode
     monkeypatch.setenv("BPDBENCH_RESULTS", str(plan.results))
     monkeypatch.setenv("BPDBENCH_DATA", str(data))
     (cell,) = plan.cells
-    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and kinds.finished(cell, plan.results)
+    assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok" and commands.finished(cell, plan.results)
     conf = plan.results / cell.rel / "config.json"
     meta = json.loads(conf.read_text())
     legacy = train_heads.RECIPE == train_heads.FIRST_RECIPE             # heads that recorded no recipe
@@ -99,7 +99,7 @@ def test_a_folder_decoded_with_heads_of_another_recipe_is_not_finished(tiny_mode
         conf.write_text(json.dumps(meta))
         summary = plan.results / cell.rel / "summary.csv"
         summary.write_text(summary.read_text())                                       # written after config.json
-        assert kinds.finished(cell, plan.results) is finished, recipe
+        assert commands.finished(cell, plan.results) is finished, recipe
 
 
 MACHINE = ("dtype", "heads_path")      # what a grid resolves on this machine (dtype auto, ~) that a folder recorded
@@ -116,7 +116,7 @@ MACHINE = ("dtype", "heads_path")      # what a grid resolves on this machine (d
 def test_committed_folders_are_finished_cells_of_their_grid(name, folders):
     """Every committed folder the retired scripts wrote is a cell of its grid, finished where this machine resolves
     the grid as the folder's did (dtype auto, ~ in heads_path)."""
-    from bpdbench.sweep import grid, kinds
+    from bpdbench.sweep import commands, grid
     root = Path(__file__).resolve().parents[2]
     if not (root.parent / "shared" / "data" / "xsum").is_dir():
         pytest.skip("needs ../shared/data")
@@ -129,7 +129,7 @@ def test_committed_folders_are_finished_cells_of_their_grid(name, folders):
         recorded = json.loads((plan.results / folder / "config.json").read_text())["config"]
         cell = by_id[folder]
         if all(getattr(cell.config, k) == recorded.get(k) for k in MACHINE):
-            assert kinds.finished(cell, plan.results), folder
+            assert commands.finished(cell, plan.results), folder
 
 
 def test_tables_render_every_certificate(tmp_path):
@@ -159,7 +159,7 @@ def test_alpha_law_cells(tmp_path):
     path.write_text('[sweep]\nresults = "res"\n\n[[alpha_law]]\ntasks = ["mt_bench"]\ngamma_max = 4\n'
                     'temperatures = [0, 1]\ndtype = "float32"\n')
     (cell,) = grid.load(path).cells
-    assert (cell.kind, cell.rel, cell.config.method) == ("alpha_law", "alpha_law/mt_bench", "sps:gamma=4")
+    assert (cell.command, cell.rel, cell.config.method) == ("alpha_law", "alpha_law/mt_bench", "sps:gamma=4")
     assert cell.options == {"gamma_max": 4, "temperatures": [0.0, 1.0]} and cell.config.temperature is None
     path.write_text('[sweep]\nresults = "res"\n\n[[alpha_law]]\ntasks = ["mt_bench"]\ntemperatures = [-1]\n')
     with pytest.raises(ConfigError, match="temperatures must be"):
@@ -173,7 +173,7 @@ def test_certify_cells(tmp_path):
     path.write_text('[sweep]\nresults = "res"\n\n[[certify]]\ntasks = ["mt_bench"]\nmethods = ["pld"]\n'
                     'temperature = 0.7\nsamples = 50\nrules = ["exact", "no-residual"]\ndtype = "float32"\n')
     (cell,) = grid.load(path).cells
-    assert (cell.kind, cell.rel) == ("certify", "certify/mt_bench-pld-T0.7-float32")
+    assert (cell.command, cell.rel) == ("certify", "certify/mt_bench-pld-T0.7-float32")
     assert cell.options == {"methods": "pld", "rules": ["exact", "no-residual"], "samples": 50, "positions": 4,
                             "level": 0.01} and cell.config.temperature == 0.7
     path.write_text('[sweep]\nresults = "res"\n\n[[certify]]\ntasks = ["mt_bench"]\nmethods = ["pld"]\n'
@@ -183,7 +183,7 @@ def test_certify_cells(tmp_path):
 
 
 def test_a_certify_cell_runs_and_is_then_finished(tiny_model_dir, data, tmp_path, monkeypatch):
-    from bpdbench.sweep import cells, grid, kinds
+    from bpdbench.sweep import cells, commands, grid
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     path = tmp_path / "g.toml"
     path.write_text("\n".join([
@@ -194,9 +194,9 @@ def test_a_certify_cell_runs_and_is_then_finished(tiny_model_dir, data, tmp_path
     monkeypatch.setenv("BPDBENCH_RESULTS", str(plan.results))
     monkeypatch.setenv("BPDBENCH_DATA", str(data))
     (cell,) = plan.cells
-    assert not kinds.finished(cell, plan.results)
+    assert not commands.finished(cell, plan.results)
     assert cells.run_cell(cell, 0, "sweep/g", None)["status"] == "ok"
-    assert kinds.finished(cell, plan.results)
+    assert commands.finished(cell, plan.results)
     meta = json.loads((plan.results / cell.rel / "certify.json").read_text())
     assert meta["methods"] == ["pld"] and meta["sweep"]["cell"] == cell.rel
 
@@ -210,8 +210,8 @@ def test_reference_grid_plans_the_reproduction(tmp_path, monkeypatch):
     if not (Path(__file__).resolve().parents[3] / "shared" / "data" / "xsum").is_dir():
         pytest.skip("needs ../shared/data")
     plan = grid.load(ref, results=str(tmp_path / "results"), limit=2)
-    kinds = {k: sum(c.kind == k for c in plan.cells) for k in ("tune", "replay", "oracle", "analyze", "speed")}
-    assert kinds == {"tune": 18, "replay": 6, "oracle": 6, "analyze": 6, "speed": 1}
+    counts = {k: sum(c.command == k for c in plan.cells) for k in ("tune", "replay", "oracle", "analyze", "speed")}
+    assert counts == {"tune": 18, "replay": 6, "oracle": 6, "analyze": 6, "speed": 1}
     m = "qwen2.5-coder-0.5b"
     from bpdbench.train.pacing import resolve_dtype
     gen = resolve_dtype("auto", log=lambda s: None)[0]     # the heads generate in this machine's fast dtype
@@ -229,7 +229,7 @@ def test_reference_grid_plans_the_reproduction(tmp_path, monkeypatch):
     code, text = cli("sweep", ref, "--results", tmp_path / "results", "--dry-run")
     assert code == 0 and "37 cells (0 finished, 37 to run)" in text, text
     tuned = grid.only(plan, ["tune:*"])     # the tuned alphas re-made alone: their cells and what they wait for
-    assert {c.kind for c in tuned.cells} == {"tune"} and len(tuned.cells) == 18 and not tuned.tables
+    assert {c.command for c in tuned.cells} == {"tune"} and len(tuned.cells) == 18 and not tuned.tables
     assert {a.id for a in tuned.artefacts} == {f"model-bfloat16:{m}", f"heads-quick:{m}", f"ngram4:{m}",
                                                f"neural-m:{m}", f"model-{gen}:{m}", f"distill-heads-quick:{m}"}
     just_replay = grid.only(plan, ["replay/xsum"])

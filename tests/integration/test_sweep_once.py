@@ -32,7 +32,7 @@ def _count(monkeypatch, calls: list, phase: list) -> None:
     bpdbench.methods (parse_list's own parse of each item, canonical's) is part of the outer call, not counted."""
     import importlib
 
-    from bpdbench.sweep import cells, driver, grid, kinds  # noqa: F401 (their bindings are patched too)
+    from bpdbench.sweep import cells, commands, driver, grid  # noqa: F401 (their bindings are patched too)
     for what, (module, name) in COUNTED.items():
         real = getattr(importlib.import_module(module), name)
 

@@ -8,7 +8,7 @@ import torch
 
 from bpdbench.experiments.plan import prepare
 from bpdbench import models
-from bpdbench.experiments import run as runner
+from bpdbench.experiments.execute import execute
 from tests.conftest import decode
 from bpdbench.config import RunConfig
 
@@ -43,7 +43,7 @@ def test_bpd_smoke_run_is_lossless(loads_once, tmp_path):
     """Two XSum examples, 16 new tokens, float32, with small trained heads (the `ci` profile)."""
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=16, dtype="float32", heads_profile="ci",
                     max_prompt_tokens=192, out=str(tmp_path / "smoke"))
-    row = runner.run(prepare(cfg, "run"), log=print)
+    row = execute(prepare(cfg, "run"), log=print)
     records = [json.loads(line) for line in (tmp_path / "smoke" / "examples.jsonl").read_text().splitlines()]
     assert len(records) == 2 and row["n_examples"] == 2
     assert row["lossless_rate"] == 1.0, [r["first_divergence"] for r in records]
@@ -71,7 +71,7 @@ def test_sampled_run_smoke(loads_once, tmp_path):
     """T = 1 with the ci heads: the run records the statistical certificate and AR sampling's timing."""
     cfg = RunConfig(task="xsum", limit=1, max_new_tokens=8, dtype="float32", heads_profile="ci", temperature=1.0,
                     max_prompt_tokens=192, out=str(tmp_path / "sampled"))
-    row = runner.run(prepare(cfg, "run"), log=print)
+    row = execute(prepare(cfg, "run"), log=print)
     assert row["certificate"].startswith("statistical (bpdbench certify --method bpd --temperature 1")
     assert "lossless_rate" not in row and row["new_tokens"] <= 8 and row["speedup_vs_ar"] > 0
 

@@ -105,7 +105,7 @@ def test_the_contract_is_what_everything_reads(example, tiny_model_dir):
     assert isinstance(contract.search(m), Chain) and contract.search(m).param == "depth"
     check_inner("sam", "fallback", m, INPUTS)
     assert parse(f"sam:fallback={example.name}").label == f"sam:fallback={example.name}"
-    cell = SimpleNamespace(kind="run", config=RunConfig(model=str(tiny_model_dir), heads_profile="init"))
+    cell = SimpleNamespace(command="run", timed=False, config=RunConfig(model=str(tiny_model_dir), heads_profile="init"))
     planned = [(a.kind, a.detail) for a in artefacts_for(cell, [m], lambda profile: "float32")]
     assert planned == [("distill", "quick"), ("method", "koala drafter (quick)")], planned    # its data, then it
 

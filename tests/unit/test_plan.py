@@ -3,13 +3,14 @@ by `prepare`, and the drafters are built from the plan's own `Method` objects.""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from typer.testing import CliRunner
 
 from bpdbench import config as config_lib
 from bpdbench.cli import app
-from bpdbench.config import RunConfig
+from bpdbench.config import ConfigError, RunConfig
 from bpdbench.experiments import plan as plan_lib
 from bpdbench.methods import parse
 from tests.conftest import write_prompts
@@ -84,7 +85,7 @@ def test_one_validation_one_parse_one_selection_per_command(tiny_model_dir, tmp_
 def test_a_commands_own_settings_are_typed_on_the_plan_from_a_flag_or_a_grid(tmp_path):
     """speed's repeats, certify's rules, alpha-law's temperatures: one typed object on the Plan, whichever of the CLI
     or a grid cell made it, and `ar` first in a speed plan (put there when the plan is made, not by the command)."""
-    from bpdbench.sweep.kinds import typed_options
+    from bpdbench.experiments.commands import COMMANDS
     cfg = RunConfig(task="prompts", data_file=str(write_prompts(tmp_path, 2)), limit=2)
     plan = plan_lib.prepare(cfg, "speed", "pld,hierarchy", files=False, options=plan_lib.SpeedOptions(5))
     assert [m.label for m in plan.methods] == ["ar", "pld", "hierarchy"] and plan.options.repeats == 5
@@ -93,9 +94,17 @@ def test_a_commands_own_settings_are_typed_on_the_plan_from_a_flag_or_a_grid(tmp
     assert plan_lib.prepare(cfg, "replay", "bpd", files=False).options is None
     with pytest.raises(ValueError, match="speed takes SpeedOptions"):
         plan_lib.prepare(cfg, "speed", "pld", files=False, options=plan_lib.CertifyOptions())
-    assert typed_options("certify", {"rules": ["exact", "always-accept"], "samples": 10, "positions": 2,
-                                     "level": 0.05, "per_category": None}) == \
-        plan_lib.CertifyOptions(("exact", "always-accept"), 10, 2, 0.05)
-    assert typed_options("alpha_law", {"gamma_max": 4, "temperatures": [0.0, 1.0]}) == \
+    assert COMMANDS["certify"].typed({"rules": ["exact", "always-accept"], "samples": 20, "positions": 2,
+                                      "level": 0.05, "per_category": None}) == \
+        plan_lib.CertifyOptions(("exact", "always-accept"), 20, 2, 0.05)
+    assert COMMANDS["alpha_law"].typed({"gamma_max": 4, "temperatures": [0, 1]}) == \
         plan_lib.AlphaLawOptions(4, (0.0, 1.0))
-    assert typed_options("replay", {"per_category": 2}) is None
+    assert COMMANDS["replay"].typed({"per_category": 2}) is None
+    # the options check themselves, in the CLI's words, whichever of a flag or a grid key made them
+    for bad, words in ((lambda: plan_lib.SpeedOptions(0), "--repeats must be an integer >= 1"),
+                       (lambda: plan_lib.CertifyOptions(samples=10), "--samples must be an integer >= 20"),
+                       (lambda: plan_lib.CertifyOptions(rules=("exakt",)), "unknown rule 'exakt'"),
+                       (lambda: plan_lib.CertifyOptions(level=1.5), "--level must be in (0, 1)"),
+                       (lambda: plan_lib.AlphaLawOptions(temperatures=(-1.0,)), "--temperatures must be numbers")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            bad()

@@ -53,8 +53,10 @@ def test_a_bad_train_block_is_one_line(tmp_path, block, words):
     assert len(str(e.value).splitlines()) == 1 and all(w in str(e.value) for w in words), str(e.value)
 
 
-def test_a_network_that_reads_layers_needs_the_prefill_data_that_keeps_them(tmp_path):
-    """eagle3 at quick trains on prefill-quick, not the greedy quick data eagle trains on: the graph builds that."""
+def test_a_network_that_reads_layers_needs_the_prefill_data_that_keeps_them(tmp_path, monkeypatch):
+    """eagle3 at quick trains on prefill-quick, not the greedy quick data eagle trains on: the graph builds that
+    (in an empty cache: a machine that holds the networks already needs no data)."""
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     plan = grid_lib.load(_grid(tmp_path, '[[train]]\nnetworks = ["eagle", "eagle3"]\nprofile = "quick"\n', cells=""))
     nets = {a.detail: a for a in plan.artefacts if a.kind == "network"}
     data = {a.id: a.detail for a in plan.artefacts if a.kind == "distill"}

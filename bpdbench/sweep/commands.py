@@ -1,27 +1,34 @@
-"""Per command kind: the cells one block expands into, their plan (prepared once, on the driver), the call a worker
-makes, and when a cell's results already exist ("finished": its summary file exists and its config.json matches the
-cell).
+"""Per command (experiments/commands.py COMMANDS): the cells one grid block expands into, their plan (prepared once,
+on the driver), the call a worker makes, and when a cell's results already exist ("finished": its summary file
+exists and its config.json matches the cell).
 
 The driver parses a cell's spellings once (`parse_cell`) and prepares its Plan once (`plan_cell`: validated config,
 parsed methods, selected examples), as the CLI prepares the command's; the worker runs that Plan through the
 CLI's own entry (experiments.execute.execute), always with `resume`, so a cell interrupted
 mid-way keeps the examples it finished (and for run, replay and oracle a larger `limit` only adds the rest). Only
 the artefact files are checked on the worker, since the sweep's own tasks build them after the driver planned.
+Every difference between commands is a field of their CommandSpec; nothing here tests a command's name.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from ..config import ConfigError, RunConfig
-from ..experiments.plan import Plan
-from ..methods import Method, parse
+from ..experiments.command import CommandSpec, Plan
+from ..methods import Method
 from ..refine import tuned_on_tune_split
 
 Log = Callable[[str], None]
+
+
+def one_line(e: Exception) -> str:
+    """The CLI's messages name flags (--limit); a grid names keys (limit)."""
+    return re.sub(r"--([a-z][a-z-]*)", lambda m: m.group(1).replace("-", "_"), str(e).splitlines()[0])
 
 
 def _spellings(value: Any, where: str) -> list[str]:
@@ -38,92 +45,59 @@ def _count(v: Any, name: str, where: str) -> Any:
     return v
 
 
-def options_for(kind: str, merged: dict, where: str) -> Iterator[tuple[dict, dict]]:
-    """(RunConfig fields, command options) per cell of one (model, task): run and tune make one cell per method."""
+def options_for(command: CommandSpec, merged: dict, where: str) -> Iterator[tuple[dict, dict]]:
+    """(RunConfig fields, command options) per cell of one (model, task): a command of one method makes one cell
+    per method, unless its block names that method another way (alpha_law: its draft and longest chain)."""
     methods = merged.get("methods", merged.get("method"))
-    if kind == "run":
-        private = merged.get("private_greedy", False)
-        if not isinstance(private, bool):
-            raise ConfigError(f"{where}: private_greedy must be true or false, got {private!r}")
+    private = merged.get("private_greedy", False)
+    if not isinstance(private, bool):
+        raise ConfigError(f"{where}: private_greedy must be true or false, got {private!r}")
+    own = {"private_greedy": True} if private else {}
+    if "per_category" in command.grid_keys and merged.get("per_category") is not None:
+        own["per_category"] = _count(merged["per_category"], "per_category", where)
+    if command.options is not None:
+        own.update({f.name: merged.get(f.name) for f in dataclasses.fields(command.options)
+                    if f.name in command.grid_keys})
+        try:
+            command.typed(own)                          # the CLI's own checks of these settings, now
+        except (ConfigError, TypeError) as e:
+            raise ConfigError(f"{where}: {one_line(e)}") from None
+    first = {"offset": 0} if command.split == "tune" else {}    # tune reads the held-out slice from its start
+    if command.per_method:
         for m in _spellings(methods, where):
-            yield {"method": m}, ({"private_greedy": True} if private else {})
-    elif kind == "tune":
-        for m in _spellings(methods, where):
-            yield {"offset": 0}, {"rescorer": m}          # tune reads the held-out slice from its start
-    elif kind == "replay":
-        per_category = _count(merged.get("per_category"), "per_category", where)
-        yield {}, {"methods": ",".join(_spellings(methods, where)),
-                   **({"per_category": per_category} if per_category else {})}
-    elif kind == "speed":
-        repeats = _count(merged.get("repeats", 3), "repeats", where)
-        per_category = _count(merged.get("per_category"), "per_category", where)
-        yield {}, {"methods": ",".join(_spellings(methods, where)), "repeats": repeats, "per_category": per_category}
-    elif kind == "certify":
-        rules = merged.get("rules")
-        rules = [rules] if isinstance(rules, str) else rules
-        level = merged.get("level")
-        if not isinstance(rules, list) or not rules or not all(isinstance(r, str) and r for r in rules):
-            raise ConfigError(f"{where}: rules must be a list of acceptance rules, e.g. [\"exact\", \"no-residual\"]")
-        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
-            raise ConfigError(f"{where}: level must be in (0, 1), got {level!r}")
-        yield {}, {"methods": ",".join(_spellings(methods, where)), "rules": rules,
-                   "samples": _count(merged.get("samples"), "samples", where),
-                   "positions": _count(merged.get("positions"), "positions", where), "level": float(level)}
-    elif kind == "alpha_law":
-        from ..experiments.alpha_law import spelling
-        gamma = _count(merged.get("gamma_max"), "gamma_max", where)
-        draft, temps = merged.get("draft"), merged.get("law_temperatures")
-        if draft is not None and (not isinstance(draft, str) or not draft):
-            raise ConfigError(f"{where}: draft must be a model name, got {draft!r}")
-        if not isinstance(temps, list) or not temps or not all(
-                isinstance(t, (int, float)) and not isinstance(t, bool) and t >= 0 for t in temps):
-            raise ConfigError(f"{where}: temperatures must be a list of numbers >= 0 (0: greedy), got {temps!r}")
-        yield {"method": spelling(draft, gamma)}, {"gamma_max": gamma, "temperatures": [float(t) for t in temps]}
+            yield {**first, "method": m}, own
+    elif command.cell_method is not None:
+        try:
+            yield {**first, "method": command.cell_method(merged)}, own
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {one_line(e)}") from None
+    elif command.methods == "many":
+        yield first, {"methods": ",".join(_spellings(methods, where)), **own}
     else:
-        yield {}, {}
+        yield first, own
 
 
-def parse_cell(kind: str, cfg: RunConfig, options: dict) -> tuple[list[Method] | None, tuple[Method, ...]]:
+def parse_cell(command: CommandSpec, cfg: RunConfig, options: dict) -> tuple[list[Method] | None, tuple[Method, ...]]:
     """The cell's spellings, parsed once by the registry (one grammar for every command): (the methods its Plan
     holds, as the CLI's command line would give them, None where the command takes none; the methods the cell
     builds, which its artefacts, tune waits and finished check read: speed adds its ar baseline, oracle and analyze
     their fixed drafts)."""
-    from ..experiments.plan import method_of, methods_of as parsed
-    from ..experiments.replay import KS
-    if kind in ("run", "alpha_law"):
-        chosen = [method_of(cfg)]
-    elif kind == "tune":
-        chosen = parsed(options["rescorer"])
-    elif kind in ("replay", "speed", "certify"):
-        chosen = parsed(options["methods"])
-    elif kind == "oracle":
-        return None, (parse("bpd"), *[parse(f"oracle:k={k}") for k in sorted({x for x in KS if x <= cfg.k}
-                                                                              | {cfg.k})])
-    else:
-        return None, (parse("bpd"), parse("ngram2"))       # analyze: the heads' drafts, plain and 2-gram rescored
-    if kind == "speed":                                    # ar, the baseline, always runs (experiments/speed.py)
-        ar = next((m for m in chosen if m.label == "ar"), None) or parse("ar")
-        return chosen, (ar, *[m for m in chosen if m.label != "ar"])
-    return chosen, tuple(chosen)
+    from ..experiments.plan import method_of, methods_of, with_baseline
+    if command.methods == "fixed":
+        return None, command.fixed(cfg)
+    chosen = [method_of(cfg)] if command.methods == "one" else methods_of(options["methods"])
+    return chosen, tuple(with_baseline(command, chosen))
 
 
-def check(kind: str, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
-    """What the sweep refuses beyond what `prepare` checks: methods a kind cannot run, a tune cell with no alpha,
-    a local model folder that is not there."""
+def check(command: CommandSpec, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
+    """What the sweep refuses beyond what `prepare` checks: a local model folder that is not there."""
     from .. import models
     from ..artefacts.checks import check_model_files
-    external = [m.label for m in methods if m.spec.external]
-    if external and kind != "speed":
-        raise ConfigError(f"{', '.join(external)} run their own engine's loop (transformers, llama.cpp): time them in "
-                          f"a [[speed]] block")
-    if kind == "tune" and "alpha" not in {p.name for p in methods[0].spec.params}:
-        raise ConfigError(f"{methods[0].label} has no alpha to tune; methods with one: ngram2, ngram4, "
-                          f"16best-ngram4, neural-s|m|l, medusa-neural-m, hf-lm")
     if cfg.model not in models.MODELS:
         check_model_files(cfg.model, cfg.dtype)
 
 
-def plan_cell(kind: str, cfg: RunConfig, methods: list[Method] | None, options: dict, ctx: dict) -> Plan:
+def plan_cell(command: CommandSpec, cfg: RunConfig, methods: list[Method] | None, options: dict, ctx: dict) -> Plan:
     """The cell's Plan, prepared once, here on the driver, as the CLI prepares the command's: the config validated,
     the parsed methods, the examples selected (from the grid's data root, which the workers read too; cells of one
     task share a selection). It is what the worker runs, with `resume` (tune: without, it writes the alpha table).
@@ -132,24 +106,11 @@ def plan_cell(kind: str, cfg: RunConfig, methods: list[Method] | None, options: 
     view = cfg.replace(device="cpu") if cfg.device.startswith("cuda") else cfg
     if ctx["data"]:
         view = view.replace(data_dir=ctx["data"])
-    resume = kind != "tune"
-    plan = prepare(view.replace(resume=resume), kind, methods, resume=resume, per_category=options.get("per_category"),
-                   split="tune" if kind == "tune" else "eval", files=False, select=_selector(ctx["selected"]),
-                   options=typed_options(kind, options))
+    resume = command.writes_folder
+    plan = prepare(view.replace(resume=resume), command.name, methods, resume=resume,
+                   per_category=options.get("per_category"), files=False, select=_selector(ctx["selected"]),
+                   options=command.typed(options))
     return dataclasses.replace(plan, cfg=plan.cfg.replace(device=cfg.device, data_dir=cfg.data_dir))
-
-
-def typed_options(kind: str, options: dict):
-    """The grid's keys for a command's own settings, as the Plan's typed options (what the CLI's flags fill)."""
-    from ..experiments.plan import OPTIONS
-    want = OPTIONS.get(kind)
-    if want is None:
-        return None
-    fields = {f: options[f] for f in want.__dataclass_fields__ if f in options}
-    for f in ("rules", "temperatures"):
-        if f in fields:
-            fields[f] = tuple(fields[f])
-    return want(**fields)
 
 
 def placed(plan: Plan, cfg: RunConfig, rel: str, results: str) -> Plan:
@@ -172,8 +133,8 @@ def _selector(cache: dict) -> Callable[..., list]:
 
 def tuned_keys(cell) -> list[str]:
     """Ids of the tune cells whose alpha this cell reads (methods that interpolate and are given no alpha)."""
-    if cell.kind in ("tune", "oracle", "analyze") or cell.config.alpha is not None:
-        return []
+    if not cell.spec.writes_folder or cell.spec.methods == "fixed" or cell.config.alpha is not None:
+        return []                          # tune writes the alpha; oracle and analyze choose their own drafts
     from .. import refine
     out = []
     for m in cell.methods:
@@ -199,7 +160,7 @@ def _execute(cell, plan: Plan, log: Log) -> dict:
     if cell.hooks.get("fail"):           # tests only: a cell that fails on every attempt
         raise RuntimeError("test hook: failing on purpose")
     check_files(plan.cfg, list(plan.methods), log)
-    if cell.kind == "run" and cell.options.get("private_greedy"):
+    if cell.options.get("private_greedy"):
         # the greedy reference decoded in this process, so a T = 0 cell times its own AR (a cached one has no
         # time); where the reference lives never changes a result (PLACE): the folder stays finished
         with tempfile.TemporaryDirectory(prefix="bpdbench-greedy-") as private:
@@ -210,17 +171,7 @@ def _execute(cell, plan: Plan, log: Log) -> dict:
 
 def _kept(cell, result) -> dict:
     """What the sweep's report keeps of a command's result."""
-    if cell.kind == "tune":
-        return {"alpha": result["alpha"], "n_examples": result["n_examples"]}
-    if cell.kind == "certify":
-        return {"families": len(result["families"])}
-    if cell.kind == "alpha_law":
-        return {"folder": str(result)}
-    if cell.kind == "run":
-        return {"n_examples": result.get("n_examples"), "n_lost": result.get("n_lost", 0)}
-    if cell.kind in ("replay", "oracle"):
-        return {"rows": len(result)}
-    return {}
+    return cell.spec.kept(result)
 
 
 def _hook(cell):
@@ -245,19 +196,19 @@ def finished(cell, root: Path) -> bool:
     """The cell's summary exists, was written after its config.json (a crash after a new config.json leaves an older
     summary behind; a folder exactly as committed is exempt, _as_committed), and config.json records the cell's
     settings and methods. Folders the CLI wrote count too."""
-    from .folders import CONFIG_FILE, SUMMARY
-    if cell.kind == "tune":
+    command = cell.spec
+    if not command.writes_folder:
         return _tuned(cell, root)
     out = root / cell.rel
-    summary, conf = out / SUMMARY[cell.kind], out / CONFIG_FILE.get(cell.kind, "config.json")
+    summary, conf = out / command.summary, out / command.config_file
     try:
-        if cell.kind in ("analyze", "alpha_law", "certify"):    # they write their config last
+        if command.config_last:
             if not summary.exists():
                 return False
         elif summary.stat().st_mtime_ns < conf.stat().st_mtime_ns and not _as_committed(out):
             return False
         meta = json.loads(conf.read_text())
-        if cell.kind == "speed" and not _all_prompts(out, meta):
+        if not _all_prompts(out, meta, command.result_file):
             return False
     except (OSError, ValueError):
         return False
@@ -279,21 +230,21 @@ def _as_committed(out: Path) -> bool:
     return not (tracked.returncode or status.returncode) and bool(tracked.stdout.strip()) and not status.stdout.strip()
 
 
-def _all_prompts(out: Path, meta: dict) -> bool:
+def _all_prompts(out: Path, meta: dict, result_file: str | None) -> bool:
     """A speed run rewrites speed.csv after every prompt (a run stopped in its 10th hour still reports), so a newer
     summary does not mean a whole one: every prompt its config.json selected must have its records. A folder from
     before config.json listed them is judged by the summary alone."""
-    if "prompts" not in meta:
+    if "prompts" not in meta or result_file is None:
         return True
     ids = {str(i) for i in meta["prompts"]}
-    with open(out / "speed.jsonl") as f:
+    with open(out / result_file) as f:
         seen = {str(json.loads(line).get("id")) for line in f if line.strip()}
     return ids <= seen
 
 
 def lost(cell, root: Path) -> int:
     """Examples of a finished run cell that diverged from greedy beyond numerical noise."""
-    if cell.kind != "run":
+    if not cell.spec.counts_lost:
         return 0
     try:
         import pandas as pd
@@ -314,11 +265,10 @@ PLACE = ("threads", "resume", "out", "data_dir", "greedy_dir")
 
 
 def _matches(cell, meta: dict) -> bool:
-    from ..experiments.speed import UNUSED
     from ..methods import canonical
+    command = cell.spec
     want = _aliased(_norm(cell.config.to_dict()))
-    if cell.kind == "speed":
-        want = {k: v for k, v in want.items() if k not in UNUSED}
+    want = {k: v for k, v in want.items() if k not in command.unused}
     # a field an older config.json lacks was added since with its default, which is what that run did
     have = _aliased({**{k: v for k, v in _norm(RunConfig().to_dict()).items() if k in want},
                      **_norm(meta.get("config", {}))})
@@ -326,24 +276,23 @@ def _matches(cell, meta: dict) -> bool:
         return False
     if not _same_heads_recipe(cell, meta):
         return False
+    if any(not _same(meta.get(k), cell.options.get(k)) for k in command.recorded):
+        return False
+    if not command.match_methods:       # analyze: always plain and 2-gram drafts, its config is all there is
+        return True
     labels = [m.label for m in cell.methods]
     recorded = [canonical(m) for m in meta.get("methods", [])]
-    if cell.kind == "run" and not recorded and have.get("method"):   # older run folders name it in config only
+    if command.methods == "one" and not recorded and have.get("method"):   # older run folders: in config only
         recorded = [canonical(have["method"])]
-    if cell.kind == "speed":
-        recorded += list(meta.get("resolved", {}).get("skipped", {}))
-        return (sorted(recorded) == sorted(labels) and meta.get("repeats") == cell.options["repeats"]
-                and meta.get("per_category") == cell.options["per_category"])
-    if cell.kind == "analyze":          # always plain and 2-gram drafts: its config is all there is to match
-        return True
-    if cell.kind == "certify" and any(meta.get(k) != cell.options[k] for k in ("rules", "samples", "positions", "level")):
-        return False
-    if cell.kind == "alpha_law" and (meta.get("gamma_max") != cell.options["gamma_max"]
-                                     or [float(t) for t in meta.get("temperatures", [])] != cell.options["temperatures"]):
-        return False
-    if cell.kind == "replay" and meta.get("per_category") != cell.options.get("per_category"):
-        return False
-    return recorded == labels
+    recorded += list(meta.get("resolved", {}).get("skipped", {}))       # speed: methods it could not time here
+    return sorted(recorded) == sorted(labels)
+
+
+def _same(recorded: Any, wanted: Any) -> bool:
+    """An option as config.json holds it against the cell's: a list is a list, 0 is 0.0."""
+    if isinstance(recorded, (list, tuple)) and isinstance(wanted, (list, tuple)):
+        return list(recorded) == list(wanted)
+    return recorded == wanted
 
 
 def _same_heads_recipe(cell, meta: dict) -> bool:
