@@ -31,7 +31,7 @@ from .reference import GreedyReference
 Log = Callable[[str], None]
 
 
-# The grid and cell a sweep runs (sweep/kinds.py sets it around the command it calls): carried beside the commands
+# The grid and cell a sweep runs (sweep/commands.py sets it around the command it calls): carried beside the commands
 # rather than through them, so their signatures stay the CLI's and a command line records nothing extra.
 _MADE_BY: ContextVar[dict | None] = ContextVar("made_by", default=None)
 

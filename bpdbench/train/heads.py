@@ -32,7 +32,7 @@ from .data import data_path, load_data
 from .profiles import name_of, named, resolve, settings
 
 # How the heads are made (data, shortlist, fit). Results record it through the heads' metadata, and a sweep cell made
-# with heads of another recipe is not finished (sweep/kinds.py): change it whenever a change here changes the heads.
+# with heads of another recipe is not finished (sweep/commands.py): change it whenever a change here changes the heads.
 RECIPE = "heads-fit/1"
 FIRST_RECIPE = "heads-fit/1"     # heads (and results) from before the recipe was recorded
 
