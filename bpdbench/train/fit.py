@@ -10,6 +10,11 @@ are four minutes of two idle cores); on a busy machine the fit takes longer and 
 both. The heads keep the wall clock and no clipping they were first fitted with (train/heads.RECIPE): changing
 either changes the heads behind every committed heads-based result, which would all have to be run again.
 
+Why a saved state (`state`): the benchmark's fits take an hour or more of two cores, longer than a session or a
+machine's patience; the loop writes its whole state (weights, optimizer, step, budget spent, checkpoints, random
+generators) every RESUME_EVERY core-seconds, and the same call with the same settings continues from it, so a kill
+loses at most those minutes. A resumed fit draws the same batches as one that never stopped.
+
 Why sampled candidates: the teacher's top-8 of every prediction in the batch plus random shortlist negatives is the
 recipe that gave the blockwise heads the most agreement per CPU second; the other predictions' targets are the hard
 negatives.
@@ -17,8 +22,10 @@ negatives.
 from __future__ import annotations
 
 import math
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -81,18 +88,45 @@ def work_clock() -> float:
 
 
 CLOCKS = {"cpu": work_clock, "wall": time.time}
+RESUME_EVERY = 300.0     # core-seconds of fit between two saved states (five minutes of two cores)
+
+
+def _load_state(state: Path | None, key: dict, log: Log) -> dict | None:
+    """The saved state of an interrupted fit with these settings, or None (a state of other settings is set aside
+    with a line, then overwritten)."""
+    if state is None or not state.is_file():
+        return None
+    try:
+        saved = torch.load(state, weights_only=False)
+    except Exception as e:              # noqa: BLE001 -- a torn file from a kill mid-write: start afresh
+        log(f"  the saved fit state {state} is unreadable ({type(e).__name__}); starting afresh")
+        return None
+    if saved.get("key") != key:
+        log(f"  the saved fit state {state} was made with other settings; starting afresh")
+        return None
+    return saved
+
+
+def _save_state(state: Path, snapshot: dict) -> None:
+    tmp = state.with_name(state.name + ".tmp")
+    state.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(snapshot, tmp)
+    os.replace(tmp, state)
 
 
 def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tensor, c: FitConfig, log: Log,
         validate: Callable[[], float] | None = None, checkpoints: int = 8,
-        monitor: Callable[[], dict] | None = None) -> dict:
+        monitor: Callable[[], dict] | None = None, state: Path | None = None, state_key: dict | None = None,
+        every: float | None = None) -> dict:
     """Train obj.model in place; returns what the report records (steps, seconds, last losses).
 
     `validate` (higher is better, on sequences the fit never trains on) is called at `checkpoints` evenly spaced
     points of the budget and at the end, and the best weights are kept. Why: on a few tens of thousands of greedy
     tokens every draft network overfits (the blockwise heads reach 0.96 top-1 on their training rows, 0.31 held out), so the
     last step need not be the best one. Validation runs inside the budget. `monitor`: what else each checkpoint
-    records (the learning curve: held-out top-1 per depth), never used to choose weights."""
+    records (the learning curve: held-out top-1 per depth), never used to choose weights. `state`: where the fit's
+    state is saved every `every` core-seconds (RESUME_EVERY) and resumed from when `state_key` (with the FitConfig) matches; the
+    caller removes it once the result is saved."""
     model = obj.model.train()
     g = torch.Generator().manual_seed(c.seed)
     torch.manual_seed(c.seed)
@@ -102,9 +136,30 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
     opt_d = torch.optim.AdamW(disc.parameters(), lr=c.lr) if disc is not None else None
     lm_b = lm_w.bfloat16() if c.bf16 else lm_w.float()
     clock = CLOCKS[c.clock]
-    t0, w0, c0, step, stats = time.time(), work_clock(), clock(), 0, {}
+    key = {"fit": asdict(c), **(state_key or {})}
+    step, stats, spent, work_spent, wall_spent = 0, {}, 0.0, 0.0, 0.0
     curve: list[dict] = []
     best: tuple[float, dict] | None = None
+    saved = _load_state(state, key, log)
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["opt"])
+        if disc is not None:
+            disc.load_state_dict(saved["disc"])
+            opt_d.load_state_dict(saved["opt_d"])
+        g.set_state(saved["g"])
+        torch.set_rng_state(saved["torch"])
+        step, stats, curve, best = saved["step"], saved["stats"], saved["curve"], saved["best"]
+        spent, work_spent, wall_spent = saved["spent"], saved["work_spent"], saved["wall_spent"]
+        log(f"  resuming the fit from {state} at step {step} ({work_spent:.0f} CPU-seconds done)")
+    t0, w0, c0 = time.time() - wall_spent, work_clock() - work_spent, clock() - spent
+    last_save, every = work_clock(), RESUME_EVERY if every is None else every
+
+    def snapshot() -> dict:
+        return {"key": key, "model": model.state_dict(), "opt": opt.state_dict(),
+                **({"disc": disc.state_dict(), "opt_d": opt_d.state_dict()} if disc is not None else {}),
+                "g": g.get_state(), "torch": torch.get_rng_state(), "step": step, "stats": stats, "curve": curve,
+                "best": best, "spent": clock() - c0, "work_spent": work_clock() - w0, "wall_spent": time.time() - t0}
 
     def check(done: float) -> None:
         nonlocal best
@@ -120,6 +175,9 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
         log(f"  validation at step {step}: {score:.4f}")
 
     while True:
+        if state is not None and step and work_clock() - last_save >= every:
+            _save_state(state, snapshot())      # before this step's draws: a resume repeats exactly what follows
+            last_save = work_clock()
         done = (clock() - c0) / c.seconds if c.seconds else step / max(c.steps, 1)
         if validate is not None and checkpoints and step and done * checkpoints >= len(curve) + 1 and done < 1:
             check(done)

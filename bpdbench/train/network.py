@@ -145,8 +145,12 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
     curve_seqs = held[:CURVE_SEQUENCES]
     monitor = lambda: {"heldout_top1": agreement(obj, rows, curve_seqs, proj, shortlist, topk=1)["top1"]}  # noqa: E731
+    final = out or network_dir(model_name, saved, p.name)
+    state = final.with_name(final.name + ".fit-state.pt")    # an interrupted fit resumes from it (train/fit.py)
+    key = {"network": saved, "model": model_name, "profile": settings(p) | {"data": data},
+           "data": {k: ds.meta.get(k) for k in ("positions", "sequences", "seconds")}, "lr": fam.lr}
     stats = fit(obj, rows, pool, lm_w, shortlist, cfg, log, validate=score if val else None,
-                monitor=monitor if curve_seqs else None)
+                monitor=monitor if curve_seqs else None, state=state, state_key=key)
     drafter.eval()
     heldout = agreement(obj, rows, held, proj, shortlist)
     seconds = time.time() - t0
@@ -175,11 +179,12 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
         report["quality_warning"] = warning
     drafter.shortlist = shortlist
     drafter.emb = None
-    out = out or network_dir(model_name, saved, p.name)
+    out = final
     # sealed and renamed into place whole, or not at all; its report.json reaches results/ only through a grid's
     # [[train]] block (sweep/trainings.py), since only result commands write there
     with seal.building(out, log, folder=True) as tmp:
         save(drafter, tmp, model_name, report, saved, ds.rank)
+    state.unlink(missing_ok=True)
     log(f"{saved} saved to {out} in {report['seconds']}s (+{ds.meta.get('seconds')}s for the shared data); "
         f"held-out top-1 per depth {heldout['top1']}, expected tokens per chain step "
         f"{heldout['expected_tokens_per_step']}")

@@ -320,3 +320,44 @@ def test_replays_of_two_profiles_stay_apart(tmp_path):
     assert eff.loc["quick", "hydra"] == 1.3 and eff.loc["full", "hydra"] == 1.6 and eff.loc["full", "bpd"] == 1.4
     rep = drafters.repetition_table(drafters.collect_replays(tmp_path))
     assert sorted(rep.profile) == ["full", "quick"]
+
+
+def test_a_killed_fit_resumes_from_its_saved_state_and_ends_where_an_unbroken_one_ends(tiny, tmp_path, monkeypatch):
+    """The benchmark's fits take hours: one killed mid-way continues from its last saved state (train/fit.py) and
+    ends with the weights of a fit that never stopped; the state is removed once the network is saved."""
+    from dataclasses import replace
+    from bpdbench.train import fit as fit_lib, network
+    from tests.drafter_fixtures import LR, STEPS, tiny_prefill
+    model, tok, name, cache, _ = tiny
+    monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
+    monkeypatch.setattr(fit_lib, "RESUME_EVERY", 0.0)               # a state after every step
+    profile = replace(network.PROFILES["ci"], steps=STEPS, data=tiny_prefill())
+
+    def train(out):
+        return network.train("eagle3", profile, name, model, tok, log=lambda m: None, out=out, lr=LR)
+
+    unbroken = train(tmp_path / "unbroken")
+    saves, real_save = [0], fit_lib._save_state
+
+    def killed_after_40(state, snapshot):
+        real_save(state, snapshot)
+        saves[0] += 1
+        if saves[0] == 40:
+            raise KeyboardInterrupt("killed")
+    monkeypatch.setattr(fit_lib, "_save_state", killed_after_40)
+    with pytest.raises(KeyboardInterrupt):
+        train(tmp_path / "resumed")
+    state = tmp_path / "resumed.fit-state.pt"
+    assert torch.load(state, weights_only=False)["step"] == 40 and not (tmp_path / "resumed").exists()
+    monkeypatch.setattr(fit_lib, "_save_state", real_save)
+    resumed = train(tmp_path / "resumed")
+    assert not state.exists() and not (tmp_path / "unbroken.fit-state.pt").exists()
+    a, b = (json.loads((p / "report.json").read_text()) for p in (unbroken, resumed))
+    assert a["fit"]["steps"] == b["fit"]["steps"] == STEPS and a["heldout"] == b["heldout"]
+    for x, y in zip(torch.load(unbroken / "drafter.pt").values(), torch.load(resumed / "drafter.pt").values()):
+        assert torch.equal(x, y)
+    # a state made with other settings is not resumed: the fit starts afresh and says so
+    logs = []
+    torch.save({"key": {"other": 1}}, tmp_path / "again.fit-state.pt")
+    network.train("eagle3", profile, name, model, tok, log=logs.append, out=tmp_path / "again", lr=LR)
+    assert any("made with other settings" in m for m in logs) and not any("resuming" in m for m in logs)
