@@ -19,10 +19,14 @@ def heads_need(model: str, profile: str) -> Need:
     return Need(f"'{profile}' heads for {model}", f"bpdbench train-heads --profile {profile}", MINUTES.get(profile, 10))
 
 
-def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
-    """The heads a config names, with their metadata (path, training profile, held-out agreement)."""
+INIT_HEADS = 8     # untrained heads made when no method says how many it uses
+
+
+def resolve_heads(cfg: RunConfig, model, tok, log, count: int | None = None) -> tuple[Heads, dict]:
+    """The heads a config names, with their metadata (path, training profile, held-out agreement). `count`: the
+    heads the asking method uses (each method checks its own count against what was loaded)."""
     if cfg.heads_profile == "init" and not cfg.heads_path:  # untrained (zero-init) heads: smoke tests, ablations
-        heads = Heads(model.config.hidden_size, cfg.heads).to(model.dtype).eval().requires_grad_(False)
+        heads = Heads(model.config.hidden_size, count or INIT_HEADS).to(model.dtype).eval().requires_grad_(False)
         heads.pack(model.lm_head)
         return heads, {"profile": "init"}
     path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(cfg.model, cfg.heads_profile)
@@ -37,8 +41,9 @@ def resolve_heads(cfg: RunConfig, model, tok, log) -> tuple[Heads, dict]:
                                                                     log=log), log, path)
     check_seal(path, None if cfg.heads_path else cfg.heads_profile)
     heads, hcfg = load_heads(path, model.config.hidden_size, model.dtype, str(model.device))
-    if cfg.heads > heads.num_heads:
-        raise ValueError(f"--heads {cfg.heads} but {path} has only {heads.num_heads} heads")
+    if count and count > heads.num_heads:
+        raise ValueError(f"heads={count} (--heads {count}, or a method's heads=) but {path} has only "
+                         f"{heads.num_heads} heads")
     heads.pack(model.lm_head)
     training = hcfg.get("bpdbench", {}).get("training", {})
     meta = {"path": str(path), "shortlist": hcfg.get("shortlist"),

@@ -46,15 +46,23 @@ class Reads:
     data: Callable[[Method, RunConfig], str | None] | None = None     # NETWORK: its distillation budget
 
 
+def inner(method: Method) -> tuple[Method, ...]:
+    """The methods it drives inside it (sam's fallback, the hybrid's sources: MethodSpec.inner), parsed with it."""
+    return method.spec.inner(method) if method.spec.inner is not None else ()
+
+
 def artefacts(method: Method, cfg: RunConfig) -> tuple[ArtefactKey, ...]:
-    """The artefacts a method reads in this run, in declaration order."""
-    return tuple(ArtefactKey(r.kind, str(name), r.data(method, cfg) if r.data else None)
-                 for r in method.spec.artefacts for name in r.names(method, cfg))
+    """The artefacts a method reads in this run, in declaration order, then those of the methods inside it (the
+    graph builds a fallback's draft network too)."""
+    own = tuple(ArtefactKey(r.kind, str(name), r.data(method, cfg) if r.data else None)
+                for r in method.spec.artefacts for name in r.names(method, cfg))
+    nested = tuple(k for m in inner(method) for k in artefacts(m, cfg))
+    return tuple(dict.fromkeys(own + nested))
 
 
 def kinds(method: Method) -> frozenset[Kind]:
     """The kinds of artefact a method reads, whatever its values (the tables pick draft networks by it)."""
-    return frozenset(r.kind for r in method.spec.artefacts)
+    return frozenset(r.kind for r in method.spec.artefacts).union(*(kinds(m) for m in inner(method)))
 
 
 class BuildEnv(Protocol):

@@ -13,7 +13,7 @@ import torch
 
 from .. import paths
 from ..engine import Counters, DraftContext, ratios
-from ..methods import parse
+from ..methods import Method
 from ..refine import SAW
 from .figures import plot_entropy
 from ..store import update_json, write_atomic
@@ -48,10 +48,11 @@ def h_max(mean_entropy: list[float]) -> int:
 
 
 @torch.inference_mode()
-def analyze(s: Session, out: Path) -> dict:
-    """Consecutive repetition of plain vs 2-gram-rescored drafts, and per-head entropy with h_max."""
+def analyze(s: Session, out: Path, ngram2: Method) -> dict:
+    """Consecutive repetition of plain vs 2-gram-rescored drafts (`ngram2`: the plan's), and per-head entropy with
+    h_max."""
     out.mkdir(parents=True, exist_ok=True)
-    rescored_drafter = s.drafter(parse("ngram2"))
+    rescored_drafter = s.drafter(ngram2)
     heads, _ = s.env.heads()
     plain, rescored, entropies, n = [], [], [], 0
     for ex, prompt, greedy, hidden in trajectories(s):
@@ -75,25 +76,20 @@ def analyze(s: Session, out: Path) -> dict:
     write_atomic(out / "entropy.csv", ent_df.to_csv(index=False))
     torch.save(ent, out / "entropy.pt")
     plot_entropy(ent, out / "entropy.png", s.cfg.task, h_max(mean), s.cfg, n)
-    write_atomic(out / "config.json", json.dumps(s.meta([parse("ngram2")]), indent=2, default=str))
+    write_atomic(out / "config.json", json.dumps(s.meta([ngram2]), indent=2, default=str))
     return {"repetition": rep, "entropy": ent_df}
 
 
-def tune(s: Session, rescorer: str, grid=ALPHA_GRID) -> dict:
+def tune(s: Session, method: Method, grid=ALPHA_GRID) -> dict:
     """Pick alpha maximising replayed block efficiency on the tune split; store it, and the examples it saw, in the
-    alpha table."""
-    method = parse(rescorer)
-    if "alpha" not in {p.name for p in method.spec.params}:
-        raise ValueError(f"{rescorer} has no alpha to tune; methods with one: ngram2, ngram4, 16best-ngram4, "
-                         f"neural-s|m|l, medusa-neural-m, hf-lm")
+    alpha table (the method has an alpha: `bpdbench tune` checked it when the plan was made)."""
     trajs = [(*t, {}) for t in trajectories(s)]       # one memo per example, shared across the alpha grid
     if not trajs:   # nothing to tune on: refuse rather than store alpha 0.0 as if it had been measured
         raise ValueError(f"{s.cfg.task}: none of the {len(s.examples)} held-out examples has a greedy output of 2+ "
                          f"tokens, so alpha cannot be tuned; raise --max-new-tokens or --limit")
     scores = {}
     for alpha in grid:
-        drafter = s.drafter(parse(f"{method.label}:alpha={alpha}" if ":" not in method.label
-                                  else f"{method.label},alpha={alpha}"))
+        drafter = s.drafter(Method(method.spec, {**method.params, "alpha": alpha}))
         total = Counters()
         for _, prompt, greedy, hidden, memo in trajs:
             total = total.add(replay_one(s, drafter, prompt, greedy, hidden, memo))

@@ -26,18 +26,21 @@ def _markdown(plan: Plan, df: pd.DataFrame, log: Log) -> None:
 
 
 def _oracle(s, plan: Plan, lock, log: Log, progress) -> pd.DataFrame:
-    k = plan.cfg.k                                       # the lattice's largest k: k = 1, 2, 4, ... up to it
-    ks = tuple(sorted({x for x in replay_lib.KS if x <= k} | {k}))
-    return replay_lib.oracle_table(s, plan.out, ks=ks, resume=plan.resume, lock=lock)
+    return replay_lib.oracle_table(s, plan.out, list(plan.methods), _ks(plan.cfg), resume=plan.resume, lock=lock)
+
+
+def _ks(cfg: RunConfig) -> tuple[int, ...]:
+    """The lattice's k = 1, 2, 4, ... up to --k."""
+    return tuple(sorted({x for x in replay_lib.KS if x <= cfg.k} | {cfg.k}))
 
 
 def _oracle_drafts(cfg: RunConfig) -> tuple[Method, ...]:
-    return (parse("bpd"), *[parse(f"oracle:k={k}") for k in sorted({x for x in replay_lib.KS if x <= cfg.k}
-                                                                   | {cfg.k})])
+    """The heads' plain drafts, then the oracle at each k."""
+    return (parse("bpd"), *[parse(f"oracle:k={k}") for k in _ks(cfg)])
 
 
 def _analyze(s, plan: Plan, lock, log: Log, progress) -> dict:
-    return analysis.analyze(s, plan.out)
+    return analysis.analyze(s, plan.out, plan.methods[1])
 
 
 def _show_analysis(plan: Plan, res: dict, log: Log) -> None:
@@ -63,7 +66,7 @@ def _needs_greedy(cfg: RunConfig, methods: list[Method], options: Any) -> None:
 
 
 def _tune(s, plan: Plan, lock, log: Log, progress) -> dict:
-    return analysis.tune(s, plan.method.label)
+    return analysis.tune(s, plan.method)
 
 
 def _has_alpha(cfg: RunConfig, methods: list[Method], options: Any) -> None:

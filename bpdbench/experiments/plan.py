@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 from .. import paths, refine
 from ..config import ConfigError, RunConfig
-from ..methods import REGISTRY, Method, MethodError, contract, parse, parse_list
+from ..methods import REGISTRY, Method, MethodError, bind, contract, parse, parse_list
 from ..methods.registry import canonical
 from ..artefacts import checks
 from ..methods import preflight as method_checks
@@ -64,19 +64,13 @@ def methods_of(spellings: str | Sequence[str]) -> list[Method]:
 
 
 def run_folder(cfg: RunConfig, method: Method) -> Path:
-    """`bpdbench run`'s default folder: task, model, method and dtype; a draft threshold is named only where the
-    method reads one, a sampling run by its settings."""
+    """`bpdbench run`'s default folder: task, model, the method's label (which names the run options it reads where
+    they differ from their defaults: `bpd:threshold=0.4` under --draft-threshold 0.4) and dtype; a sampling run by
+    its settings."""
     label = method.label
-    if cfg.draft_threshold > 0 and takes_threshold(method) and "threshold=" not in label:
-        label += f"-t{cfg.draft_threshold:g}"
     if not cfg.sampling.greedy:
         label += "-" + cfg.sampling.label() + (f"-s{cfg.seed}" if cfg.seed else "")
     return paths.run_dir(cfg.task, cfg.model, label, cfg.dtype)
-
-
-def takes_threshold(method: Method) -> bool:
-    """Whether `--draft-threshold` changes what the method drafts (its own `threshold=` parameter's default)."""
-    return method.label != "ar" and any(p.name == "threshold" for p in method.spec.params)
 
 
 def out_of(cfg: RunConfig, command: CommandSpec, methods: Sequence[Method]) -> Path | None:
@@ -93,16 +87,6 @@ def out_of(cfg: RunConfig, command: CommandSpec, methods: Sequence[Method]) -> P
         name = paths.shell_safe(f"{cfg.task}-{tag}-{cfg.sampling.label()}-{cfg.dtype}")
         return paths.experiment_dir(command.name, name)
     return paths.experiment_dir(command.folder, cfg.task)
-
-
-def preflight(cfg: RunConfig, split: str = "eval", per_category: int | None = None,
-              methods: list[Method] | None = None, log=print) -> list:
-    """Everything that can be checked without loading the model: options, data, model folder, heads files against
-    their config, --k against the drafting shortlist. Returns the selected examples. Called before the progress bar
-    and before any model loads, so a bad input costs a second, not a model load."""
-    examples = check_inputs(cfg, split, per_category, methods)
-    check_files(cfg, methods, log)
-    return examples
 
 
 def check_inputs(cfg: RunConfig, split: str = "eval", per_category: int | None = None,
@@ -156,13 +140,13 @@ def prepare(cfg: RunConfig, command: str, methods: str | Sequence[str] | Sequenc
         raise ValueError(f"{command} takes {c.options.__name__ if c.options else 'no options'}, "
                          f"got {type(options).__name__}")
     cfg = cfg.validate()
-    if methods is None:
-        parsed = [method_of(cfg)] if c.methods == "one" else []
+    if methods is None:             # one: the config's --method; fixed: the drafts the command chooses itself
+        parsed = [method_of(cfg)] if c.methods == "one" else list(c.fixed(cfg)) if c.methods == "fixed" else []
     elif isinstance(methods, str) or any(isinstance(m, str) for m in methods):
         parsed = methods_of(methods)
     else:
         parsed = list(methods)
-    parsed = with_baseline(c, parsed)
+    parsed = [bind(m, cfg) for m in with_baseline(c, parsed)]   # --heads, --k, ... as the methods' own values
     check_engines(c, parsed)
     c.check(cfg, parsed, options)
     examples = check_inputs(cfg, split or c.split, per_category, parsed, select)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from ..engine import (Counters, OnStep, StepEvent, TreeScorer, layers_of, ratios, replay, teacher_forced,
                       teacher_forced_layers)
-from ..methods import Method
+from ..methods import Method, bind
 from ..methods.contract import needs_scorer, reads_reference
 from ..store import PROMPT_HASH, AppendOnlyJsonl, OutputLock, resumable, settings_and_heads, write_atomic
 from .carry import CarriedState
@@ -79,7 +79,8 @@ def _share(records: list[dict], key: str) -> float:
 def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = False,
                    per_category: int | None = None, lock: OutputLock | None = None) -> pd.DataFrame:
     """Block efficiency of each method on the same trajectories (the first method is the baseline).
-    Records are keyed by each method's canonical label."""
+    Records are keyed by each method's canonical label (the run's options bound: a plan's methods already are)."""
+    methods = [bind(m, s.cfg) for m in methods]
     drafters = {m.label: s.drafter(m) for m in methods}
     repeats = {label: DraftRepetition() for label in drafters}
     labels = list(drafters)
@@ -142,12 +143,12 @@ def replay_methods(s: Session, methods: list[Method], out: Path, resume: bool = 
     return df
 
 
-def oracle_table(s: Session, out: Path, ks=KS, resume: bool = False, lock: OutputLock | None = None) -> pd.DataFrame:
-    from ..methods import parse
+def oracle_table(s: Session, out: Path, methods: list[Method], ks: tuple[int, ...], resume: bool = False,
+                 lock: OutputLock | None = None) -> pd.DataFrame:
+    """`methods`: the heads' plain drafts, then the oracle at each of `ks` (the plan's, experiments/commands.py)."""
     from .figures import plot_oracle
-    methods = [parse("bpd")] + [parse(f"oracle:k={k}") for k in ks]
     df = replay_methods(s, methods, out, resume=resume, lock=lock)
-    df = df[df.method != "bpd"].assign(k=list(ks))
+    df = df[df.method != methods[0].label].assign(k=list(ks))
     df["relative_gain_pct"] = 100 * (df.block_efficiency / df.block_efficiency.iloc[0] - 1)
     write_atomic(out / "oracle.csv", df.to_csv(index=False))
     plot_oracle(df, out / "oracle.png", s.cfg.task, s.cfg)

@@ -23,7 +23,7 @@ from .. import models, paths, store, train
 from ..artefacts.policy import register
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
-from ..methods import Env, Method, MethodError
+from ..methods import Env, Method, MethodError, bind
 from ..methods.contract import reads_reference
 from .command import Plan
 from .reference import GreedyReference
@@ -106,7 +106,9 @@ class Session:
             raise ConfigError(str(e)) from None
 
     def build(self, method: Method) -> Drafter:
-        """A method's drafter (MethodError when it cannot be built); also what `Env.build` calls for inner methods."""
+        """A method's drafter (MethodError when it cannot be built); also what `Env.build` calls for inner methods.
+        A method that did not come through the plan (a command's own fixed drafts) gets the run's options bound."""
+        method = bind(method, self.cfg)
         if method.auto:                       # `auto` shape parameters: sized for this machine, then built
             from .autoshape import resolve
             return resolve(self, method)

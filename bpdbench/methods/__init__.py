@@ -2,7 +2,7 @@
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from .hf import MethodUnavailable, Output
-from .registry import REGISTRY, canonical, parse, parse_list, split_list
+from .registry import REGISTRY, bind, canonical, parse, parse_list, split_list
 
 __all__ = ["Method", "MethodError", "MethodSpec", "Param", "Env", "MethodUnavailable", "Output", "REGISTRY",
            "canonical", "parse", "parse_list", "split_list"]

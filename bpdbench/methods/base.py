@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Callable
 
 from .contract import BUILT_ON_FIRST_USE, Input, Reads
@@ -35,6 +36,8 @@ class Param:
     choices: tuple[str, ...] = ()
     auto: bool = False            # also takes `auto`: the shape that is fastest on this machine (autoshape.py)
     words: tuple[str, ...] = ()   # words a number parameter also takes (tree=dynamic)
+    flag: str | None = None       # the run-wide option (a RunConfig field: --heads, --k, ...) that gives it where
+    #                               the spelling does not (methods/spelling.py: bind)
 
     def parse(self, method: str, raw: str) -> Any:
         if self.auto and raw == AUTO:
@@ -60,11 +63,12 @@ class Param:
         return value
 
 
-HEADS = Param("heads", int, "use the first N heads", low=1)
-THRESHOLD = Param("threshold", float, "verify draft tokens only while the head's top-1 probability is >= this",
-                  low=0.0, high=1.0)
-K = Param("k", int, "lattice width (top-k per head)", low=1)
-ALPHA = Param("alpha", float, "weight of the language model against the heads (default: tuned)", low=0.0)
+HEADS = Param("heads", int, "use the first N heads (default: --heads)", low=1, flag="heads")
+THRESHOLD = Param("threshold", float, "verify draft tokens only while the head's top-1 probability is >= this "
+                  "(default: --draft-threshold)", low=0.0, high=1.0, flag="draft_threshold")
+K = Param("k", int, "lattice width (top-k per head; default: --k)", low=1, flag="k")
+ALPHA = Param("alpha", float, "weight of the language model against the heads (default: --alpha, else tuned)",
+              low=0.0, flag="alpha")
 
 
 @dataclass(frozen=True)
@@ -97,6 +101,9 @@ class MethodSpec:
     preflight: Callable[["Method", Any], None] | None = None     # (method, RunConfig): MethodError before loading
     shapes: Any = None                                           # a methods/search.py Search (which imports this)
     baseline: str = "ar"                                         # the label whose tokens certify it (speed)
+    # the methods it drives inside it (sam's fallback, the hybrid's sources), parsed with its own spelling: their
+    # inputs and artefacts are part of its contract (contract.inner, artefacts/keys.py)
+    inner: Callable[["Method"], tuple["Method", ...]] | None = None
 
     def param(self, name: str) -> Param:
         for p in self.params:
@@ -141,6 +148,36 @@ class Method:
     def get(self, name: str, default: Any = None) -> Any:
         return self.params.get(name, default)
 
+    def option(self, name: str) -> Any:
+        """A parameter a run option stands for (`Param.flag`: heads, k, threshold): its value, spelled or bound
+        from the run's option where that differs from its default (methods/spelling.py: bind), else the option's
+        default."""
+        if name in self.params:
+            return self.params[name]
+        return option_default(self.spec.param(name).flag)
+
+
+@lru_cache(maxsize=None)
+def option_default(flag: str) -> Any:
+    """A run option's default (RunConfig's), what a parameter that stands for it means where nothing sets it."""
+    from ..config import RunConfig
+    return getattr(RunConfig(), flag)
+
 
 def _fmt(v: Any) -> str:
+    if isinstance(v, Method):
+        return nested_spelling(v)
     return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def nested_spelling(method: Method) -> str:
+    """How a method given as another's parameter is spelled inside that one's label: `hydra;tree=4` (';' between
+    its parameters, since ',' separates the outer method's)."""
+    return method.label.replace(":", ";", 1).replace(",", ";")
+
+
+def inner_text(raw: str) -> str:
+    """`hydra;tree=4;k=2` (or `hydra:tree=4;k=2`) -> `hydra:tree=4,k=2`: a nested spelling as a method's own, read
+    once, when the outer spelling is parsed."""
+    text = raw if ":" in raw else raw.replace(";", ":", 1)
+    return text.replace(";", ",")

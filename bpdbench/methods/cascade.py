@@ -32,6 +32,7 @@ What bpdbench does:
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable
 
 import torch
@@ -196,10 +197,10 @@ def build(env: Env, method: Method) -> CascadeDrafter:
     resolved.update(tree=int(tree), width=length * (1 + tree))   # most draft tokens verified in a step
     drafter = CascadeDrafter(label, None, split, length, mag, env.limits.eos_ids, tree)
     if top == "bpd":
-        heads, _ = env.heads()
+        heads, _ = env.heads(split)
         if split > heads.num_heads:
             raise MethodError(f"{label}: split={split} but the heads have only {heads.num_heads}")
-        threshold = method.get("threshold", env.cfg.draft_threshold)
+        threshold = method.get("threshold", 0.0)
         drafter.top = LatticeDrafter(label, HeadsSource(heads, env.model.lm_head), split, 1, threshold)
         resolved.update(n_heads=split, threshold=threshold)
     elif top == "sps":
@@ -246,7 +247,8 @@ SPECS = [MethodSpec("cascade", "cascade drafting (CS-Drafting), exact: a top dra
                      Param("tree", int, "1 (default with two levels): also verify the bottom level's own draft "
                            "from the first position (two paths, one trie); 0: the cascade's path alone", low=0, high=2),
                      Param("model", str, "the draft model of top=sps (as sps:model=)"),
-                     THRESHOLD,
+                     replace(THRESHOLD, flag=None, help="top=bpd: verify the heads' draft only while their top-1 "
+                             "probability is >= this (default 0: the whole split)"),
                      Param("ngram", int, "MaG's longest n-gram", low=1),
                      Param("bigram", str, "where MaG's bigram table comes from", choices=("corpus", "history"))),
                     _needs, check=_check, inputs=_inputs,

@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 # the key types live in the layer that resolves them; registry entries and readers of the contract find them here
-from ..artefacts.keys import Kind, Reads, kinds  # noqa: F401
+from ..artefacts.keys import Kind, Reads, inner, kinds  # noqa: F401
 from ..config import RunConfig
 from ..engine import state as drafter_state
 from ..engine.types import layers_of

@@ -34,15 +34,20 @@ class Env:
         if self.cfg.dtype == "auto":
             self.cfg = self.cfg.replace(dtype=str(getattr(self.model, "dtype", "float32")).replace("torch.", ""))
 
-    def heads(self):
-        """(Heads, metadata) for the run's heads option: loaded, or trained on first use (as `make demo` does)."""
-        if self._heads is None:
-            self._heads = resolve_heads(self.cfg, self.model, self.tok, self.log)
+    def heads(self, count: int | None = None):
+        """(Heads, metadata) for the run's heads option: loaded, or trained on first use (as `make demo` does).
+        `count`: the heads a method uses (untrained `init` heads are made that many, at least)."""
+        if self._heads is None or (self._heads[1].get("profile") == "init" and count
+                                   and count > self._heads[0].num_heads):
+            self._heads = resolve_heads(self.cfg, self.model, self.tok, self.log, count)
         return self._heads
 
     def build(self, method) -> Any:
         """Another method's drafter from inside a method's build (sam's fallback): through the session when there
-        is one, so an inner `auto` is sized for this machine exactly as at top level."""
+        is one, so an inner `auto` is sized for this machine exactly as at top level. A method that did not come
+        through a plan gets the run's options bound here (spelling.bind; a bound one is unchanged)."""
+        from .spelling import bind
+        method = bind(method, self.cfg)
         if self.builder is not None:
             return self.builder(method)
         if method.auto:

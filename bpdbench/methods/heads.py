@@ -28,14 +28,12 @@ from .search import Chain, Either, RankTree
 
 
 def alpha_for(env: Env, method: Method, spec: refine.RescorerSpec) -> tuple[float | None, str]:
-    """One precedence rule for every command: the method's alpha=, then --alpha, then the tuned table, then the
-    rescorer's default."""
+    """One precedence rule for every command: the method's alpha (alpha=, or --alpha bound into it), then the tuned
+    table, then the rescorer's default."""
     if not spec.interpolates:
         return None, "n/a"
     if method.get("alpha") is not None:
         return method.params["alpha"], "method parameter"
-    if env.cfg.alpha is not None:
-        return env.cfg.alpha, "--alpha"
     table = _alpha_file(env)
     tuned = refine.tuned_alpha(table, env.cfg.task, spec.name, env.cfg.model)
     if tuned is not None:
@@ -56,20 +54,21 @@ def alpha_table(env: Env, spec: refine.RescorerSpec, source: str) -> dict:
 
 
 def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
-    heads, meta = env.heads()
+    n = method.option("heads")               # --heads, --k and --draft-threshold where not spelled (bind)
+    heads, meta = env.heads(n)
     if method.get("tree") == "auto":
         rescorer = "medusa-auto"
-    n = method.get("heads", env.cfg.heads)
     if n > heads.num_heads:
         raise MethodError(f"{method.label}: heads={n} but the heads have only {heads.num_heads}")
-    k = method.get("k", env.cfg.k)
+    takes_k = "k" in {p.name for p in method.spec.params}
+    k = method.option("k") if takes_k else 1      # bpd takes no k: it drafts the top-1 path
     width = len(heads.shortlist) if heads.shortlist is not None else env.model.lm_head.out_features
     if heads.proj is not None:
         width = heads.proj[0].out_features
-    if k > width and "k" in {p.name for p in method.spec.params}:
+    if k > width and takes_k:
         raise MethodError(f"{method.label}: k={k} exceeds the heads' drafting vocabulary of {width} tokens "
                           f"(shortlist); pass --k {width} or less")
-    threshold = method.get("threshold", env.cfg.draft_threshold)
+    threshold = method.option("threshold")
     if rescorer == "hf" and not method.get("model"):
         raise MethodError(f"{method.label}: name the rescoring model, e.g. hf-lm:model=qwen2.5-coder-0.5b")
     spec = refine.get_rescorer(f"hf:{method.get('model')}" if rescorer == "hf" else rescorer)

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from ..engine import (DraftContext, Limits, Proposal, TreeScorer, generate, layers_of, replay, teacher_forced,
                       teacher_forced_layers)
 from ..engine import state as drafter_state
-from .base import AUTO, Method, MethodError, MethodSpec, Param
+from .base import AUTO, Method, MethodError, MethodSpec, Param, inner_text
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
 from .contract import needs_scorer
 from .env import Env
@@ -57,24 +58,30 @@ LENGTHS = (2, 3, 4, 5, 6)
 BUDGETS = (4, 6, 8, 12, 16)           # nodes=auto with a given length: one replay per budget
 
 
-def source_spelling(raw: str) -> str:
-    """`qdraft;bits=8;length=6` -> the inner method's label with ';' between its parameters (checked at parse time:
-    the hybrid forwards every input, so only whole decoders are refused)."""
+def source_method(raw: str) -> Method:
+    """`qdraft;bits=8;length=6` -> the inner method, parsed here, once, with the hybrid's spelling (the hybrid
+    forwards every input, so only whole decoders are refused)."""
     from .spelling import parse
-    text = (raw if ":" in raw else raw.replace(";", ":", 1)).replace(";", ",")
+    text = inner_text(raw)
     if text.partition(":")[0].strip() in ("hybrid", "ar", "null"):
         raise MethodError(f"hybrid: {raw} cannot be a source (name a drafting method other than hybrid)")
     inner = parse(text)
     check_inner("hybrid", "source", inner)
-    return inner.label.replace(":", ";", 1).replace(",", ";")
+    return inner
 
 
-source_spelling.__name__ = "method spelling"
+source_method.__name__ = "method spelling"
 
 
-def _parse(spelling: str) -> Method:
+@cache
+def _default(spelling: str) -> Method:
+    """A source the spelling leaves out: its default, parsed once for the process."""
     from .spelling import parse
-    return parse((spelling if ":" in spelling else spelling.replace(";", ":", 1)).replace(";", ","))
+    return parse(inner_text(spelling))
+
+
+def _retrieval(method: Method) -> Method:
+    return method.get("retrieval") or _default(RETRIEVAL)
 
 
 def bin_of(position: int, prob: float | None) -> str:
@@ -223,7 +230,7 @@ def calibrate(env: Env, retrieval: Any, model: Any, rm: Method, mm: Method) -> d
 
 def _model(method: Method) -> Method:
     """The model source, its draft length set by the hybrid's `length` where given."""
-    mm = _parse(method.get("model", MODEL))
+    mm = method.get("model") or _default(MODEL)
     length = method.concrete("length")
     return mm if length is None else Method(mm.spec, {**mm.params, "length": length})
 
@@ -232,7 +239,7 @@ def _check(method: Method) -> None:
     """`length=` sets the model source's draft length: the source must have one, spelled in one place."""
     if "length" not in method.params:
         return
-    mm = _parse(method.get("model", MODEL))
+    mm = method.get("model") or _default(MODEL)
     if not any(p.name == "length" for p in mm.spec.params):
         raise MethodError(f"{method.label}: length= sets the model source's draft length and {mm.name} has none; "
                           f"drop length= and give {mm.name}'s own shape in model=")
@@ -253,7 +260,7 @@ def _combos(method: Method) -> list[dict]:
 
 
 def build(env: Env, method: Method) -> HybridDrafter:
-    rm, mm = _parse(method.get("retrieval", RETRIEVAL)), _model(method)
+    rm, mm = _retrieval(method), _model(method)
     nodes = method.get("nodes", NODES)
     retrieval, model = env.build(rm), env.build(mm)
     record = calibrate(env, retrieval, model, rm, mm)
@@ -268,7 +275,7 @@ def build(env: Env, method: Method) -> HybridDrafter:
 
 def _inputs(method: Method) -> frozenset[str]:
     """What the hybrid takes from the loop: what its sources take."""
-    sources = (_parse(method.get("retrieval", RETRIEVAL)), _model(method))
+    sources = (_retrieval(method), _model(method))
     return frozenset().union(*(declared(m) for m in sources)) - {RESET, OBSERVE}
 
 
@@ -281,13 +288,14 @@ SPECS = [MethodSpec("hybrid", "one token tree from a retrieval and a model sourc
                     "acceptance rate measured on the tune split; the model drafts only when the retrieval draft "
                     f"is expected to add less than the model's (defaults: retrieval={RETRIEVAL}, "
                     f"model={MODEL}, nodes={NODES})", build,
-                    (Param("retrieval", source_spelling, f"the free source, parameters separated by ';' (default "
+                    (Param("retrieval", source_method, f"the free source, parameters separated by ';' (default "
                            f"{RETRIEVAL})"),
-                     Param("model", source_spelling, f"the paid source (default {MODEL})"),
+                     Param("model", source_method, f"the paid source (default {MODEL})"),
                      Param("length", int, "the model source's draft length (default: the source's own; auto: sized "
                            "with nodes on this machine)", low=1, auto=True),
                      Param("nodes", int, f"most draft nodes verified (default {NODES}; auto: the budget fastest on "
                            "this machine)", low=1, auto=True),
                      Param("skip", float, "the model drafts only while the retrieval draft's expected length is "
                            "below this (default: the model's own mean, measured on the tune split)", low=0.0)),
-                    _needs, check=_check, inputs=_inputs, shapes=Combos(_combos))]
+                    _needs, check=_check, inputs=_inputs, shapes=Combos(_combos),
+                    inner=lambda m: (_retrieval(m), _model(m)))]

@@ -50,14 +50,13 @@ class OracleDrafter:
 
 
 def build(env: Env, method: Method) -> OracleDrafter:
-    heads, _ = env.heads()
-    k = method.get("k", env.cfg.k)
-    n = method.get("heads", env.cfg.heads)
+    heads, _ = env.heads(method.option("heads"))
+    k, n = method.option("k"), method.option("heads")     # --k and --heads where not spelled (bind)
     env.resolved[method.label] = {"n_heads": n, "k": k}
     inner = LatticeDrafter(method.label, HeadsSource(heads, env.model.lm_head), n, k=k)
     return OracleDrafter(method.label, inner)
 
 
 SPECS = [MethodSpec("oracle", "oracle top-k: the best lattice path, known from the greedy reference (an upper bound)",
-                    build, (Param("k", int, "top-k per head", low=1), HEADS), _needs_heads,
+                    build, (Param("k", int, "top-k per head (default: --k)", low=1, flag="k"), HEADS), _needs_heads,
                     inputs=frozenset({Input.HIDDEN, Input.REFERENCE}), artefacts=(RUN_HEADS,))]

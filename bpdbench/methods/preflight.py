@@ -22,16 +22,15 @@ Log = Callable[[str], None]
 
 
 def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) -> dict | None:
-    """Heads files against their config, --heads against their count, --k against the drafting vocabulary, for the
-    methods that read the run's heads with a head count of their own (cascade reads them too, with its split,
-    checked when it builds). Missing heads are left to the auto-train rule (methods.heads.resolve_heads)."""
-    chosen = [m for m in methods if contract.Kind.HEADS in contract.kinds(m) and _has(m, "heads")] \
-        if methods is not None else None
-    if chosen is not None and not chosen:
+    """Heads files against their config, each method's heads= against their count, its k= against the drafting
+    vocabulary, for the methods that read the run's heads with a head count of their own (cascade reads them too,
+    with its split, checked when it builds). The methods are bound (methods/spelling.py: --heads and --k are their
+    own values). Missing heads are left to the auto-train rule (methods.heads.resolve_heads)."""
+    chosen = [m for m in methods or [] if contract.Kind.HEADS in contract.kinds(m) and _has(m, "heads")]
+    if not chosen:
         return None
-    with_k = [m for m in chosen if _has(m, "k")] if chosen is not None else []
-    ks = [(m.label, m.get("k", cfg.k)) for m in with_k] or ([("--k", cfg.k)] if chosen is None else [])
-    n_heads = max([m.concrete("heads", cfg.heads) for m in chosen] if chosen else [cfg.heads])
+    ks = [(m.label, m.option("k")) for m in chosen if _has(m, "k")]
+    n_heads = max(m.concrete("heads", 1) for m in chosen)        # auto: sized within what is there
     info, where = None, "the model's vocabulary"
     if cfg.heads_profile != "init" or cfg.heads_path:
         path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(cfg.model, cfg.heads_profile)
@@ -43,8 +42,8 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
         info = heads_lib.check(path)
         heads_cache.check_seal(path, None if cfg.heads_path else cfg.heads_profile)   # before the model loads
         if n_heads > info["num_heads"]:
-            raise ConfigError(f"--heads {n_heads} but {path} has only {info['num_heads']} heads; pass --heads "
-                              f"{info['num_heads']} or less")
+            raise ConfigError(f"heads={n_heads} (--heads {n_heads}, or a method's heads=) but {path} has only "
+                              f"{info['num_heads']} heads; pass --heads {info['num_heads']} or less")
         if info["shortlist_missing"]:
             log(f"warning: {path}/config.json names a {info['shortlist_named']}-token drafting shortlist but "
                 f"shortlist.pt is missing: drafting over the full vocabulary (slower; recorded in config.json); "

@@ -27,7 +27,7 @@ from .recycling import SPECS as RECYCLING
 from .rest import SPECS as REST
 from .sam import SPECS as SAM
 from .sps import SPECS as SPS
-from .spelling import (ALIASES, REGISTRY, canonical, get, parse, parse_list, split_list,  # noqa: F401
+from .spelling import (ALIASES, REGISTRY, bind, canonical, get, parse, parse_list, split_list,  # noqa: F401
                        valid_names)
 
 REGISTRY.update({s.name: s for group in (AR, HEADS, ORACLE, PLD, SPS, CASCADE, HIERARCHY, HF, RECYCLING, LOOKAHEAD,

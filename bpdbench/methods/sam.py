@@ -45,8 +45,10 @@ fallback's proposals carry its own q.
 """
 from __future__ import annotations
 
+from functools import cache
+
 from ..engine import DraftContext, Proposal
-from .base import Method, MethodError, MethodSpec, Param
+from .base import Method, MethodError, MethodSpec, Param, inner_text
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
 from .contract import Input
 from .env import Env
@@ -61,12 +63,12 @@ TOKENS_AUTO = 16                        # tokens=auto: one replay at 16; `tokens
                                         # so every shorter draft is a truncation of it
 
 
-def fallback_spelling(raw: str) -> str:
-    """`hydra;tree=4` -> the inner method's canonical label with ';' between its parameters, `none` as it is. A
-    fallback SAM cannot drive is refused here, at parse time (a MethodError from the inner spelling passes through
-    as it is: it names what is wrong)."""
+def fallback_method(raw: str) -> Method | str:
+    """`hydra;tree=4` -> the inner method, parsed here, once, with the outer spelling; `none` as it is. A fallback SAM
+    cannot drive is refused here (a MethodError from the inner spelling passes through as it is: it names what is
+    wrong)."""
     from .spelling import parse
-    text = _inner(raw)
+    text = inner_text(raw)
     name = text.partition(":")[0].strip()
     if name == NONE:                    # not the `none` alias of bpd
         if text.strip() != NONE:
@@ -79,16 +81,10 @@ def fallback_spelling(raw: str) -> str:
                           f"the threshold")
     inner = parse(text)
     check_inner("sam", "fallback", inner)
-    return inner.label.replace(":", ";", 1).replace(",", ";")
+    return inner
 
 
-def _inner(raw: str) -> str:
-    """`hydra;tree=4;k=2` (or `hydra:tree=4;k=2`) -> `hydra:tree=4,k=2`, the inner method's own spelling."""
-    text = raw if ":" in raw else raw.replace(";", ":", 1)
-    return text.replace(";", ",")
-
-
-fallback_spelling.__name__ = "method spelling"
+fallback_method.__name__ = "method spelling"
 
 
 class SamDrafter(Wrapper):
@@ -145,12 +141,18 @@ class SamDrafter(Wrapper):
 
 
 def _fallback(method: Method) -> Method | None:
-    """The fallback method: the spelled one, recycling when none is spelled, None for `fallback=none`."""
-    from .spelling import parse
-    spelling = method.get("fallback")
-    if spelling == NONE:
+    """The fallback method: the spelled one (parsed with sam's spelling), recycling when none is spelled, None for
+    `fallback=none`."""
+    inner = method.get("fallback")
+    if inner == NONE:
         return None
-    return parse(_inner(spelling if spelling is not None else FALLBACK))
+    return inner if inner is not None else default_fallback()
+
+
+@cache
+def default_fallback() -> Method:
+    from .spelling import parse
+    return parse(FALLBACK)
 
 
 def _inputs(method: Method) -> frozenset[Input]:
@@ -195,7 +197,8 @@ SPECS = [MethodSpec("sam", "SAM-Decoding: the continuation of the longest suffix
                      Param("bias", int, f"the static match must be this much longer to win over the dynamic one "
                            f"(default {BIAS})", low=0),
                      Param("static", str, "static side: the corpus suffix array or none", choices=("corpus", "none")),
-                     Param("fallback", fallback_spelling, f"the method that drafts below the threshold, parameters "
+                     Param("fallback", fallback_method, f"the method that drafts below the threshold, parameters "
                            f"separated by ';' (default {FALLBACK}; none: a plain decode step; e.g. "
                            "fallback=hydra;tree=4)")),
-                    _needs, inputs=_inputs, shapes=Chain("tokens", longest=TOKENS_AUTO))]
+                    _needs, inputs=_inputs, shapes=Chain("tokens", longest=TOKENS_AUTO),
+                    inner=lambda m: tuple(x for x in (_fallback(m),) if x is not None))]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from .base import Method, MethodError, MethodSpec
+from .base import Method, MethodError, MethodSpec, option_default
 
 REGISTRY: dict[str, MethodSpec] = {}      # name -> spec; filled by registry.py (imported by the package)
 
@@ -94,3 +94,17 @@ def canonical(spelling: str) -> str:
 
 def get(name: str) -> MethodSpec:
     return parse(name).spec
+
+
+def bind(method: Method, cfg) -> Method:
+    """The method with the run-wide options its parameters stand for (`Param.flag`: --heads, --k,
+    --draft-threshold, --alpha) as its own parameters where its spelling leaves them out and the option differs
+    from its default, inner methods too: `bpd` under --heads 4 is `bpd:heads=4`, in its label as in what it drafts,
+    and a parameter at its default is read as that default (`Method.option`). The plan binds its methods once
+    (experiments/plan.py); binding again changes nothing."""
+    params = {k: bind(v, cfg) if isinstance(v, Method) else v for k, v in method.params.items()}
+    for p in method.spec.params:
+        value = getattr(cfg, p.flag, None) if p.flag else None
+        if value is not None and p.name not in params and value != option_default(p.flag):
+            params[p.name] = value
+    return method if params == method.params else Method(method.spec, params, method.spelled)

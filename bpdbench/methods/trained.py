@@ -20,6 +20,8 @@ and `auto` sizes its depth and tree width (`tree=auto`, `depth=auto`) or a dynam
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pathlib import Path
 from typing import Callable
 
@@ -36,7 +38,7 @@ from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
 from ..store import seal
 from ..artefacts.policy import network_need, warn_use
-from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param
+from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param, option_default
 from .contract import Input, Kind, Reads, need_names
 from .dynamic import BUDGETS, DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree, is_dynamic
 from .env import Env
@@ -65,7 +67,11 @@ SHORTLIST = Param("shortlist", int, "draft over the N most frequent ids of the t
 PROFILE = Param("profile", str, "training profile of the cached drafter (default: --heads-profile)",
                 choices=PROFILES)
 PATH = Param("path", str, "a drafter folder (bpdbench train-network --out), instead of the cached profile")
-COMMON = (DEPTH, TREE, NODES, TOPK, K, REFINE, ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
+# k and alpha shape only the refine= stage, so they are spelled there, not taken from --k and --alpha (which would
+# otherwise name themselves in every network's label)
+REFINE_K = replace(K, help="lattice width of the refine= stage (default 16)", flag=None)
+REFINE_ALPHA = replace(ALPHA, help="the refine= stage's weight of its language model (default: tuned)", flag=None)
+COMMON = (DEPTH, TREE, NODES, TOPK, REFINE_K, REFINE, REFINE_ALPHA, THRESHOLD, SHORTLIST, PROFILE, PATH)
 
 
 class TrainedDrafter(Refined):
@@ -208,7 +214,7 @@ def _check_shape(method: Method, cfg: RunConfig, drafter_type: str, depth: int, 
     tree, stage = method.get("tree", 0), method.get("refine")
     if tree and stage:
         raise MethodError(f"{method.label}: refine= works on a chain's lattice; drop tree= or refine=")
-    k = method.get("k", cfg.k) if stage else 1
+    k = method.get("k", option_default("k")) if stage else 1
     if tree != "dynamic" and any(n in method.params for n in ("nodes", "topk")):
         raise MethodError(f"{method.label}: nodes=/topk= shape a dynamic tree; add tree=dynamic")
     if tree == "dynamic":
@@ -260,8 +266,8 @@ def build(env: Env, method: Method, trained_name: str, drafter_type: str, longes
     _check_shape(method, env.cfg, drafter_type, model.depth, len(model.proj), longest)
     depth = method.get("depth", model.depth)
     tree, stage = method.get("tree", 0), method.get("refine")
-    k = method.get("k", env.cfg.k) if stage else 1
-    threshold = method.get("threshold", env.cfg.draft_threshold)   # one rule for every head-type drafter
+    k = method.get("k", option_default("k")) if stage else 1     # --draft-threshold where not spelled (bind)
+    threshold = method.option("threshold")           # one rule for every head-type drafter
     rescorer, alpha, source = None, None, "n/a"
     if stage:
         from ..artefacts.rescorers import ensure

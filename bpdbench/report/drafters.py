@@ -17,7 +17,7 @@ from . import load
 def is_network(method: Method) -> bool:
     """A draft network (eagle, hydra:tree=4, koala:base=hydra, ...); the tables set bpd (the Medusa-1 baseline)
     beside them by its label."""
-    return contract.Kind.NETWORK in contract.kinds(method)
+    return contract.Kind.NETWORK in contract.kinds(method) and not contract.inner(method)  # sam:fallback=hydra is not
 
 
 def training_table(results: Path) -> pd.DataFrame:

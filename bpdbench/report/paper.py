@@ -93,6 +93,8 @@ def lattice_table(results: Path) -> pd.DataFrame:
             row["paper_relative_change_pct"] = p.relative_change_pct
             row["ours_vs_paper_pct"] = round(100 * (row["block_efficiency"] / p.block_efficiency - 1), 2)
         rows.append(row)
+    if not rows:                         # replays of other methods only (or of other settings: bpd:heads=3)
+        return pd.DataFrame()
     df = pd.DataFrame(rows)
     df["_t"] = df.task.map(_order)
     df["_m"] = df.method.map(LATTICE_METHODS.index)

@@ -79,14 +79,15 @@ def options_for(command: CommandSpec, merged: dict, where: str) -> Iterator[tupl
 
 def parse_cell(command: CommandSpec, cfg: RunConfig, options: dict) -> tuple[list[Method] | None, tuple[Method, ...]]:
     """The cell's spellings, parsed once by the registry (one grammar for every command): (the methods its Plan
-    holds, as the CLI's command line would give them, None where the command takes none; the methods the cell
-    builds, which its artefacts, tune waits and finished check read: speed adds its ar baseline, oracle and analyze
-    their fixed drafts)."""
+    holds, as the CLI's command line would give them, oracle's and analyze's fixed drafts; the methods the cell
+    builds, which its artefacts, tune waits and finished check read: speed adds its ar baseline)."""
     from ..experiments.plan import method_of, methods_of, with_baseline
-    if command.methods == "fixed":
-        return None, command.fixed(cfg)
+    from ..methods import bind
+    if command.methods == "fixed":            # parsed here once: the Plan holds them too
+        fixed = tuple(bind(m, cfg) for m in command.fixed(cfg))
+        return list(fixed), fixed
     chosen = [method_of(cfg)] if command.methods == "one" else methods_of(options["methods"])
-    return chosen, tuple(with_baseline(command, chosen))
+    return chosen, tuple(bind(m, cfg) for m in with_baseline(command, chosen))
 
 
 def check(command: CommandSpec, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
@@ -265,7 +266,6 @@ PLACE = ("threads", "resume", "out", "data_dir", "greedy_dir")
 
 
 def _matches(cell, meta: dict) -> bool:
-    from ..methods import canonical
     command = cell.spec
     want = _aliased(_norm(cell.config.to_dict()))
     want = {k: v for k, v in want.items() if k not in command.unused}
@@ -281,11 +281,23 @@ def _matches(cell, meta: dict) -> bool:
     if not command.match_methods:       # analyze: always plain and 2-gram drafts, its config is all there is
         return True
     labels = [m.label for m in cell.methods]
-    recorded = [canonical(m) for m in meta.get("methods", [])]
+    recorded = [bound_label(m, have) for m in meta.get("methods", [])]
     if command.methods == "one" and not recorded and have.get("method"):   # older run folders: in config only
-        recorded = [canonical(have["method"])]
+        recorded = [bound_label(have["method"], have)]
     recorded += list(meta.get("resolved", {}).get("skipped", {}))       # speed: methods it could not time here
     return sorted(recorded) == sorted(labels)
+
+
+def bound_label(spelling: str, config: dict) -> str:
+    """A recorded method's label under the run options its folder recorded (methods.bind): a folder written before
+    labels named them (`bpd` under --heads 5) reads as the `bpd:heads=5` it is. A spelling that is no method (an
+    external engine's row, an old name) stays as it is."""
+    from types import SimpleNamespace
+    from ..methods import MethodError, bind, canonical, parse
+    try:
+        return bind(parse(spelling), SimpleNamespace(**config)).label
+    except (MethodError, TypeError):
+        return canonical(spelling)
 
 
 def _same(recorded: Any, wanted: Any) -> bool:

@@ -45,7 +45,7 @@ def test_replay_equals_real_decoding_for_every_method_on_the_real_model(fp32_mod
         # own instance, with a scorer for the off-path nodes; one that drafts on the base's KV cache (qdraft and
         # layerskip with cache=base, the hybrid's default model source) replays with a scorer that rebuilds it
         learns = feedback_k(drafter)
-        twin = parse(spelling).spec.build(s.env, parse(spelling)) if learns else drafter
+        twin = s.env.build(parse(spelling)) if learns else drafter
         scorer = TreeScorer(s.model) if needs_scorer(drafter) else None
         for prompt, ref, h in zip(prompts, greedy, hidden):
             if reads_reference(drafter):

@@ -52,11 +52,11 @@ def cli(*args):
 
 def test_refinement_pipeline(workspace):
     ws = workspace
-    common = ["--model", ws["model"], "--heads-profile", "init", "--heads", "3", "--dtype", "float32",
+    common = ["--model", ws["model"], "--heads-profile", "init", "--dtype", "float32",
               "--data-dir", ws["data"], "--max-new-tokens", "10"]
     # Real decoding with every lattice method stays lossless; the missing 2-gram is built on first use.
     for rescorer in ("ngram2", "16best-0gram"):
-        text = cli("run", "--task", "xsum", "--rescorer", rescorer, "--k", "4", "--limit", "2", "--out",
+        text = cli("run", "--task", "xsum", "--rescorer", rescorer, "--limit", "2", "--out",
                    f"r-{rescorer}", *common)
         assert ("building it now" in text) == (rescorer == "ngram2"), text
         row = pd.read_csv(f"r-{rescorer}/summary.csv").iloc[0]
@@ -66,16 +66,16 @@ def test_refinement_pipeline(workspace):
     assert list(oracle.k) == [1, 2, 4, 8]
     assert list(oracle.block_efficiency) == sorted(oracle.block_efficiency)
     assert (ws["data"].parent / "results" / "oracle" / "xsum" / "oracle.png").exists()
-    cli("analyze", "--task", "xsum", "--limit", "2", "--k", "4", *common)
+    cli("analyze", "--task", "xsum", "--limit", "2", *common)
     rep = pd.read_csv("results/analysis/xsum/repetition.csv")
     assert list(rep.drafts) == ["plain", "ngram2"] and rep.repeat_share.between(0, 1).all()
     ent = pd.read_csv("results/analysis/xsum/entropy.csv")
-    assert len(ent) == 3 and 1 <= ent.h_max.iloc[0] <= 3
-    cli("replay", "--task", "xsum", "--methods", "bpd,ngram2,16best-0gram,oracle-k4", "--k", "4", "--limit", "3",
+    assert len(ent) == 8 and 1 <= ent.h_max.iloc[0] <= 8
+    cli("replay", "--task", "xsum", "--methods", "bpd,ngram2,16best-0gram,oracle-k4", "--limit", "3",
         *common)
     rp = pd.read_csv("results/replay/xsum/replay.csv").set_index("method")
     assert rp.loc["16best-0gram", "block_efficiency"] <= rp.loc["oracle:k=4", "block_efficiency"]
-    cli("tune", "--task", "xsum", "--rescorer", "ngram2", "--limit", "2", "--k", "4", *common[:-4],
+    cli("tune", "--task", "xsum", "--rescorer", "ngram2", "--limit", "2", *common[:-4],
         "--data-dir", ws["data"], "--max-new-tokens", "10")
     alpha = json.loads(open("results/alpha.json").read())
     assert f"{ws['model']}/xsum/ngram2" in alpha
@@ -89,5 +89,5 @@ def test_refinement_pipeline(workspace):
         assert (ws["data"].parent / "results" / "tables" / f"{name}.png").exists()
     hw = pd.read_csv("results/tables/hardware_utilization.csv").set_index(["task", "method"])
     assert hw.loc[("xsum", "ar"), "block_efficiency"] == 1
-    # 3 heads + root per step, except the last steps, whose drafts are clipped to what the budget can still keep
-    assert 3 < hw.loc[("xsum", "bpd"), "verified_per_call"] <= 4
+    # 8 heads + root per step, except the last steps, whose drafts are clipped to what the budget can still keep
+    assert 3 < hw.loc[("xsum", "bpd"), "verified_per_call"] <= 9

@@ -34,7 +34,7 @@ def test_run_at_temperature_records_the_statistical_certificate(tiny_model_dir, 
     assert code == 0, text
     summary = pd.read_csv(tmp_path / "a" / "summary.csv").iloc[0]
     assert "lossless_rate" not in summary and "n_lost" not in summary      # no fake greedy certificate
-    assert summary.certificate.startswith(f"statistical (bpdbench certify --method {method} --temperature 0.8 "
+    assert summary.certificate.startswith(f"statistical (bpdbench certify --method {method}:heads=2 --temperature 0.8 "
                                           f"--top-k 20")
     assert summary.temperature == 0.8 and summary.top_k == 20 and summary.seed == 5
     assert summary.speedup_vs_ar > 0
@@ -87,9 +87,9 @@ def test_speed_at_temperature_is_per_token_and_skips_transformers_loops(tiny_mod
     assert all(r["sampled"] for r in recs)
     ar = sum(r["median_s"] for r in recs if r["method"] == "ar") / sum(r["tokens"] for r in recs
                                                                         if r["method"] == "ar")
-    bpd = [r for r in recs if r["method"] == "bpd"]
+    bpd = [r for r in recs if r["method"] == "bpd:heads=2"]
     per_token = sum(r["median_s"] for r in bpd) / sum(r["tokens"] for r in bpd)
-    assert df.loc["bpd", "speedup_vs_ar"] == pytest.approx(ar / per_token)
+    assert df.loc["bpd:heads=2", "speedup_vs_ar"] == pytest.approx(ar / per_token)
 
 
 def test_certify_passes_exact_and_catches_always_accept(tiny_model_dir, prompts, tmp_path):
@@ -99,7 +99,7 @@ def test_certify_passes_exact_and_catches_always_accept(tiny_model_dir, prompts,
                      "--method", "bpd", "--temperature", "1", "--samples", "200", "--positions", "3",
                      "--rules", "exact,always-accept", "--out", tmp_path / "c")
     assert code == 0, text
-    assert "bpd rule=exact: PASS" in text and "rule=always-accept (lossy control): detected as lossy" in text
+    assert "bpd:heads=2 rule=exact: PASS" in text and "rule=always-accept (lossy control): detected as lossy" in text
     res = json.loads((tmp_path / "c" / "certify.json").read_text())
     fams = {f["rule"]: f for f in res["families"]}
     assert fams["exact"]["passed"] and not fams["always-accept"]["passed"]
@@ -107,7 +107,7 @@ def test_certify_passes_exact_and_catches_always_accept(tiny_model_dir, prompts,
     assert len(tests) == 2 * 2 * 3 and set(tests.position) == {1, 2, 3}
     assert res["samples"] == 200 and res["environment"]["dtype"] == "float32"
     samples = [json.loads(x) for x in (tmp_path / "c" / "samples.jsonl").read_text().splitlines()]
-    assert {s["side"] for s in samples} == {"ar|exact", "bpd|exact", "bpd|always-accept"}
+    assert {s["side"] for s in samples} == {"ar|exact", "bpd:heads=2|exact", "bpd:heads=2|always-accept"}
 
 
 def test_sps_drafts_are_samples_from_q(tiny_model_dir):

@@ -42,7 +42,7 @@ def cli(*args):
 
 def speed_cli(model_dir, prompts_file, out, methods, *extra):
     return cli("speed", "--task", "prompts", "--data-file", prompts_file, "--model", model_dir, "--heads-profile",
-               "init", "--heads", "4", "--dtype", "float32", "--threads", "1", "--methods", ",".join(methods),
+               "init", "--dtype", "float32", "--threads", "1", "--methods", ",".join(methods),
                "--limit", "2", "--repeats", "2", "--max-new-tokens", "12", "--out", out, *extra)
 
 

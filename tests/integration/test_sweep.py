@@ -196,11 +196,12 @@ def test_artefacts_once_then_tune_then_the_replay_reading_its_alpha(tiny_model_d
     alpha, saw = table[f"{tiny_model_dir}/xsum/ngram2"], table["_saw"][f"{tiny_model_dir}/xsum/ngram2"]
     assert saw["split"] == "tune" and 0 < len(saw["examples"]) <= 2      # what the alpha was picked on
     resolved = json.loads((plan.results / "replay" / "xsum" / "config.json").read_text())["resolved"]["methods"]
-    assert resolved["ngram2"]["alpha"] == alpha and resolved["ngram2"]["alpha_source"].split("#")[0].endswith("alpha.json")
-    assert resolved["ngram2"]["alpha_table"]["seen"] == {"ids": {"xsum": saw["examples"]}}   # what audit counts
+    ngram2 = resolved["ngram2:heads=2,k=4"]                  # heads and k are part of what it drafts, and its label
+    assert ngram2["alpha"] == alpha and ngram2["alpha_source"].split("#")[0].endswith("alpha.json")
+    assert ngram2["alpha_table"]["seen"] == {"ids": {"xsum": saw["examples"]}}   # what audit counts
     from bpdbench.experiments import audit
     seen = audit.folder(plan.results / "replay" / "xsum")["artefacts"]
-    assert seen["methods.ngram2.alpha_table"]["overlap"] == 0, seen
+    assert seen["methods.ngram2:heads=2,k=4.alpha_table"]["overlap"] == 0, seen
     assert (plan.results / "analysis" / "xsum" / "entropy.csv").exists()
     assert driver.run(grid.load(path), "local", log=print)["counts"] == {"finished": 3}
 

@@ -22,7 +22,7 @@ CHEAP_AT_4 = TableCost({2: 0.97, 3: 1.02, 4: 0.88, 6: 0.95, 8: 1.05})     # the 
 def build(model, spelling: str, limits: Limits):
     env = Env(model, None, RunConfig(dtype="float32"), limits, log=lambda m: None)
     method = parse(spelling)
-    return method.spec.build(env, method), env
+    return env.build(method), env
 
 
 @pytest.mark.parametrize("rows", range(1, 9))

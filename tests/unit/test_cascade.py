@@ -205,7 +205,7 @@ def test_registry_shapes_build_and_record_their_shape(loaded, tiny_model_dir, tm
                             (f"cascade:top=sps,model={name},split=3,vertical=1", {"top": "sps", "vertical": 1}),
                             ("cascade:split=4,bottom=none", {"split": 4, "length": 4, "bottom": "none"})]:
         m = parse(spelling)
-        d = m.spec.build(env, m)
+        d = env.build(m)
         assert shape.items() <= env.resolved[m.label].items(), (spelling, env.resolved[m.label])
         real = generate(model, d, prompt, limits)
         assert real.tokens == greedy
@@ -214,7 +214,7 @@ def test_registry_shapes_build_and_record_their_shape(loaded, tiny_model_dir, tm
             assert ratios(real.counters)["block_efficiency"] > 3
     assert env.resolved["cascade"]["bigram"]["path"].endswith("bigram-corpus.npy")
     with pytest.raises(MethodError, match="only 4"):
-        parse("cascade:split=6").spec.build(env, parse("cascade:split=6"))
+        env.build(parse("cascade:split=6"))
 
 
 def test_the_top_level_is_wrapped_and_declared():

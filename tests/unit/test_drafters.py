@@ -93,7 +93,7 @@ def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
     greedies = {tuple(p): generate(model, None, list(p), limits).tokens for p in PROMPTS}
     for spelling in SPELLINGS:
         method = parse(spelling)
-        drafter = method.spec.build(env, method)
+        drafter = env.build(method)
         accepted = 0
         for prompt in PROMPTS:
             real = decode_and_replay(model, drafter, prompt, limits, list(greedies[tuple(prompt)]), features=True,

@@ -14,7 +14,7 @@ from bpdbench import models
 from bpdbench.config import RunConfig
 from bpdbench.engine import Limits, SamplingParams, SpeculativeSampling, generate, ratios
 from bpdbench.experiments import autoshape
-from bpdbench.methods import Env, parse
+from bpdbench.methods import bind, Env, parse
 from bpdbench.methods.base import Method, MethodError
 from bpdbench.methods.dynamic import dynamic_tree, generate as expand_all, leaves, rerank
 from tests.drafter_fixtures import copy_drafters
@@ -107,14 +107,14 @@ def test_lossless_and_replay_equals_real(tiny, monkeypatch, eos_at, max_new):
     for family in FAMILIES:
         spelling = f"{family}:tree=dynamic,nodes=12,topk=3"
         method = parse(spelling)
-        drafter = method.spec.build(env, method)
+        drafter = env.build(method)
         accepted = 0
         for prompt in PROMPTS:
             real = decode_and_replay(model, drafter, prompt, limits, list(greedies[tuple(prompt)]), features=True,
                                      label=spelling, memo={})
             accepted += real.counters.accepted
         assert accepted > 0, spelling
-        assert env.resolved[method.label]["nodes"] == 12 and env.resolved[method.label]["topk"] == 3
+        assert env.resolved[bind(method, env.cfg).label]["nodes"] == 12 and env.resolved[bind(method, env.cfg).label]["topk"] == 3
 
 
 @pytest.mark.parametrize("kind", ["sequential", "parallel"])
@@ -141,7 +141,7 @@ def test_point_mass_q_runs_at_positive_temperature(tiny, monkeypatch):
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
     env = _env(model, tok, name, Limits(12))
     method = parse("hydra:tree=dynamic,nodes=8,topk=4")       # a small tree: the tiny drafters' test is for q
-    drafter = method.spec.build(env, method)
+    drafter = env.build(method)
     seen = []
     propose = drafter.propose
     drafter.propose = lambda ctx: seen.append(propose(ctx)) or seen[-1]
@@ -162,8 +162,8 @@ def test_defaults_are_eagle2s_published_shape(tiny, monkeypatch):
     env = _env(model, tok, name, Limits(12))
     for spelling, depth in (("eagle:tree=dynamic", 6), ("eagle:depth=2,tree=dynamic", 2), ("hydra:tree=dynamic", None)):
         method = parse(spelling)
-        drafter = method.spec.build(env, method)
-        rec = env.resolved[method.label]
+        drafter = env.build(method)
+        rec = env.resolved[bind(method, env.cfg).label]
         assert method.label == spelling and (rec["nodes"], rec["topk"]) == (59, 10), rec
         assert (drafter.nodes, drafter.topk) == (59, 10)
         assert drafter.depth == rec["depth"] == (depth or drafter.model.depth), spelling
@@ -233,10 +233,10 @@ def test_medusa_dynamic_is_lossless_and_replays(tiny_model_dir):
     env = Env(model, tok, RunConfig(model=str(tiny_model_dir), k=4, heads=4, heads_profile="init"), limits,
               log=lambda m: None)
     default = parse("medusa:tree=dynamic")
-    default.spec.build(env, default)
-    assert env.resolved[default.label]["nodes"] == 59                  # EAGLE-2's published total
+    env.build(default)
+    assert env.resolved[bind(default, env.cfg).label]["nodes"] == 59                  # EAGLE-2's published total
     method = parse("medusa:tree=dynamic,nodes=10")
-    drafter = method.spec.build(env, method)
-    assert env.resolved[method.label]["nodes"] == 10
+    drafter = env.build(method)
+    assert env.resolved[bind(method, env.cfg).label]["nodes"] == 10
     for prompt in PROMPTS:
         decode_and_replay(model, drafter, prompt, limits, features=True, memo={})

@@ -92,7 +92,7 @@ def test_sampling_is_certified_and_the_lossy_control_is_not(tiny, monkeypatch, s
     monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
     env = Env(model, tok, RunConfig(model=name), Limits(3), log=lambda m: None)
     method = parse(spelling)
-    drafter = method.spec.build(env, method)
+    drafter = env.build(method)
     params, n, positions = SamplingParams(temperature=1.0), 300, 3
 
     def draws(d, rule: str, offset: int) -> list[list[int]]:

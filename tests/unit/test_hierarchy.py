@@ -141,7 +141,7 @@ def test_builders_on_fixtures(loaded, tiny_model_dir, tmp_path, monkeypatch):
     cfg = RunConfig(model=name, dtype="float32", data_dir=str(write_corpus(tmp_path / "data")))
     env = Env(model, tok, cfg, Limits(16), log=lambda m: None)
     m = parse("hierarchy:history=ci")
-    d = m.spec.build(env, m)
+    d = env.build(m)
     info = env.resolved[m.label]
     assert info["history"]["profile"] == "ci" and info["history"]["tokens"] > 0
     assert info["static"]["tokens"] > 0 and info["static"]["keys"]["3"] > 0
@@ -158,7 +158,7 @@ def test_builders_on_fixtures(loaded, tiny_model_dir, tmp_path, monkeypatch):
     cfg2 = cfg.replace(auto_train=False)
     env2 = Env(model, tok, cfg2, Limits(16), log=lambda m: None)
     with pytest.raises(MethodError, match="build-history --profile quick"):
-        parse("hierarchy").spec.build(env2, parse("hierarchy"))
+        env2.build(parse("hierarchy"))
     prompt = ids
     greedy = generate(model, None, prompt, Limits(16, eos)).tokens
     assert generate(model, d, prompt, Limits(16, eos)).tokens == greedy

@@ -45,10 +45,10 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
     method = parse(spelling)
     for prompt in (*PROMPTS, REPEATS):
         ref = generate(env.model, None, list(prompt), LIMITS).tokens
-        d = method.spec.build(env, method)
+        d = env.build(method)
         out = generate(env.model, d, list(prompt), LIMITS)
         assert out.tokens == ref, (spelling, prompt)
-        again = replay(method.spec.build(env, method), list(prompt), ref, None, LIMITS,
+        again = replay(env.build(method), list(prompt), ref, None, LIMITS,
                        scorer=TreeScorer(env.model))     # the default model source drafts on the target's cache
         assert (again.steps, again.accepted, again.accepted_per_head) == \
             (out.counters.steps, out.counters.accepted, out.counters.accepted_per_head)

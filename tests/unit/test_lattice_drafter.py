@@ -177,7 +177,7 @@ def test_a_fixed_medusa_tree_computes_only_its_depths_and_drafts_the_same_paths(
         blk[0].linear.weight.data.normal_(0, 0.5)
     heads.pack(model.lm_head)
     small = parse("medusa:nodes=3")
-    cut = small.spec.build(env, small)
+    cut = env.build(small)
     tree = cut.rescorer
     every = LatticeDrafter("all", cut.source, 4, cut.k)
     for shape in (None, [[0], [0, 0], [0, 0, 0]]):          # the first 3 nodes (depth 2), then a 3-deep chain

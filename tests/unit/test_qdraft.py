@@ -82,9 +82,9 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
     method = parse(spelling)
     for prompt in PROMPTS:
         ref = generate(env.model, None, list(prompt), LIMITS).tokens
-        out = generate(env.model, method.spec.build(env, method), list(prompt), LIMITS)
+        out = generate(env.model, env.build(method), list(prompt), LIMITS)
         assert out.tokens == ref, (spelling, prompt)
-        drafter = method.spec.build(env, method)
+        drafter = env.build(method)
         again = replay(drafter, list(prompt), ref, None, LIMITS,
                        scorer=TreeScorer(env.model) if needs_scorer(drafter) else None)
         assert (again.steps, again.accepted, again.accepted_per_head) == \
@@ -92,7 +92,7 @@ def test_lossless_and_replay_equals_decoding(env, spelling):
     assert out.counters.drafted > 0
     rec = env.resolved[method.label]
     if method.get("window"):                       # the draft read the prompt's last `window` tokens only
-        d = method.spec.build(env, method)
+        d = env.build(method)
         generate(env.model, d, list(PROMPTS[2]), LIMITS)
         cut = len(PROMPTS[2]) - method.get("window")
         assert d.start == (cut if cut > SINK else 0) and len(d.fed) <= method.get("window") + SINK + 24
@@ -152,7 +152,7 @@ def test_bad_rounding_spellings_are_one_line_errors():
 
 def test_awq_scales_are_chosen_on_the_train_split_and_recorded(env):
     m = parse("qdraft:scales=awq")
-    m.spec.build(env, m)
+    env.build(m)
     rec = env.resolved[m.label]["scales"]
     assert rec["scales"] == "awq" and rec["split"] == "train" and rec["seen"]["split"] == "train"
     assert rec["mean_error"] <= rec["mean_error_minmax"] and rec["layers"] == 6 * 7 + 1
@@ -170,14 +170,14 @@ def test_a_calibrated_choice_is_cached_per_recipe(env, monkeypatch):
     from bpdbench.methods import calibrated
     from bpdbench.nets import awq
     m = parse("qdraft:scales=awq")
-    m.spec.build(env, m)
+    env.build(m)
     first = env.resolved[m.label]["scales"]["recipe"]
     folder = paths.cache_root() / "selfdraft" / "scales"
     assert [p.name.endswith(f"-awq-nearest-{first}.pt") for p in folder.glob("*-int4-g32-awq-nearest-*")] == [True]
     monkeypatch.setattr(awq, "ROWS", awq.ROWS // 2)
     for key in [k for k in env.cache if isinstance(k, tuple) and k[:1] == ("calibrated",)]:
         del env.cache[key]
-    m.spec.build(env, m)
+    env.build(m)
     second = env.resolved[m.label]["scales"]["recipe"]
     assert second != first and second == calibrated.recipe()
     assert sorted(p.name[-11:-3] for p in folder.glob("*-int4-g32-awq-nearest-*")) == sorted([first, second])
@@ -204,7 +204,7 @@ def test_quantization_costs_agreement_and_drafts_accept(env):
     got = {}
     for spelling in ("qdraft:bits=8", "qdraft:bits=4"):
         m = parse(spelling)
-        d = m.spec.build(env, m)
+        d = env.build(m)
         got[spelling] = env.resolved[m.label]["profile"]["agreement"]
         out = generate(env.model, d, list(PROMPTS[0]), LIMITS)
         assert out.counters.accepted > 0, spelling
@@ -215,7 +215,7 @@ def test_multi_level_drafts_what_int8_drafts(env):
     """levels=2: int4 guesses checked by int8 give the int8 chain exactly, in fewer int8 forwards."""
     from bpdbench.engine import DraftContext
     two, one = parse("qdraft:levels=2,length=6"), parse("qdraft:bits=8,length=6")
-    a, b = two.spec.build(env, two), one.spec.build(env, one)
+    a, b = env.build(two), env.build(one)
     for prompt in PROMPTS:
         a.reset(list(prompt)), b.reset(list(prompt))
         ctx = DraftContext(list(prompt), None, 6)
@@ -279,7 +279,7 @@ def test_the_lean_forward_drafts_what_the_library_drafts(env, spelling):
     lean, lib = parse(spelling), parse(spelling + ",forward=transformers")
     runs = []
     for m in (lean, lib):
-        drafter = m.spec.build(env, m)
+        drafter = env.build(m)
         runs.append([generate(env.model, drafter, list(p), LIMITS).counters.accepted for p in PROMPTS])
     a, b = env.resolved[lean.label], env.resolved[lib.label]
     assert (a["forward"], b["forward"]) == ("lean", "transformers")
@@ -290,7 +290,7 @@ def test_the_lean_forward_drafts_what_the_library_drafts(env, spelling):
 def test_too_many_skipped_layers_is_refused(env):
     m = parse("layerskip:skip=6")
     with pytest.raises(MethodError, match="pass skip <= 5"):
-        m.spec.build(env, m)
+        env.build(m)
 
 
 @pytest.mark.parametrize("sharpen,cache,stop,rescore", [(1.0, "own", 0.0, 0), (0.3, "own", 0.0, 0),

@@ -230,7 +230,7 @@ def test_replay_command_matches_real_decoding(session_for, tmp_path):
     assert len(records) == len(s.examples)
     for m in methods[1:]:
         assert sum(r[m.label]["drafted"] for r in records) > 0, m.label
-        d = m.spec.build(s.env, m)
+        d = s.env.build(m)
         for ex, rec in zip(s.examples, records):
             assert rec["id"] == ex.id
             real = s.decode(d, s.prompt(ex)).counters.to_dict()

@@ -156,10 +156,10 @@ def replay_equals_real(env, spelling: str, greedies: dict, memos: dict) -> int:
     and counters; returns the draft tokens accepted."""
     model, limits = env.model, env.limits
     method = parse(spelling)
-    drafter = method.spec.build(env, method)
+    drafter = env.build(method)
     # a drafter that learns from verify forwards (recycling keeps its matrix across examples) walks the
     # replays as its own instance, as a run and a replay of the same examples each would
-    twin = method.spec.build(env, method) if feedback_k(drafter) else drafter
+    twin = env.build(method) if feedback_k(drafter) else drafter
     scorer = TreeScorer(model) if needs_scorer(drafter) else None     # the verify's top-k, or the base's cache
     accepted = 0
     for prompt in PROMPTS:
@@ -238,7 +238,7 @@ def test_oracle_bounds_and_grows_with_k(setup):
     hidden = teacher_forced(model, prompt, greedy)
 
     def eff(spelling):
-        d = parse(spelling).spec.build(env, parse(spelling))
+        d = env.build(parse(spelling))
         if reads_reference(d):
             d.use_reference(greedy)
         return ratios(replay(d, prompt, greedy, hidden, limits))["block_efficiency"]

@@ -118,8 +118,8 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     logs: list[str] = []
     env = Env(model, tok, cfg, Limits(16), log=logs.append)
     rest, sam = parse("rest:history=ci"), parse("sam:fallback=hierarchy;order=c")
-    d = rest.spec.build(env, rest)
-    s = sam.spec.build(env, sam)
+    d = env.build(rest)
+    s = env.build(sam)
     info = env.resolved[rest.label]["datastore"]
     assert info["source"] == "corpus+history" and info["profile"] == "ci" and info["tokens"] > 0
     assert env.resolved[sam.label]["fallback"] == "hierarchy:order=c" and env.resolved[sam.label]["static"]["tokens"]
@@ -129,8 +129,8 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     assert d.propose(DraftContext(ids, None, 100)).paths[0][:3] == enc(" the log")[:3]
     built = sum("building the suffix index" in m for m in logs)
     env2 = Env(model, tok, cfg, Limits(16), log=logs.append)
-    rest.spec.build(env2, rest)
-    sam.spec.build(env2, sam)
+    env2.build(rest)
+    env2.build(sam)
     assert sum("building the suffix index" in m for m in logs) == built == 2              # cached
     assert ("corpus suffix index", True) in REGISTRY["sam"].needs(name, cfg)
     eos = frozenset({model.generation_config.eos_token_id})

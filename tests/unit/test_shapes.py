@@ -362,7 +362,7 @@ def test_drafting_is_timed_after_a_warm_up_that_leaves_the_drafters_state_as_it_
     monkeypatch.setattr(autoshape, "replay", counted)
     measured = autoshape.measure(s, m, examples, {})
     assert calls[0] is None and len(calls) == len(examples) + 1 and all(c is not None for c in calls[1:])
-    drafter, total = m.spec.build(s.env, m), None          # the same replays, cold, without a warm-up
+    drafter, total = s.env.build(m), None          # the same replays, cold, without a warm-up
     for _, prompt in examples:
         c = replay(drafter, prompt, s.reference.get(prompt, s.limits)[0], None, s.limits,
                    scorer=TreeScorer(s.model))

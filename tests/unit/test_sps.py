@@ -194,7 +194,7 @@ def test_registry_builds_and_runs(loaded, tiny_model_dir):
     limits = Limits(20)
     env = _env(loaded, "tiny-target", limits)                # a different name: the draft model is loaded
     method = parse(f"sps:model={tiny_model_dir},gamma=3")
-    drafter = method.spec.build(env, method)
+    drafter = env.build(method)
     assert drafter.model is not env.model
     assert env.resolved[method.label] == {"draft_model": str(tiny_model_dir), "gamma": 3, "schedule": "fixed"}
     prompt = [5, 17, 3, 42, 8, 11]
@@ -202,14 +202,14 @@ def test_registry_builds_and_runs(loaded, tiny_model_dir):
     real = generate(env.model, drafter, prompt, limits)
     assert real.tokens == greedy.tokens and real.counters.accepted == real.counters.drafted > 0
     same = _env(loaded, str(tiny_model_dir), limits)          # drafting for itself shares the weights
-    assert parse(f"sps:model={tiny_model_dir}").spec.build(same, parse(f"sps:model={tiny_model_dir}")).model \
+    assert same.build(parse(f"sps:model={tiny_model_dir}")).model \
         is same.model
 
 
 def _one_line_error(env: Env, spelling: str) -> str:
     method = parse(spelling)
     with pytest.raises(MethodError) as e:
-        method.spec.build(env, method)
+        env.build(method)
     msg = str(e.value)
     assert "\n" not in msg
     return msg
