@@ -10,9 +10,9 @@ from ..config import RunConfig
 
 
 def _path(spec: refine.RescorerSpec, model: str):
-    if spec.kind == "ngram" or spec.kind == "neural" or spec.size:
-        tag = f"ngram{spec.order}" if spec.kind == "ngram" else f"neural-{spec.size}"
-        name = f"ngram{spec.order}.bin" if spec.kind == "ngram" else "config.json"
+    if spec.scorer == "ngram" or spec.scorer == "neural" or spec.size:
+        tag = f"ngram{spec.order}" if spec.scorer == "ngram" else f"neural-{spec.size}"
+        name = f"ngram{spec.order}.bin" if spec.scorer == "ngram" else "config.json"
         return tag, refine.artefact_dir(tag, model) / name
     return None, None
 
@@ -24,7 +24,7 @@ def ready(spec: refine.RescorerSpec, model: str) -> list[tuple[str, bool]]:
 
 def need(spec: refine.RescorerSpec, model: str) -> Need:
     """What building the rescorer's artefact is: said by its first use and by the sweep's dry run alike."""
-    if spec.kind == "ngram":
+    if spec.scorer == "ngram":
         return Need(f"ngram{spec.order} for {model}", f"bpdbench train-rescorer ngram --order {spec.order}", 0.25,
                     spec.name)
     return Need(f"neural-{spec.size} for {model}", f"bpdbench train-rescorer neural --size {spec.size}", 15, spec.name)
@@ -34,7 +34,7 @@ def ensure(spec: refine.RescorerSpec, cfg: RunConfig, tok, log) -> None:
     tag, path = _path(spec, cfg.model)
     if tag is None or path.exists():
         return
-    if spec.kind == "ngram":
+    if spec.scorer == "ngram":
         from ..refine.ngram import train_ngram
         from tasks import corpus_files
         log(f"{spec.name} needs a {spec.order}-gram for {cfg.model}: building it now (about 15 s; "

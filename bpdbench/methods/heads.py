@@ -137,7 +137,7 @@ NODES = Param("nodes", int, "tree nodes verified per step: the tree's first N no
               "auto: the size and tree fastest on this machine, from per-rank acceptance on held-out examples)", low=1,
               auto=True)
 for _r in refine.RESCORERS.values():
-    if _r.kind == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
+    if _r.scorer == "none" or _r.name == "medusa-auto":     # medusa-auto is medusa:tree=auto
         continue
     _heads = HEADS_AUTO if _r.p == 1 else HEADS
     _params = (_heads, THRESHOLD, K, ALPHA) if _r.interpolates else (_heads, THRESHOLD, K)

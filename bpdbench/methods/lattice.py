@@ -65,7 +65,7 @@ class HeadsSource:
 
 
 class ParallelSource:
-    """A parallel draft network (`DraftModel.kind == "parallel"`): its depths may read the base's next token
+    """A parallel draft network (`DraftModel.drafting == "parallel"`): its depths may read the base's next token
     (Amphista) as well as its hidden state."""
 
     def __init__(self, model: DraftModel):

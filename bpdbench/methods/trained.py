@@ -82,7 +82,7 @@ class TrainedDrafter(Refined):
     def __init__(self, name: str, model: DraftModel, depth: int, tree: int | str = 0, k: int = 1,
                  threshold: float = 0.0, rescorer: Rescorer | None = None, nodes: int = DYNAMIC_NODES,
                  topk: int = DYNAMIC_TOPK):
-        if model.kind == "parallel" and not tree:
+        if model.drafting == "parallel" and not tree:
             raise ValueError(f"{name}: a parallel model's chain is drafted by LatticeDrafter; use drafter_for")
         self.name, self.model, self.depth, self.tree = name, model, depth, tree
         self.nodes, self.topk = nodes, topk
@@ -91,7 +91,7 @@ class TrainedDrafter(Refined):
         self.session = None
 
     def reset(self, prompt_ids: list[int]) -> None:
-        self.session = self.model.session() if self.model.kind == "sequential" else None
+        self.session = self.model.session() if self.model.drafting == "sequential" else None
         super().reset(prompt_ids)
 
     @torch.no_grad()
@@ -255,7 +255,7 @@ def drafter_for(name: str, model: DraftModel, depth: int, tree: int | str = 0, k
                 ) -> LatticeDrafter | TrainedDrafter:
     """The drafter of a draft model in a given shape: a parallel model's chain is a lattice like the heads' (cut to
     the budget, as every draft network's draft is), anything else a TrainedDrafter."""
-    if model.kind == "parallel" and not tree:
+    if model.drafting == "parallel" and not tree:
         return LatticeDrafter(name, ParallelSource(model), depth, k, threshold, rescorer, budgeted=True)
     return TrainedDrafter(name, model, depth, tree, k, threshold, rescorer, nodes, topk)
 
@@ -338,7 +338,7 @@ def _chain_model(env: Env, method: Method) -> DraftModel:
 
 def _sequential(drafter) -> bool:
     """A sequential model's drafting time grows with the draft (one call per depth)."""
-    return isinstance(drafter, TrainedDrafter) and drafter.model.kind == "sequential"
+    return isinstance(drafter, TrainedDrafter) and drafter.model.drafting == "sequential"
 
 
 # `auto`: tree=dynamic,nodes=auto replays each node budget; otherwise a chain or fixed-width tree whose depth is the

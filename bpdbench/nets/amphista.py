@@ -19,7 +19,7 @@ from .registry import FitDefaults, NetworkSpec, attention_sizes, register
 
 
 class Amphista(DraftModel):
-    kind = "parallel"
+    drafting = "parallel"
     type_name = "amphista"
 
     def __init__(self, d: int, depth: int, heads: int = 14, kv_heads: int = 2, ffn: int = 2048, dropout: float = 0.0):

@@ -38,7 +38,7 @@ class Expansion(Protocol):
 
 
 class DraftModel(nn.Module):
-    kind = "sequential"            # or "parallel"
+    drafting = "sequential"        # or "parallel": every depth from one state
     type_name = ""
     # The base's layers it reads beside the final state (engine.Layers; None: the final state only). A model that
     # declares them gets DraftContext.accepted_layers when drafting and the data's `layers` when training.

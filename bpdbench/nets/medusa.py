@@ -16,7 +16,7 @@ from .registry import NetworkSpec, register
 
 
 class MedusaHeads(DraftModel):
-    kind = "parallel"
+    drafting = "parallel"
     type_name = "medusa"
 
     def __init__(self, d: int, depth: int, layers: int = 1):

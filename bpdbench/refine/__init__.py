@@ -1,6 +1,6 @@
 """Registry of draft rescorers (the refine stage). One entry per name; `none` is plain BPD.
 
-A spec says what a rescorer needs (`kind`), how many drafts it returns (`p`) and its default interpolation weight;
+A spec says how a rescorer scores paths (`scorer`), how many drafts it returns (`p`) and its default interpolation weight;
 artefacts (KenLM binaries, small neural LMs) live in the cache, one directory per (rescorer, target model).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ from .base import Lattice, Rescorer
 class RescorerSpec:
     name: str
     description: str
-    kind: str                 # none | kbest | tree | ngram | neural | hf
+    scorer: str               # none | kbest | tree | ngram | neural | hf: how paths are scored
     p: int = 1                # drafts verified per step
     order: int = 0            # n-gram order
     size: str = ""            # neural size (for a tree: the local rescorer that re-ranks candidates first)
@@ -28,7 +28,7 @@ class RescorerSpec:
     @property
     def interpolates(self) -> bool:
         """Whether an alpha weighs a language model against the heads (tuned per task)."""
-        return self.kind in ("ngram", "neural", "hf") or (self.kind == "tree" and bool(self.size))
+        return self.scorer in ("ngram", "neural", "hf") or (self.scorer == "tree" and bool(self.size))
 
 
 RESCORERS: dict[str, RescorerSpec] = {s.name: s for s in (
@@ -67,7 +67,7 @@ def artefact_dir(spec: RescorerSpec | str, model_name: str) -> Path:
     from bpdbench.paths import rescorer_dir
     if isinstance(spec, str):
         return rescorer_dir(spec, model_name)
-    tag = f"ngram{spec.order}" if spec.kind == "ngram" else f"neural-{spec.size}"
+    tag = f"ngram{spec.order}" if spec.scorer == "ngram" else f"neural-{spec.size}"
     return rescorer_dir(tag, model_name)
 
 
@@ -123,12 +123,12 @@ def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, devi
     weights, so bf16 halves their cost (neural-s 16.7 -> 11.5 ms per step, measured); the choice of draft is a
     heuristic and verification stays exact, so output is lossless either way, and float32 runs stay float32."""
     alpha = spec.default_alpha if alpha is None else alpha
-    if spec.kind == "none":
+    if spec.scorer == "none":
         return None
-    if spec.kind == "kbest":
+    if spec.scorer == "kbest":
         from .kbest import KBestRescorer
         return KBestRescorer(spec.name, p=spec.p)
-    if spec.kind == "tree":
+    if spec.scorer == "tree":
         from .medusa import MedusaTree, RescoredTree, tree_from_report
         choices = None
         if spec.tree == "auto":
@@ -140,26 +140,26 @@ def build(spec: RescorerSpec, model_name: str, alpha: float | None, k: int, devi
             return tree
         local = build(RESCORERS[f"neural-{spec.size}"], model_name, alpha, k, device, log, dtype=dtype)
         return RescoredTree(spec.name, tree, local)
-    if spec.kind == "ngram":
+    if spec.scorer == "ngram":
         from .ngram import NgramRescorer
         path = artefact_dir(spec, model_name) / f"ngram{spec.order}.bin"
         if not path.exists():
             raise FileNotFoundError(f"rescorer '{spec.name}' needs a {spec.order}-gram for {model_name}: run "
                                     f"`bpdbench train-rescorer ngram --order {spec.order} --model {model_name}`")
         return NgramRescorer(spec.name, path, alpha=alpha, p=spec.p, k=k)
-    if spec.kind == "neural":
+    if spec.scorer == "neural":
         from .neural import NeuralRescorer
         path = artefact_dir(spec, model_name)
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"rescorer '{spec.name}' is not trained for {model_name}: run "
                                     f"`bpdbench train-rescorer neural --size {spec.size} --model {model_name}`")
         return NeuralRescorer(spec.name, path, alpha=alpha, k=k, device=device, dtype=dtype)
-    if spec.kind == "hf":
+    if spec.scorer == "hf":
         from bpdbench import models
         from .neural import NeuralRescorer
         lm, _ = models.load(spec.name[3:], "bfloat16", device)
         return NeuralRescorer(spec.name, lm, alpha=alpha, k=k, device=device)
-    raise ValueError(f"rescorer kind '{spec.kind}' has no builder")
+    raise ValueError(f"rescorer {spec.name}: no builder for scorer '{spec.scorer}'")
 
 
 __all__ = ["Lattice", "Rescorer", "RESCORERS", "RescorerSpec", "get_rescorer", "build", "tuned_alpha"]

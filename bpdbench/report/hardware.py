@@ -105,11 +105,11 @@ def neural_cost(size: str, shortlist: int) -> tuple[int, int]:
 
 def _rescorer(name: str, shortlist: int) -> tuple[int, int, str]:
     """(params, MACs per token, note) of the rescorer of the method registered as `name`, run h times per step."""
-    spec = refine.RESCORERS.get(name)   # None for ar, oracle, pld; kind "none" for bpd
+    spec = refine.RESCORERS.get(name)   # None for ar, oracle, pld; scorer "none" for bpd
     if spec is not None and spec.size:  # neural, or a tree re-ranked by a neural rescorer
         params, macs = neural_cost(spec.size, shortlist)
         return params, macs, f"neural-{spec.size} rescorer: one forward per draft position"
-    if spec is not None and spec.kind == "ngram":
+    if spec is not None and spec.scorer == "ngram":
         return 0, 0, "n-gram rescorer: hash lookups, counted as 0 FLOPs / 0 bytes"
     return 0, 0, ""
 

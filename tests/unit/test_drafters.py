@@ -75,7 +75,7 @@ def test_save_and_reload_draft_the_same(tiny, tmp_path):
         again, _ = drafters.load(tmp_path / trained, embed, lm)
         for a, b in zip(first.state_dict().values(), again.state_dict().values()):
             assert torch.equal(a, b), trained
-        if first.kind == "parallel":
+        if first.drafting == "parallel":
             assert torch.equal(first.parallel_logits(hidden, 7, 3), again.parallel_logits(hidden, 7, 3))
 
 
@@ -110,9 +110,9 @@ class Scripted(DraftModel):
     """A draft model that knows the greedy continuation: `shift` 0 drafts it, 1 drafts a wrong token everywhere.
     Sequential (an expansion per proposal) or parallel (all depths at once), over a shortlist of every id."""
 
-    def __init__(self, greedy: list[int], start: int, shift: int, kind: str, vocab: int = 128):
+    def __init__(self, greedy: list[int], start: int, shift: int, drafting: str, vocab: int = 128):
         super().__init__(8, 4)
-        self.greedy, self.start, self.shift, self.kind, self.vocab = greedy, start, shift, kind, vocab
+        self.greedy, self.start, self.shift, self.drafting, self.vocab = greedy, start, shift, drafting, vocab
         self.shortlist = torch.arange(vocab)
         self.proj = torch.zeros(vocab, 8)
 
@@ -143,14 +143,14 @@ class Scripted(DraftModel):
         return torch.stack([self._logits(self.m, [0] * i) for i in range(n)])
 
 
-@pytest.mark.parametrize("kind", ["sequential", "parallel"])
+@pytest.mark.parametrize("drafting", ["sequential", "parallel"])
 @pytest.mark.parametrize("tree", [0, 2])
-def test_perfect_drafter_accepts_everything_and_wrong_one_nothing(tiny, kind, tree):
+def test_perfect_drafter_accepts_everything_and_wrong_one_nothing(tiny, drafting, tree):
     model = tiny[0]
     prompt, limits = list(PROMPTS[0]), Limits(41)
     greedy = generate(model, None, prompt, limits).tokens
     for shift, accept_all in ((0, True), (1, False)):
-        drafter = scripted_drafter(greedy, prompt, shift, kind, tree=tree)
+        drafter = scripted_drafter(greedy, prompt, shift, drafting, tree=tree)
         c = decode_and_replay(model, drafter, prompt, limits, greedy, features=True).counters
         if accept_all:
             assert c.accepted == c.drafted and ratios(c)["block_efficiency"] == 41 / (1 + 8)
@@ -158,12 +158,12 @@ def test_perfect_drafter_accepts_everything_and_wrong_one_nothing(tiny, kind, tr
             assert c.accepted == 0 and c.serial_calls == 41
 
 
-def scripted_drafter(greedy: list[int], prompt: list[int], shift: int, kind: str, **shape
+def scripted_drafter(greedy: list[int], prompt: list[int], shift: int, drafting: str, **shape
                      ) -> LatticeDrafter | TrainedDrafter:
     """The depth-4 drafter of `Scripted` (`shape`: its tree options) for decoding `prompt`."""
-    scripted = Scripted(greedy, len(prompt), shift, kind)
+    scripted = Scripted(greedy, len(prompt), shift, drafting)
     drafter = drafter_for("scripted", scripted, depth=4, **shape)
-    if kind == "parallel":                       # parallel drafters read the position from the context
+    if drafting == "parallel":                   # parallel drafters read the position from the context
         drafter.propose = _with_position(drafter, scripted, len(prompt))
     return drafter
 

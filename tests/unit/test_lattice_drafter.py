@@ -89,9 +89,9 @@ class Confident(DraftModel):
     """A draft model whose depth j drafts token j + 1 with top-1 probability probs[j], sequential (one expansion
     call per depth, counted) or parallel (every depth in one call)."""
 
-    def __init__(self, probs: list[float], kind: str, vocab: int = 10):
+    def __init__(self, probs: list[float], drafting: str, vocab: int = 10):
         super().__init__(8, len(probs))
-        self.probs, self.kind, self.vocab, self.calls = probs, kind, vocab, 0
+        self.probs, self.drafting, self.vocab, self.calls = probs, drafting, vocab, 0
 
     def _row(self, depth: int) -> torch.Tensor:
         p = self.probs[depth]
