@@ -44,12 +44,12 @@ class Env:
 
     def build(self, method) -> Any:
         """Another method's drafter from inside a method's build (sam's fallback): through the session when there
-        is one, so an inner `auto` is sized for this machine exactly as at top level. A method that did not come
-        through a plan gets the run's options bound here (spelling.bind; a bound one is unchanged)."""
-        from .spelling import bind
-        method = bind(method, self.cfg)
+        is one, so an inner `auto` is sized for this machine exactly as at top level (the session binds the run's
+        options); without one, a method that did not come through a plan gets them bound here (spelling.bind)."""
         if self.builder is not None:
             return self.builder(method)
+        from .spelling import bind
+        method = bind(method, self.cfg)
         if method.auto:
             from .base import MethodError
             raise MethodError(f"{method.label}: auto parameters need an experiment session; pass concrete values")

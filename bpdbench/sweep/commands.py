@@ -90,7 +90,7 @@ def parse_cell(command: CommandSpec, cfg: RunConfig, options: dict) -> tuple[lis
     return chosen, tuple(bind(m, cfg) for m in with_baseline(command, chosen))
 
 
-def check(command: CommandSpec, cfg: RunConfig, methods: tuple[Method, ...]) -> None:
+def check_model(cfg: RunConfig) -> None:
     """What the sweep refuses beyond what `prepare` checks: a local model folder that is not there."""
     from .. import models
     from ..artefacts.checks import check_model_files

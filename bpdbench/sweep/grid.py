@@ -335,7 +335,7 @@ def _cell(command: CommandSpec, cfg: RunConfig, options: dict, merged: dict, whe
           gpus: float) -> Cell:
     """The cell, planned once: its spellings parsed, its config validated and its examples selected here, on the
     driver (commands.plan_cell), before anything loads; the worker runs that plan."""
-    from .commands import check, one_line, parse_cell, placed, plan_cell
+    from .commands import check_model, one_line, parse_cell, placed, plan_cell
     for name in ("data_file", "heads_path"):    # `~` and paths relative to the grid, as a shell and cwd would
         if getattr(cfg, name):
             cfg = cfg.replace(**{name: _root(getattr(cfg, name), ctx["grid"].parent)})
@@ -349,7 +349,7 @@ def _cell(command: CommandSpec, cfg: RunConfig, options: dict, merged: dict, whe
         cfg = cfg.replace(dtype=resolve("auto", "cpu" if cfg.device == "cpu" else cfg.device, cfg.threads))
     try:
         chosen, methods = parse_cell(command, cfg, options)
-        check(command, cfg, methods)
+        check_model(cfg)
         plan = plan_cell(command, cfg, chosen, options, ctx)
     except (ConfigError, ValueError, FileNotFoundError, RuntimeError) as e:
         raise GridError(f"{where}: {cfg.task}: {one_line(e)}") from None
