@@ -111,7 +111,10 @@ class DistillData:
             raise ValueError(f"the drafter reads the hidden states of layers {list(layers.indices)} but the "
                              f"'{self.meta.get('budget_name')}' data holds {have or 'none'}; train it on prefill data "
                              f"that keeps them (train/prefill.py: PrefillBudget.layers)")
-        return self.layers[:, [have.index(i) for i in layers.indices]]
+        pick = [have.index(i) for i in layers.indices]
+        if pick == list(range(len(have))):
+            return self.layers     # all of them, in order: no [N, k, d] copy (5 GB for the bench data)
+        return self.layers[:, pick]
 
     def rows(self, seqs: list[int]) -> torch.Tensor:
         return torch.cat([torch.arange(int(self.offsets[s]), int(self.offsets[s + 1])) for s in seqs])

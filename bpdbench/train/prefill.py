@@ -354,14 +354,16 @@ def _finish(partial: Path, out: Path, b: PrefillBudget, model_name: str, model, 
 
 
 def load(path: Path):
-    """The sealed data as DistillData (shards concatenated)."""
+    """The sealed data as DistillData (shards concatenated). Shards are mapped, not read, so the rows are in memory
+    once (the concatenation), not twice: the bench data's states are 7 GB, and a second copy put a fit beside
+    anything else over 24 GB."""
     from .distill import DistillData
     why = seal.problem(path)
     if why:
         raise seal.ArtefactDamaged(f"{why}; delete {path} and build it again (`bpdbench distill-data --profile "
                                    f"{path.name}`)")
     meta = json.loads((path / "meta.json").read_text())
-    shards = [torch.load(path / f"shard-{i:05d}.pt", map_location="cpu", weights_only=True)
+    shards = [torch.load(path / f"shard-{i:05d}.pt", map_location="cpu", weights_only=True, mmap=True)
               for i in range(meta["shards"])]
     cat = {k: torch.cat([s[k] for s in shards]) for k in ("hidden", "next_ids", "top_ids", "top_lp", "positions",
                                                           "lengths", "units")}
