@@ -161,6 +161,29 @@ def network_dir(model: str, name: str, profile: str) -> Path:
     return cache_root() / "drafters" / f"{_safe(model)}-{name}-{profile}"
 
 
+def corpus_file(model: str) -> Path:
+    """The training corpus tokenized for `model` (the neural LMs and the lookup tables share it)."""
+    return cache_root() / "rescorers" / f"corpus-{_safe(model)}.pt"
+
+
+def requantized_dir() -> Path:
+    """llama.cpp's requantized copies of registered GGUF files (beside the files themselves)."""
+    return cache_root() / "gguf"
+
+
+def rounding_file(name: str) -> Path:
+    """An int4 self-draft's calibrated scales and rounding (methods/calibrated.py)."""
+    return cache_root() / "selfdraft" / "scales" / name
+
+
+def machine_file(area: str, machine: str, name: str) -> Path:
+    """A measurement of one machine (`machine`: its fingerprint key): `area` is "selfdraft" (a self-draft's cost
+    and agreement), "shapes" (what `auto` chose) or "calibration" (cost curves, the dtype and kernel choices)."""
+    if area not in ("selfdraft", "shapes", "calibration"):
+        raise ValueError(f"no per-machine cache area '{area}' (artefacts/cache.py declares them)")
+    return cache_root() / area / machine / name
+
+
 def git_ignored(root: Path, folders: list[Path]) -> set[Path]:
     """The folders among `folders` that git ignores (none outside a git checkout): outputs such as `make demo`'s
     results/runs/demo-* sit beside the committed results but are not results any table or check should read."""

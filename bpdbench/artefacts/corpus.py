@@ -75,7 +75,7 @@ def tokenized_corpus(files: list[Path], tokenize, cache: Path | None, log) -> li
 
 def corpus_cache(model_name: str) -> Path:
     """Where the corpus tokenized for `model_name` is cached (shared by the neural LMs and the lookup tables)."""
-    return paths.cache_root() / "rescorers" / f"corpus-{model_name.replace('/', '_')}.pt"
+    return paths.corpus_file(model_name)
 
 
 def default_corpus_files() -> list[Path]:

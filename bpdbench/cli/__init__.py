@@ -24,7 +24,7 @@ COMMANDS: tuple[tuple[str, Callable[..., None]], ...] = (
     ("train-rescorer", train.train_rescorer),
     ("run", decode.run),
     ("methods", catalog.methods), ("models", catalog.models), ("tasks", catalog.tasks),
-    ("rescorers", catalog.rescorers),
+    ("rescorers", catalog.rescorers), ("cache", catalog.cache),
     ("oracle", decode.oracle), ("analyze", decode.analyze), ("replay", decode.replay), ("tune", decode.tune),
     ("regress", results.regress), ("tables", results.tables),
     ("speed", decode.speed),

@@ -1,4 +1,4 @@
-"""The commands that list what there is: methods, models, tasks, rescorers.
+"""The commands that list what there is: methods, models, tasks, rescorers, and what the cache holds.
 
 They read the registries and what the caches hold; `methods` also says for each method whether what it needs
 (heads, a rescorer artefact, a second model, a table or network its first use builds) is there, and if not, how long
@@ -94,3 +94,30 @@ def rescorers() -> None:
     from ..refine import RESCORERS
     for r in RESCORERS.values():
         print(f"{r.name:15s} {r.description}")
+
+
+Files = Annotated[bool, typer.Option("--files", help="list every file with its kind, not one line per kind")]
+
+
+@one_line_errors
+def cache(files: Files = False) -> None:
+    """What the cache holds, by kind of artefact (artefacts/cache.py): files, size, and the command that builds one
+    alone; files no registered kind makes are listed last, as left by an older version or another tool."""
+    from .. import paths
+    from ..artefacts.cache import SPECS, listing
+    root = paths.cache_root()
+    entries = listing(root)
+    print(f"{paths.cache_name(root)}: {len(entries)} files, {sum(e.size for e in entries) / 2**20:,.0f} MiB")
+    if files:
+        for e in entries:
+            print(f"{e.kind or '(none)':14s} {e.size / 2**20:10,.1f} MiB  {e.path}")
+        return
+    for spec in SPECS:
+        mine = [e for e in entries if e.kind == spec.kind]
+        size = f"{len(mine):5d} files {sum(e.size for e in mine) / 2**20:10,.1f} MiB" if mine else f"{'-':>27s}"
+        print(f"{spec.kind:14s} {size}  {spec.holds}; built by: {spec.command}")
+    stray = [e.path for e in entries if e.kind is None]
+    if stray:
+        print(f"{len(stray)} files no registered kind makes (nothing reads them; safe to delete):")
+        for path in stray:
+            print(f"  {path}")

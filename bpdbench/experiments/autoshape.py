@@ -282,8 +282,8 @@ def cache_file(s, method: Method) -> Path:
     from ..hardware.fingerprint import current
     key = current(s.threads, str(s.model.device)).key()
     safe = lambda t: str(t).replace("/", "_")      # noqa: E731
-    return (paths.cache_root() / "shapes" / key /
-            f"{safe(s.cfg.model)}-{s.cfg.dtype}-{safe(s.cfg.task)}-{safe(method.label)}.json")
+    return paths.machine_file("shapes", key,
+                              f"{safe(s.cfg.model)}-{s.cfg.dtype}-{safe(s.cfg.task)}-{safe(method.label)}.json")
 
 
 def _digest(path: Path) -> str | None:

@@ -267,7 +267,7 @@ def _device_tag(device: str) -> str:
 
 
 def cache_path(model_name: str, dtype: str, device: str, threads: int | None, linear: str | None = None) -> Path:
-    """paths.cache_root()/calibration/<fingerprint key>/<model>-<dtype>-<device>[-kernel]-v<VERSION>.json; the key
+    """<cache>/calibration/<fingerprint key>/<model>-<dtype>-<device>[-kernel]-v<VERSION>.json; the key
     holds the threads, the CPU flags and the library versions, so a changed machine or torch never reads a stale
     curve. The version in the name: a checkout of an older recipe (a long benchmark pinned to its commit) keeps
     reading and updating its own curve while a newer one measures another beside it."""
@@ -278,7 +278,7 @@ def cache_path(model_name: str, dtype: str, device: str, threads: int | None, li
     safe = str(model_name).strip("/").replace("/", "_")
     kernel = kernels.tag(linear or kernels.choose(dtype, device, threads).backend)
     name = f"{safe}-{dtype}-{device.replace(':', '')}{kernel}-v{VERSION}.json"
-    return paths.cache_root() / "calibration" / fp.key() / name
+    return paths.machine_file("calibration", fp.key(), name)
 
 
 def cached(model_name: str, dtype: str, device: str, threads: int | None) -> Calibration | None:

@@ -71,7 +71,7 @@ def decide(fp: Fingerprint, ratio: float | None) -> DtypeChoice:
 
 
 def _cache_file(fp: Fingerprint):
-    return paths.cache_root() / "calibration" / fp.key() / "dtype.json"
+    return paths.machine_file("calibration", fp.key(), "dtype.json")
 
 
 _PENDING: dict = {}

@@ -124,8 +124,8 @@ def cache_path(model: str, sha256: str, version: str, threads: int) -> Path:
     """<cache>/calibration/<fingerprint key>/<model>-llamacpp<version>-<sha256 prefix>-e<VERSION>.json: the folder of
     the machine's own calibration, so one fingerprint (threads, CPU flags, library versions) holds both curves."""
     safe = str(model).strip("/").replace("/", "_")
-    return (paths.cache_root() / "calibration" / current(threads, "cpu").key() /
-            f"{safe}-llamacpp{version}-{sha256[:12]}-e{VERSION}.json")
+    return paths.machine_file("calibration", current(threads, "cpu").key(),
+                              f"{safe}-llamacpp{version}-{sha256[:12]}-e{VERSION}.json")
 
 
 def cached(model: str, sha256: str, version: str, threads: int) -> EngineCurve | None:

@@ -107,7 +107,7 @@ def decide(fp: Fingerprint, dtype: str, measured: tuple[float, float] | None) ->
 
 
 def _cache_file(fp: Fingerprint, dtype: str):
-    return paths.cache_root() / "calibration" / fp.key() / f"linear-{dtype}.json"
+    return paths.machine_file("calibration", fp.key(), f"linear-{dtype}.json")
 
 
 _PENDING: dict = {}

@@ -46,7 +46,7 @@ def calibrated(env: Env, bits: int, group: int, scales: str, rounding: str, is_l
     key = ("calibrated", bits, group, scales, rounding)
     if key in env.cache:
         return env.cache[key]
-    path = (paths.cache_root() / "selfdraft" / "scales" /
+    path = paths.rounding_file(
             f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-int{bits}-g{group}-{scales}-"
             f"{rounding}-{recipe()}.pt")
     try:

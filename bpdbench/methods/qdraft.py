@@ -126,8 +126,9 @@ def build_gguf(env: Env, method: Method) -> DraftModelDrafter:
     stop = method.get("stop", 0.0)
     threads = env.cfg.threads or torch.get_num_threads()
     source = models.gguf_path(models.MODELS[env.cfg.model])
-    path = source if quant == "file" else requantized(source, quant, paths.check_cache_writable() / "gguf",
-                                                      threads)
+    if quant != "file":
+        paths.check_cache_writable()
+    path = source if quant == "file" else requantized(source, quant, paths.requantized_dir(), threads)
     draft = LlamaCppLM(path, threads=threads)
     prof = profile(env, draft, "gguf" if quant == "file" else f"gguf-{quant}")
     env.resolved[method.label] = {"runtime": "gguf", "file": path.name, "source_file": source.name, "quant": quant,

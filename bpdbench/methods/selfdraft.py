@@ -118,8 +118,8 @@ def cached(env: Env, key: str, what: str, measure: Callable[[], dict], timed: bo
     later, at most twice) while other processes kept the machine busy, and cached only when it was not. A cached one
     from before the meter, or from a busy machine, is measured again (one had read 1617 ms for a 142 ms step, so a
     4-bit draft looked as dear as the target and `auto` drafted one token)."""
-    path = (paths.cache_root() / "selfdraft" / current(env.cfg.threads).key() /
-            f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-{key}.json")
+    path = paths.machine_file("selfdraft", current(env.cfg.threads).key(),
+                              f"{env.cfg.model.replace('/', '_')}-{env.cfg.dtype}-{env.cfg.task}-{key}.json")
     try:
         kept = json.loads(path.read_text())
         if not timed or ("others_cores" in kept and not contention.is_busy(kept["others_cores"])):

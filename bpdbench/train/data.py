@@ -26,12 +26,13 @@ def check(data) -> None:
         raise ValueError(f"unknown training data '{data}'; valid: {', '.join([*distill.BUDGETS, *prefill.BUDGETS])}")
 
 
-def load_data(model_name: str, data, model=None, tok=None, log: Log = print, device: str | None = None
-              ) -> distill.DistillData:
-    """The cached data a profile names, built first when missing (prefill data resumes a killed build)."""
+def load_data(model_name: str, data, model=None, tok=None, log: Log = print, device: str | None = None,
+              layers: bool = True) -> distill.DistillData:
+    """The cached data a profile names, built first when missing (prefill data resumes a killed build). `layers`:
+    whether the trainer reads chosen layers' states (prefill data keeps them; only eagle3 reads them)."""
     check(data)
     if is_prefill(data):
-        return prefill.ensure(model_name, data, model, tok, log, device)
+        return prefill.ensure(model_name, data, model, tok, log, device, layers)
     return distill.ensure(model_name, data, model, tok, log, device)
 
 

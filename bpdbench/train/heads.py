@@ -172,7 +172,7 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
     model, tok = base_on(model_name, dtype, device, model, tok)   # the fast dtype generates; heads fit in fp32
     budget = p.data or data_budget(p)
     log(f"training '{name}' heads for {model_name} on the '{name_of(budget)}' distillation data")
-    ds = load_data(model_name, budget, model, tok, log, device)
+    ds = load_data(model_name, budget, model, tok, log, device, layers=False)
     train_seqs, held = ds.split(held_out=False), ds.split(held_out=True)
     shortlist = ds.shortlist(p.shortlist)       # sorted: the heads' drafting vocabulary
     lm_w = model.lm_head.weight.float().cpu()

@@ -120,7 +120,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     fam = replace(net.defaults, lr=net.defaults.lr if lr is None else lr)
     data = name_of(p.data)
     load0 = os.getloadavg()[0]
-    ds = load_data(model_name, p.data, model, tok, log, device)
+    ds = load_data(model_name, p.data, model, tok, log, device, layers=net.layers is not None)
     t0 = time.time()
     torch.manual_seed(p.seed)
     embed, lm_w = _base_weights(model_name, model)

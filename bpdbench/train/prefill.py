@@ -353,8 +353,9 @@ def _finish(partial: Path, out: Path, b: PrefillBudget, model_name: str, model, 
         f"in {meta['seconds']}s, sources {sources}")
 
 
-def load(path: Path):
-    """The sealed data as DistillData (shards concatenated). Shards are mapped, not read, so the rows are in memory
+def load(path: Path, layers: bool = True):
+    """The sealed data as DistillData (shards concatenated); `layers=False` leaves the chosen layers' states on disk
+    (a network that reads the final state only: 5 GB of the bench data's 7). Shards are mapped, not read, so the rows are in memory
     once (the concatenation), not twice: the bench data's states are 7 GB, and a second copy put a fit beside
     anything else over 24 GB."""
     from .distill import DistillData
@@ -373,18 +374,18 @@ def load(path: Path):
                        offsets=torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
                        n_prompt=torch.zeros(len(lengths), dtype=torch.long),
                        rank=torch.load(path / "rank.pt", weights_only=True), meta=meta,
-                       layers=torch.cat([s["layers"] for s in shards]) if meta["layers"] else None,
+                       layers=torch.cat([s["layers"] for s in shards]) if meta["layers"] and layers else None,
                        greedy=cat["next_ids"] == cat["top_ids"][:, 0], units=cat["units"])
 
 
 def ensure(model_name: str, budget: str | PrefillBudget, model=None, tok=None, log: Log = print,
-           device: str | None = None):
+           device: str | None = None, layers: bool = True):
     """The cached data, built (or its build resumed) first when missing or made with other settings."""
     b = resolve(budget, BUDGETS)
     path = path_for(model_name, b.name)
     if (path / "meta.json").exists() and not seal.problem(path):
         if json.loads((path / "meta.json").read_text())["budget"] == json.loads(json.dumps(settings(b))):
-            return load(path)
+            return load(path, layers)
         log(f"the cached '{b.name}' data was made with another budget: building it again")
     build(model_name, b, model, tok, log, device=device)
-    return load(path)
+    return load(path, layers)

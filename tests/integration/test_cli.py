@@ -175,6 +175,8 @@ def test_every_spelling_works_in_run(method, tiny_model_dir, prompts_file, tmp_p
     # --heads 4 is part of what a method that reads it drafts, so its label names it
     named = {"medusa": "medusa:heads=4", "oracle:k=4": "oracle:k=4,heads=4", "16best-0gram:k=3": "16best-0gram:heads=4,k=3"}
     assert row.lossless_rate == 1.0 and row.method == named.get(method, method)
+    from bpdbench.artefacts.cache import listing, unowned
+    assert listing(tmp_path / "cache") and unowned(tmp_path / "cache") == []     # all of it registered artefacts
 
 
 def test_methods_lists_every_registered_method():

@@ -361,3 +361,22 @@ def test_a_killed_fit_resumes_from_its_saved_state_and_ends_where_an_unbroken_on
     torch.save({"key": {"other": 1}}, tmp_path / "again.fit-state.pt")
     network.train("eagle3", profile, name, model, tok, log=logs.append, out=tmp_path / "again", lr=LR)
     assert any("made with other settings" in m for m in logs) and not any("resuming" in m for m in logs)
+
+
+def test_a_network_that_reads_final_states_leaves_the_layers_on_disk(tiny, tmp_path, monkeypatch):
+    """The bench data's chosen layers are 5 GB of its 7: only a network that reads them (eagle3) loads them, so a
+    hydra fit and the tests fit in memory beside each other."""
+    from dataclasses import replace
+    from bpdbench.train import data as data_lib, network
+    from tests.drafter_fixtures import tiny_prefill
+    model, tok, name, cache, _ = tiny
+    monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
+    both = data_lib.load_data(name, tiny_prefill(), model, tok, log=lambda m: None)
+    final = data_lib.load_data(name, tiny_prefill(), model, tok, log=lambda m: None, layers=False)
+    assert both.layers is not None and final.layers is None and torch.equal(both.hidden, final.hidden)
+    asked, real = [], network.load_data
+    monkeypatch.setattr(network, "load_data", lambda *a, **k: asked.append(k["layers"]) or real(*a, **k))
+    profile = replace(network.PROFILES["ci"], steps=2, data=tiny_prefill())
+    for net in ("hydra", "eagle3"):
+        network.train(net, profile, name, model, tok, log=lambda m: None, out=tmp_path / net)
+    assert asked == [False, True]

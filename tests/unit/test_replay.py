@@ -197,6 +197,8 @@ def test_replay_equals_real_for_every_method(setup, tiny_model_dir, drafter_cach
         assert accepted > 0 or parse(spelling).name in ("ar", "null"), spelling   # not two empty walks compared
         checked.append(parse(spelling).label)
     assert {parse(m).name for m in checked} == {n for n, s in REGISTRY.items() if not s.external}
+    from bpdbench.artefacts.cache import listing, unowned
+    assert listing(tmp_path) and unowned(tmp_path) == []   # every file the methods made is a registered artefact's
 
 
 def test_perfect_and_wrong_drafts_at_the_extremes(setup):
