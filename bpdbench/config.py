@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 
-HEAD_PROFILES = ("quick", "full", "ci", "init")  # ci: tiny fixed-step heads for CI smoke and regression
+HEAD_PROFILES = ("quick", "full", "ci", "bench", "init")  # ci: tiny fixed-step heads for CI smoke and regression
 
 
 class ConfigError(ValueError):

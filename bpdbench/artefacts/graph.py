@@ -1,7 +1,8 @@
 """The artefact graph: what cells need built before they start, once per (model, artefact): the model's dense cache
 per dtype, the distillation data heads and networks are trained on (only where one of them is missing), heads per
-profile, n-gram and neural LMs per target model, the draft networks a grid trains, and the
-tables and networks a method reads, the last built by building that method once, as its first use would. What a
+profile, n-gram and neural LMs per target model, the draft networks a grid trains or a method reads (one node
+each, whoever asks), and the tables, histories and suffix indexes a method reads, built by building that method once,
+as its first use would. Every node's kind is a kind of artefacts/cache.py, and each node says where it goes. What a
 method reads is its contract's typed artefact keys (keys.py: `artefacts`, declared on its registry entry), one kind
 resolved one way here; a parsed method is read through its spec only, so this layer imports nothing above it.
 
@@ -19,6 +20,7 @@ from typing import Callable
 
 from ..config import RunConfig
 from .keys import Kind, Method, artefacts as reads_of
+from .heads import heads_data
 from .policy import builder, network_need
 
 Log = Callable[[str], None]
@@ -27,26 +29,35 @@ HeadsDtype = Callable[[str], str]     # a heads profile -> the dtype its trainin
 
 @dataclass(frozen=True)
 class Artefact:
-    kind: str                   # model | distill | heads | rescorer | method | network | calibration
+    kind: str                   # a kind of artefacts/cache.py: model | distill | heads | rescorer | network |
+                                # calibration, or one a method's first use builds (FIRST_USE: table, history, ...)
     model: str
-    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); method: the need;
-                                # network: its cache name and profile (koala-adv-quick); calibration:
-                                # dtype-device-threads; distill: the data budget (heads-quick, or quick for networks)
+    detail: str                 # model: dtype; heads: profile; rescorer: its tag (ngram4, neural-m); network: its
+                                # cache name and profile (koala-adv-quick); calibration: dtype-device-threads; distill:
+                                # the data budget (heads-quick, or quick for networks); a first-use kind: the need
     needs: tuple[str, ...] = ()
-    build_with: tuple | None = field(default=None, compare=False)   # method: (RunConfig, parsed Method) to build;
-                                                                    # network: (name, profile, reports folder)
+    build_with: tuple | None = field(default=None, compare=False)   # a first-use kind: (RunConfig, parsed Method,
+                                                                    # its path, its minutes); network: (name, profile,
+                                                                    # reports folder or None)
 
     @property
     def id(self) -> str:
-        prefix = "" if self.kind in ("rescorer", "method") else self.kind + "-"
+        prefix = "" if self.kind == "rescorer" or self.kind in FIRST_USE else self.kind + "-"
         return f"{prefix}{self.detail}:{self.model}"
 
     @property
     def label(self) -> str:
         """The words `bpdbench methods` uses for it, the model being said once above."""
+        if self.kind == "network":
+            return f"{self.build_with[0]} drafter ({self.build_with[1]})"
         return {"model": f"{self.model} ({self.detail})", "heads": f"heads ({self.detail})",
                 "distill": f"distillation data ({self.detail})",
                 "calibration": f"cost curve ({self.detail})"}.get(self.kind, self.detail)
+
+
+# The kinds a method's first use builds (its `needs` says which, with their paths): the graph builds one by building
+# the method once, on one example, as a run's first use would (the registered "first use" builder).
+FIRST_USE = ("table", "history", "suffix-index")
 
 
 def artefacts_for(cell, methods: list[Method], heads_dtype: HeadsDtype) -> list[Artefact]:
@@ -77,7 +88,7 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
         if profile == "init" or cfg.heads_path:
             return []
         generates = tuple(model(cfg.model, heads_dtype(profile)))
-        data = Artefact("distill", cfg.model, f"heads-{profile}", generates)
+        data = Artefact("distill", cfg.model, heads_data(profile), generates)
         out.setdefault(data.id, data)
         a = Artefact("heads", cfg.model, profile, generates + (data.id,))
         out.setdefault(a.id, a)
@@ -97,6 +108,21 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
         a = Artefact("rescorer", cfg.model, tag, tuple(needs))
         out.setdefault(a.id, a)
 
+    def network(name: str, needs: list[str]) -> None:
+        """A draft network a method reads: the node a grid's [[train]] block makes for it (one id), trained before
+        the cells that read it; its report copied only by a [[train]] block."""
+        saved, profile = name.rsplit("-", 1)
+        a = Artefact("network", cfg.model, name, tuple(needs), (saved, profile, None))
+        out.setdefault(a.id, a)
+
+    def first_use(m: Method, need: str, needs: list[str]) -> None:
+        req = next((r for r in m.spec.needs(cfg.model, cfg) if r.what == need), None) if m.spec.needs else None
+        if req is None or req.kind not in FIRST_USE:
+            raise ValueError(f"{m.label} reads '{need}', which its needs do not list as an artefact its first use "
+                             f"builds ({', '.join(FIRST_USE)}); give the requirement its kind (artefacts/keys.py)")
+        a = Artefact(req.kind, cfg.model, need, tuple(needs), (cfg, m, req.path, req.minutes))
+        out.setdefault(a.id, a)
+
     model(cfg.model, cfg.dtype)
     keys = {m.label: reads_of(m, cfg) for m in methods}
     for k in (k for ks in keys.values() for k in ks if k.kind is Kind.HEADS):   # heads first: what the rest waits on
@@ -108,10 +134,10 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
                 rescorer(k.name)
             elif k.kind is Kind.MODEL:
                 model(k.name, cfg.dtype)
-            elif k.kind in (Kind.NETWORK, Kind.BUILT):       # built by building the method once
-                a = Artefact("method", cfg.model, k.name, tuple(model(cfg.model, cfg.dtype) + own_heads +
-                                                                 data(k.data)), (cfg, m))
-                out.setdefault(a.id, a)
+            elif k.kind is Kind.NETWORK:
+                network(k.name, model(cfg.model, cfg.dtype) + own_heads + data(k.data))
+            elif k.kind is Kind.BUILT:
+                first_use(m, k.name, model(cfg.model, cfg.dtype) + own_heads)
     return sorted(out.values(), key=lambda a: RANK[a.kind])
 
 
@@ -120,25 +146,28 @@ def with_trainings(cells: list, artefacts: list[Artefact], networks: list[Artefa
     first-use build of the same model waits too (it would otherwise train the same folder at the same time)."""
     if not networks:
         return cells, artefacts
+    trained = {a.id for a in networks}
+    artefacts = [a for a in artefacts if a.id not in trained]     # a method's network the grid trains: its node
     last = {a.model: a.id for a in networks if a.kind == "network"}
     ids = tuple(a.id for a in networks)
     converted = {m: tuple(a.id for a in artefacts if a.kind == "model" and a.model == m) for m in last}
     networks = [replace(a, needs=a.needs + converted[a.model]) if not a.needs else a for a in networks]
-    later = [replace(a, needs=a.needs + (last[a.model],)) if a.kind in ("method", "calibration") and a.model in last
-             else a for a in artefacts]
+    later = [replace(a, needs=a.needs + (last[a.model],)) if a.kind in BUILT_BY_USE + ("calibration",)
+             and a.model in last else a for a in artefacts]
     return [replace(c, needs=c.needs + ids) for c in cells], sorted(later + networks, key=lambda a: RANK[a.kind])
 
 
 def collect(cells: list, heads_dtype: HeadsDtype) -> list[Artefact]:
-    """Every artefact of the plan once, models first, then heads, rescorers, and the methods' own needs, these one
-    after another per model (one method's first use may build several of them, e.g. hierarchy's two tables)."""
+    """Every artefact of the plan once, models first, then heads, rescorers, and what the methods' first uses build
+    (their networks and tables), these one after another per model (one method's first use may build several of
+    them, e.g. hierarchy's two tables)."""
     seen: dict[str, Artefact] = {}
     for c in cells:
         for a in artefacts_for(c, list(c.methods), heads_dtype):       # parsed once, when the grid was read
             seen.setdefault(a.id, a)
     last: dict[str, str] = {}
     for key, a in list(seen.items()):
-        if a.kind == "method":
+        if a.kind in BUILT_BY_USE:
             if a.model in last:
                 seen[key] = replace(a, needs=a.needs + (last[a.model],))
             last[a.model] = a.id
@@ -264,6 +293,8 @@ def _copy_report(a: Artefact) -> None:
     """The report of the network the grid's results read, whoever built it, copied into the results."""
     from ..store import write_atomic
     saved, profile, reports = a.build_with
+    if reports is None:             # a network a method reads and no [[train]] block names: nothing to copy
+        return
     report = Path(reports) / f"{a.model.replace('/', '_')}-{saved}-{profile}.json"
     report.parent.mkdir(parents=True, exist_ok=True)
     import json
@@ -272,16 +303,16 @@ def _copy_report(a: Artefact) -> None:
                                     indent=2))
 
 
-def _method_present(a: Artefact) -> bool:
-    cfg, method = a.build_with
-    return all(ok for what, ok in method.spec.needs(cfg.model, cfg) if what == a.detail)
+def _first_use_present(a: Artefact) -> bool:
+    cfg, method = a.build_with[:2]
+    return all(r.ok for r in method.spec.needs(cfg.model, cfg) if r.what == a.detail)
 
 
-def _make_method(a: Artefact, auto_train: bool, log: Log) -> None:
-    """Build the method once on one example's session (the registered "method" builder): its first use trains or
-    builds what it needs."""
-    cfg, method = a.build_with
-    builder("method")(cfg, method, a.detail, log)
+def _make_first_use(a: Artefact, auto_train: bool, log: Log) -> None:
+    """Build the method once on one example's session (the registered "first use" builder): its first use builds what
+    it needs."""
+    cfg, method = a.build_with[:2]
+    builder("first use")(cfg, method, a.detail, log)
 
 
 def _heads_need(a: Artefact):
@@ -322,22 +353,28 @@ KINDS: dict[str, KindSpec] = {
     "distill": KindSpec(1, _distill_path, _distill_present, _make_distill, lambda a: None, _distill_command),
     "heads": KindSpec(2, _heads_path, lambda a: (_heads_path(a) / "config.json").exists(), _make_heads,
                       lambda a: _heads_need(a).minutes, lambda a: _heads_need(a).command),
-    "rescorer": KindSpec(3, lambda a: None, lambda a: all(ok for _, ok in _ready(a)), _make_rescorer,
+    "rescorer": KindSpec(3, lambda a: _rescorer_path(a), lambda a: all(r.ok for r in _ready(a)), _make_rescorer,
                          lambda a: _rescorer_need(a).minutes, lambda a: _rescorer_need(a).command),
     "network": KindSpec(4, _network_path, _network_present, _make_network,
                         lambda a: network_need(a.model, *a.build_with[:2]).minutes,
                         lambda a: network_need(a.model, *a.build_with[:2]).command, _copy_report),
-    "method": KindSpec(5, lambda a: None, _method_present, _make_method, lambda a: None,
-                       lambda a: f"any command with --methods {a.build_with[1].label} (built on its first use)"),
+    **{kind: KindSpec(5, lambda a: a.build_with[2], _first_use_present, _make_first_use, lambda a: a.build_with[3],
+                      lambda a: f"any command with --methods {a.build_with[1].label} (built on its first use)")
+       for kind in FIRST_USE},
     "calibration": KindSpec(6, _calibration_path, _calibration_present, _make_calibration, lambda a: 1.5,
                             lambda a: f"bpdbench calibrate --model {a.model} --dtype {a.build_with[0]} --device "
                                       f"{a.build_with[1]} --threads {a.build_with[2]}",
                             gpus=lambda a: 1 if str(a.build_with[1]).startswith("cuda") else 0),
 }
 RANK = {kind: spec.rank for kind, spec in KINDS.items()}
+BUILT_BY_USE = FIRST_USE + ("network",)     # built one after another per model: each takes the cores
 
 
-def _ready(a: Artefact) -> list[tuple[str, bool]]:
+def _rescorer_path(a: Artefact) -> Path | None:
+    return next((r.path for r in _ready(a)), None)
+
+
+def _ready(a: Artefact) -> list:
     from .rescorers import ready
     return ready(_rescorer(a), a.model)
 

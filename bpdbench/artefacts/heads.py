@@ -19,6 +19,16 @@ def heads_need(model: str, profile: str) -> Need:
     return Need(f"'{profile}' heads for {model}", f"bpdbench train-heads --profile {profile}", MINUTES.get(profile, 10))
 
 
+# The heads profiles that train on shared data rather than their own `heads-<profile>` greedy data (train/heads.py:
+# HeadsProfile.data), said here for the artefact graph, which never imports training; a test holds them equal.
+HEADS_DATA = {"bench": "prefill-bench"}
+
+
+def heads_data(profile: str) -> str:
+    """The training data a heads profile reads: a distillation folder's budget name."""
+    return HEADS_DATA.get(profile, f"heads-{profile}")
+
+
 INIT_HEADS = 8     # untrained heads made when no method says how many it uses
 
 

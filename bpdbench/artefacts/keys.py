@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Callable, Iterable, Protocol
+from pathlib import Path
+from typing import Any, Callable, Iterable, NamedTuple, Protocol
 
 from ..config import RunConfig
 
@@ -26,6 +27,18 @@ class Kind(Enum):
     RESCORER = "rescorer"     # a refine stage's artefact, by tag (ngram4, neural-m)
     NETWORK = "network"       # a trained draft network, built by the method's first use (bpdbench train-network)
     BUILT = "built"           # anything else the method's first use builds (lookup tables, suffix indexes)
+
+
+class Requirement(NamedTuple):
+    """One thing a method needs, and whether it is there (a method's `needs`, what `bpdbench methods` shows). An
+    artefact has its kind (artefacts/cache.py) and its path, so the graph builds it as a node of that kind, says
+    where it goes and checks it without building the method; a prerequisite of the machine (a library, a kernel) has
+    no kind: nothing here builds it."""
+    what: str                        # in words, e.g. "corpus suffix index"
+    ok: bool
+    kind: str | None = None          # its kind of artefact; None: a prerequisite
+    path: Path | None = None         # where it is, or will be built
+    minutes: float | None = None     # expected minutes to build it on 2 CPU cores (None: its first use says)
 
 
 @dataclass(frozen=True)

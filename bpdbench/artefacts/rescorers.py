@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import refine
+from .keys import Requirement
 from .policy import Need, builder
 from ..config import RunConfig
 
@@ -17,9 +18,9 @@ def _path(spec: refine.RescorerSpec, model: str):
     return None, None
 
 
-def ready(spec: refine.RescorerSpec, model: str) -> list[tuple[str, bool]]:
+def ready(spec: refine.RescorerSpec, model: str) -> list[Requirement]:
     tag, path = _path(spec, model)
-    return [] if tag is None else [(tag, path.exists())]
+    return [] if tag is None else [Requirement(tag, path.exists(), "rescorer", path.parent, need(spec, model).minutes)]
 
 
 def need(spec: refine.RescorerSpec, model: str) -> Need:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..store import seal
 from .formats import SEP, save_npz
+from .keys import Requirement
 
 DEPTH = 32          # suffixes are sorted on their first DEPTH tokens: the longest pattern a query may use
 
@@ -273,13 +274,15 @@ def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
     return _cached(datastore_file(env.cfg.model, profile), want, make, env)
 
 
-def needs(model: str, what: tuple[str, ...], profile: str = "quick") -> list[tuple[str, bool]]:
+def needs(model: str, what: tuple[str, ...], profile: str = "quick") -> list[Requirement]:
     """What `bpdbench methods` shows (missing indexes are built on first use)."""
     from .tables import needs as table_needs
     out = []
     if "corpus" in what:
-        out.append(("corpus suffix index", corpus_file(model).exists()))
+        path = corpus_file(model)
+        out.append(Requirement("corpus suffix index", path.exists(), "suffix-index", path))
     if "datastore" in what:
         out += table_needs(model, ("history",), profile)
-        out.append((f"corpus + history ({profile}) suffix index", datastore_file(model, profile).exists()))
+        path = datastore_file(model, profile)
+        out.append(Requirement(f"corpus + history ({profile}) suffix index", path.exists(), "suffix-index", path))
     return out

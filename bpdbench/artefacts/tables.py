@@ -22,7 +22,7 @@ from . import history as history_lib
 from .policy import Need, builder
 from ..store import seal
 from .formats import FrequencyTable, bigram_table, stream
-from .keys import BuildEnv
+from .keys import BuildEnv, Requirement
 
 STATIC = {"sizes": (2, 3), "top": 4, "min_count": 2}
 HISTORY = {"sizes": (1, 2, 3), "top": 4, "min_count": 1}
@@ -130,13 +130,18 @@ def _describe(path: Path, meta: dict) -> dict:
     return {"path": str(path), **{k: v for k, v in meta.items() if k != "files"}}
 
 
-def needs(model: str, parts: tuple[str, ...], profile: str = "quick") -> list[tuple[str, bool]]:
+def needs(model: str, parts: tuple[str, ...], profile: str = "quick") -> list[Requirement]:
     """What `bpdbench methods` shows: which tables exist (missing ones are built on first use)."""
     out = []
     if "static" in parts:
-        out.append(("corpus n-gram table", static_file(model).exists()))
+        out.append(_there("corpus n-gram table", "table", static_file(model)))
     if "history" in parts:
-        out.append((f"model history ({profile})", history_lib.history_file(model, profile).exists()))
+        out.append(_there(f"model history ({profile})", "history", history_lib.history_file(model, profile),
+                          history_lib.MINUTES.get(profile)))
     if "bigram" in parts:
-        out.append(("corpus bigram table", bigram_file(model, "corpus").exists()))
+        out.append(_there("corpus bigram table", "table", bigram_file(model, "corpus")))
     return out
+
+
+def _there(what: str, kind: str, path: Path, minutes: float | None = None) -> Requirement:
+    return Requirement(what, path.exists(), kind, path, minutes)

@@ -19,7 +19,8 @@ from .options import DEFAULT_MODEL, Device, Model, Threads, set_threads
 
 @one_line_errors
 def train_heads(model: Model = DEFAULT_MODEL,
-                profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | ci")] = "quick",
+                profile: Annotated[str, typer.Option(help="quick (<=10 min) | full (<=60 min) | bench (140 "
+                                                                "core-min on the networks' prefill-bench data) | ci")] = "quick",
                 out: Annotated[Optional[str], typer.Option(help="default: the heads cache")] = None,
                 device: Device = "cpu", threads: Threads = None) -> None:
     """Train blockwise heads on the frozen base (self-distillation on held-out prompts)."""

@@ -202,7 +202,7 @@ def register_builders() -> None:
     method once, which opens a session and so is only this layer's to offer. Every session and every sweep worker
     calls it before anything may build."""
     train.register_builders()
-    register("method", build_method_once)
+    register("first use", build_method_once)
 
 
 def build_method_once(cfg: RunConfig, method: Method, need: str, log: Log = print) -> None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Callable
 
-from .contract import BUILT_ON_FIRST_USE, Input, Reads
+from .contract import BUILT_ON_FIRST_USE, Input, Reads, Requirement
 
 
 AUTO = "auto"
@@ -92,7 +92,8 @@ class MethodSpec:
     description: str
     build: Callable[..., Any]
     params: tuple[Param, ...] = ()
-    needs: Callable[..., list[tuple[str, bool]]] | None = None   # (what, ready) given (model name, cfg)
+    needs: Callable[..., list[Requirement]] | None = None   # what it needs, and whether it is there, given
+                                                             # (model name, cfg)
     external: bool = False
     fixed: dict = field(default_factory=dict)                   # values implied by the name (aliases)
     check: Callable[["Method"], None] | None = None              # parameters checked together (MethodError)

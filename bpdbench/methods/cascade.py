@@ -40,7 +40,7 @@ import torch
 from ..engine import DraftContext, Proposal
 from .base import THRESHOLD, Method, MethodError, MethodSpec, Param
 from .compose import HIDDEN, Wrapper
-from .contract import RUN_HEADS, Input, Kind, Reads
+from .contract import RUN_HEADS, Input, Kind, Reads, Requirement
 from .env import Env
 from .lattice import HeadsSource, LatticeDrafter
 from .lookup import MaG, ContextIndex, cut_after_eos
@@ -215,7 +215,7 @@ def build(env: Env, method: Method) -> CascadeDrafter:
     return drafter
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from .heads import _needs_heads
     from ..artefacts.tables import needs
     return _needs_heads(model, cfg) + needs(model, ("bigram",))
@@ -224,7 +224,7 @@ def _needs(model: str, cfg) -> list[tuple[str, bool]]:
 def _bigram(method: Method, cfg) -> list[str]:
     """MaG's bigram table (built by cascade's first use)."""
     from ..artefacts.tables import needs
-    return [what for what, _ in needs(cfg.model, ("bigram",))]
+    return [r.what for r in needs(cfg.model, ("bigram",))]
 
 
 def _inputs(method: Method) -> frozenset[Input]:

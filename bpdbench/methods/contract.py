@@ -25,7 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 # the key types live in the layer that resolves them; registry entries and readers of the contract find them here
-from ..artefacts.keys import Kind, Reads, inner, kinds  # noqa: F401
+from ..artefacts.keys import Kind, Reads, Requirement, inner, kinds  # noqa: F401
 from ..config import RunConfig
 from ..engine import state as drafter_state
 from ..engine.types import layers_of
@@ -50,11 +50,12 @@ ALWAYS = frozenset({Input.RESET, Input.OBSERVE})    # every drafter gets these
 
 
 def need_names(method: Method, cfg: RunConfig) -> list[str]:
-    """What the method's `needs` lists for the run's model, by name (the default spelling's needs)."""
-    return [what for what, _ in method.spec.needs(cfg.model, cfg)] if method.spec.needs else []
+    """The artefacts the method's `needs` lists for the run's model, by name (the default spelling's needs; a
+    prerequisite of the machine, such as a library, is no artefact: nothing here builds it)."""
+    return [r.what for r in method.spec.needs(cfg.model, cfg) if r.kind is not None] if method.spec.needs else []
 
 
-# The default: whatever the method lists as needs is built by building the method once, as its first use would.
+# The default: the artefacts the method lists as needs, built by building the method once, as its first use would.
 BUILT_ON_FIRST_USE = Reads(Kind.BUILT, need_names)
 # The blockwise heads of the run's profile (--heads-profile).
 RUN_HEADS = Reads(Kind.HEADS, lambda method, cfg: (cfg.heads_profile,))

@@ -20,7 +20,7 @@ from ..config import RunConfig
 from dataclasses import replace
 
 from .base import ALPHA, HEADS, K, THRESHOLD, Method, MethodError, MethodSpec, Param
-from .contract import RUN_HEADS, Input, Kind, Reads
+from .contract import RUN_HEADS, Input, Kind, Reads, Requirement
 from .dynamic import BUDGETS, is_dynamic
 from .env import Env
 from .lattice import HeadsSource, LatticeDrafter
@@ -96,14 +96,14 @@ def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
     return LatticeDrafter(method.label, HeadsSource(heads, env.model.lm_head), n, k, threshold, stage)
 
 
-def _needs_heads(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
+def _needs_heads(model: str, cfg: RunConfig) -> list[Requirement]:
     path = Path(cfg.heads_path) if cfg.heads_path else paths.heads_dir(model, cfg.heads_profile)
     ok = cfg.heads_profile == "init" or (path / "config.json").exists()
-    return [(f"heads ({cfg.heads_profile})", ok)]
+    return [Requirement(f"heads ({cfg.heads_profile})", ok, "heads", path)]
 
 
 def _needs(rescorer: str):
-    def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
+    def needs(model: str, cfg: RunConfig) -> list[Requirement]:
         from ..artefacts.rescorers import ready
         return _needs_heads(model, cfg) + ready(refine.RESCORERS[rescorer], model)
     return needs
@@ -113,7 +113,7 @@ def _rescorer_tags(method: Method, cfg: RunConfig) -> list[str]:
     """The refine stage's artefacts (an n-gram or neural LM), by tag."""
     from ..artefacts.rescorers import ready
     spec = refine.RESCORERS.get("medusa-auto" if method.get("tree") == "auto" else method.name)
-    return [tag for tag, _ in ready(spec, cfg.model)] if spec is not None else []
+    return [r.what for r in ready(spec, cfg.model)] if spec is not None else []
 
 
 # The contract of every heads method: the lattice is drafted from the base's hidden state; the run's heads and the

@@ -33,6 +33,7 @@ from itertools import permutations
 
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
+from .contract import Requirement
 from .env import Env
 from ..artefacts.history import PROFILES
 from ..artefacts.formats import FrequencyTable
@@ -131,7 +132,7 @@ def build(env: Env, method: Method) -> HierarchyDrafter:
     return HierarchyDrafter(method.label, order, candidates, length, ngram, history, static, env.limits.eos_ids)
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from ..artefacts.tables import needs
     return needs(model, ("history", "static"))
 

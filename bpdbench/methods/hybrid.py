@@ -40,7 +40,7 @@ from ..engine import (DraftContext, Limits, Proposal, TreeScorer, generate, laye
 from ..engine import state as drafter_state
 from .base import AUTO, Method, MethodError, MethodSpec, Param, inner_text
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
-from .contract import needs_scorer
+from .contract import Requirement, needs_scorer
 from .env import Env
 from .search import Combos
 from .selfdraft import cached, tune_prompts
@@ -279,7 +279,7 @@ def _inputs(method: Method) -> frozenset[str]:
     return frozenset().union(*(declared(m) for m in sources)) - {RESET, OBSERVE}
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from ..artefacts.suffix import needs
     return needs(model, ("corpus",))      # the default retrieval source's; a spelled source needs what it needs
 

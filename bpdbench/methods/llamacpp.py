@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import Method, MethodError, MethodSpec, Param
+from .contract import Requirement
 from .env import Env
 from .hf import Decoder, Output
 
@@ -70,9 +71,9 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None     # without running the package's __init__
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from ..nets.llamacpp import available
-    return [("llama-cpp-python (`make llamacpp`)", available())]
+    return [Requirement("llama-cpp-python (`make llamacpp`)", available())]
 
 
 def describe_file(path: Path) -> dict:

@@ -60,6 +60,7 @@ from ..nets.llamacpp import QUANTS
 from ..nets.quant import BITS, kernels, quantized_copy
 from .base import Method, MethodError, MethodSpec, Param
 from .calibrated import ROUNDINGS, SCALES, calibrated
+from .contract import Requirement
 from .cascade import AssistedDraftModel
 from .env import Env
 from .search import Chain
@@ -238,10 +239,10 @@ def _longest(env: Env, method: Method) -> int:
     return LENGTH_AUTO_GGUF if method.get("runtime", "torch") == "gguf" else LENGTH_AUTO
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from ..nets.llamacpp import available
-    return [("torch's CPU weight-only kernels", hasattr(torch.ops.aten, "_weight_int8pack_mm")),
-            ("llama.cpp for runtime=gguf (`make llamacpp`)", available())]
+    return [Requirement("torch's CPU weight-only kernels", hasattr(torch.ops.aten, "_weight_int8pack_mm")),
+            Requirement("llama.cpp for runtime=gguf (`make llamacpp`)", available())]
 
 
 SPECS = [MethodSpec("qdraft", "self-speculation: the target with int8 or int4 weight-only weights (bfloat16 "

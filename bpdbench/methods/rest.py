@@ -29,6 +29,7 @@ from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param
 from .env import Env
 from ..artefacts.formats import SEP
+from ..artefacts.keys import Requirement
 from .search import Chain, Grid
 from ..artefacts.suffix import SuffixIndex
 from ..artefacts.history import PROFILES
@@ -131,7 +132,7 @@ def build(env: Env, method: Method) -> RestDrafter:
     return RestDrafter(method.label, index, nodes, span, length, env.limits.eos_ids)
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from ..artefacts.suffix import needs
     return needs(model, ("datastore",))
 

@@ -50,7 +50,7 @@ from functools import cache
 from ..engine import DraftContext, Proposal
 from .base import Method, MethodError, MethodSpec, Param, inner_text
 from .compose import HIDDEN, OBSERVE, RESET, Wrapper, check_inner, consumes, declared
-from .contract import Input
+from .contract import Input, Requirement
 from .env import Env
 from .lookup import continuation, cut_after_eos
 from .search import Chain
@@ -180,7 +180,7 @@ def build(env: Env, method: Method) -> SamDrafter:
     return d
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     from ..artefacts.suffix import needs
     return needs(model, ("corpus",))              # a fallback needs what its own method needs
 

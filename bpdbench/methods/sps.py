@@ -33,7 +33,7 @@ from transformers import DynamicCache
 from ..engine import DraftContext, Proposal
 from ..engine.cache import draft_view
 from .base import Method, MethodError, MethodSpec, Param
-from .contract import Input, Kind, Reads
+from .contract import Input, Kind, Reads, Requirement
 from .env import Env
 from .search import Chain
 
@@ -291,17 +291,18 @@ READS = (Reads(Kind.RESCORER, lambda m, cfg: [d for d in [_draft(m, cfg)] if d i
          Reads(Kind.MODEL, lambda m, cfg: [d for d in [_draft(m, cfg)] if d and d not in NEURAL]))
 
 
-def _needs(model: str, cfg) -> list[tuple[str, bool]]:
+def _needs(model: str, cfg) -> list[Requirement]:
     import importlib.util
     from .. import models
     name = DEFAULT_DRAFT.get(model)
     if name in NEURAL:
         from .. import refine
-        return [(f"draft model {name}", (refine.artefact_dir(name, model) / "config.json").exists())]
+        where = refine.artefact_dir(name, model)
+        return [Requirement(f"draft model {name}", (where / "config.json").exists(), "rescorer", where)]
     if name is None:
-        return [("a draft model (sps:model=<name or path>)", False)]
-    spec = models.MODELS[name]
-    return [(f"draft model {name}", all(importlib.util.find_spec(m) for m in spec.modules))]
+        return [Requirement("a draft model (sps:model=<name or path>)", False)]
+    spec = models.MODELS[name]         # its package: a prerequisite (its dense copy is a model artefact, READS)
+    return [Requirement(f"draft model {name}", all(importlib.util.find_spec(m) for m in spec.modules))]
 
 
 SPECS = [MethodSpec("sps", "speculative decoding with a same-tokenizer draft model drafting gamma tokens (argmax; "

@@ -37,9 +37,9 @@ from ..nets.registry import networks
 from ..engine import DraftContext, Lattice, Proposal
 from ..refine import Rescorer
 from ..store import seal
-from ..artefacts.policy import network_need, warn_use
+from ..artefacts.policy import MINUTES, network_need, warn_use
 from .base import ALPHA, K, THRESHOLD, Method, MethodError, MethodSpec, Param, option_default
-from .contract import Input, Kind, Reads, need_names
+from .contract import Input, Kind, Reads, Requirement
 from .dynamic import BUDGETS, DYNAMIC_NODES, DYNAMIC_TOPK, dynamic_tree, is_dynamic
 from .env import Env
 from .lattice import LatticeDrafter, ParallelSource, Refined, sure_depths
@@ -299,15 +299,30 @@ class _Defaults:
         return default
 
 
-def needs_of(trained_name) -> Callable[[str, RunConfig], list[tuple[str, bool]]]:
+def needs_of(trained_name) -> Callable[[str, RunConfig], list[Requirement]]:
     """`needs` of an entry drafting with a draft network: whether the default spelling's folder is there."""
     name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
 
-    def needs(model: str, cfg: RunConfig) -> list[tuple[str, bool]]:
+    def needs(model: str, cfg: RunConfig) -> list[Requirement]:
         m = _Defaults()
-        where = folder(m, cfg.replace(model=model), name_of(m))
-        return [(f"{name_of(m)} drafter ({profile_of(m, cfg)})", (where / "config.json").exists())]
+        where, profile = folder(m, cfg.replace(model=model), name_of(m)), profile_of(m, cfg)
+        return [Requirement(f"{name_of(m)} drafter ({profile})", (where / "config.json").exists(), "network", where,
+                            MINUTES.get(profile))]
     return needs
+
+
+def network_names(trained_name) -> Callable[[Method, RunConfig], list[str]]:
+    """The draft network a spelling reads, as the graph keys it (`<saved name>-<profile>`, its cache folder's
+    tail): none for a folder the spelling names (`path=`), which nothing here builds."""
+    name_of = trained_name if callable(trained_name) else (lambda m: trained_name)
+    return lambda m, cfg: [] if m.get("path") else [f"{name_of(m)}-{profile_of(m, cfg)}"]
+
+
+def network(trained_name) -> Reads:
+    """The artefact of a method that drafts with a trained network (`trained_name`, or a function of the spelling
+    naming it): that network, which the graph trains before the cells reading it, from distillation data it builds
+    first, apart."""
+    return Reads(Kind.NETWORK, network_names(trained_name), data_of)
 
 
 def data_of(method: Method, cfg: RunConfig) -> str | None:
@@ -318,11 +333,6 @@ def data_of(method: Method, cfg: RunConfig) -> str | None:
     profile, net = profile_of(method, cfg), network_of(method.name)
     table = LAYERED_DATA if net is not None and net.layers is not None else DATA
     return table.get(profile, DATA.get(profile, profile))
-
-
-# Its artefact: the draft network `needs` names, which the sweep builds by building the method once (trained then),
-# from distillation data that the graph builds first, apart.
-NETWORK = Reads(Kind.NETWORK, need_names, data_of)
 
 
 def model_of(drafter: LatticeDrafter | TrainedDrafter) -> DraftModel:
@@ -374,7 +384,7 @@ def spec(name: str, description: str, trained_name, drafter_type=None, extra: tu
     description += "; tree=dynamic grows an EAGLE-2 tree each step (nodes, topk, depth)"
     return MethodSpec(name, description, lambda env, m: build(env, m, name_of(m), type_of(m), longest),
                       extra + COMMON, needs_of(trained_name), inputs=lambda m: inputs_of(name_of(m)),
-                      artefacts=(NETWORK,),
+                      artefacts=(network(trained_name),),
                       preflight=lambda m, cfg: check(m, cfg, name_of(m), type_of(m), longest), shapes=SEARCH)
 
 

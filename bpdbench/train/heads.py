@@ -60,6 +60,8 @@ class HeadsProfile:
     name: str = ""                     # the heads' folder and the report's profile (PROFILES: its key)
     data: str | None = None            # train on this data instead (train/data.py: e.g. prefill-bench, teacher-forced
                                        # text); None: the profile's own greedy data (`data_budget`)
+    clock: str = "wall"                # what `fit_seconds` counts: "wall", or "cpu" (core-seconds, train/fit.py: the
+                                       # same fit on a machine shared with other work)
 
 
 # Why sizes in greedy positions: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
@@ -81,7 +83,11 @@ PROFILES = named({
                      fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
     "full": HeadsProfile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
                     fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
-    "ci": HeadsProfile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32")})
+    "ci": HeadsProfile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32"),
+    # bench: the draft networks' bench data and budget (train/network.py PROFILES["bench"]: 8,400 core-seconds on
+    # "prefill-bench", teacher-forced text), so BPD's heads and the networks are compared at one training budget
+    "bench": HeadsProfile(n_prompts=0, gen_tokens=0, steps=0, data="prefill-bench", fit_seconds=8400, clock="cpu",
+                          bf16_fit=True)})
 
 
 def heads_dir(model: str, profile: str) -> Path:
@@ -129,15 +135,18 @@ def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist,
     fitted with (RECIPE). Returns the packed weights [h, d, d], [h, d] and the fit's statistics."""
     obj = objectives.Packed(objectives.PackedHeads(ds.d, p.num_heads))
     cfg = FitConfig(p.fit_seconds, p.steps, p.lr, p.batch_positions, negatives=p.negatives,
-                    greedy_weight=p.greedy_weight, bf16=p.bf16_fit, seed=p.seed, clip=None, clock="wall")
+                    greedy_weight=p.greedy_weight, bf16=p.bf16_fit, seed=p.seed, clip=None, clock=p.clock)
     stats = fit_loop(obj, objectives.DistillRows.of(ds), ds.rows(seqs), lm_w, shortlist, cfg, log)
     return obj.model.w.detach(), obj.model.b.detach(), stats
 
 
 @torch.no_grad()
-def agreement(lm_w, w, b, data, shortlist, h: int) -> dict:
-    """Per-head top-1 / top-16 agreement with the base's greedy continuation, drafting over the shortlist."""
+def agreement(lm_w, w, b, data, shortlist, h: int, greedy: torch.Tensor | None = None) -> dict:
+    """Per-head top-1 / top-16 agreement with the base's greedy continuation, drafting over the shortlist. `greedy`:
+    the rows scored ([N] bool over `data`'s rows; None: those after each prompt). Teacher-forced text is scored
+    where its next token is the base's greedy choice, as the draft networks are (objectives.agreement)."""
     x, tid, _, valid, gen = _targets(data, h)
+    gen = gen if greedy is None else greedy
     x, tid, valid = x[gen], tid[gen], valid[gen]
     proj = lm_w[shortlist]
     hit1, hit16, rank = torch.zeros(h), torch.zeros(h), torch.zeros(h, 16)
@@ -184,7 +193,8 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
     report = {"profile": name, "recipe": RECIPE, "prompts_used": meta["sequences"], "train_positions": len(rows),
               "greedy_positions": greedy,
               "seconds": round(time.time() - t0, 1),
-              "heldout": agreement(lm_w, w, b, ds.sequences(held), shortlist, p.num_heads), "fit": stats,
+              "heldout": agreement(lm_w, w, b, ds.sequences(held), shortlist, p.num_heads,
+                                   ds.greedy_mask()[ds.rows(held)]), "fit": stats,
               **settings(p),
               "gen_dtype": meta["dtype"], "gen_dtype_reason": meta["dtype_reason"], "gen_device": meta["environment"]["device"],
               "generated_greedy_positions": meta["greedy_positions"],

@@ -202,6 +202,12 @@ def test_methods_plan_says_what_a_run_would_build_where_and_how_long():
     assert "to build, about" in heads and "bpdbench train-heads" in heads and "into " in heads
     assert any(x.startswith("ngram4") for x in lines) and not any(x.startswith("hydra") for x in lines)
     assert lines[-1].startswith("bpd, ngram4 on qwen2.5-coder-0.5b: ") and "to build, about" in lines[-1]
+    code, text = cli("methods", "--plan", "sam,hydra:profile=bench")     # what a first use builds: where, too
+    lines = text.splitlines()
+    index = next(x for x in lines if x.startswith("corpus suffix index"))
+    assert code == 0 and "to build" in index and index.endswith("suffix-corpus.npz"), index
+    hydra = next(x for x in lines if x.startswith("hydra drafter (bench)"))     # the spelling's profile, not quick's
+    assert "about 120 min (bpdbench train-network hydra --profile bench) into " in hydra, hydra
     code, text = cli("methods", "--plan", "bpd:nope=1")
     assert code == 2 and len(text.strip().splitlines()) == 1 and "--plan: bpd: unknown parameter 'nope'" in text
 

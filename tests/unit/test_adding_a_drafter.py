@@ -107,7 +107,7 @@ def test_the_contract_is_what_everything_reads(example, tiny_model_dir):
     assert parse(f"sam:fallback={example.name}").label == f"sam:fallback={example.name}"
     cell = SimpleNamespace(command="run", timed=False, config=RunConfig(model=str(tiny_model_dir), heads_profile="init"))
     planned = [(a.kind, a.detail) for a in artefacts_for(cell, [m], lambda profile: "float32")]
-    assert planned == [("distill", "quick"), ("method", "koala drafter (quick)")], planned    # its data, then it
+    assert planned == [("distill", "quick"), ("network", "koala-quick")], planned    # its data, then it
 
 
 def test_bpdbench_methods_lists_it(example):

@@ -50,9 +50,8 @@ def test_unowned_lists_what_nothing_makes(tmp_path):
 
 
 def test_the_graphs_kinds_are_registered_kinds():
-    """A sweep's nodes are artefacts of this registry by the same names (the first use's "method" build step is not
-    a kind of file: what it builds is, e.g. a table or a suffix index)."""
-    assert set(KINDS) - {"method"} <= set(cache.BY_KIND)
+    """A sweep's nodes are artefacts of this registry by the same names, those a method's first use builds too."""
+    assert set(KINDS) <= set(cache.BY_KIND)
 
 
 def test_every_cache_path_paths_makes_has_a_kind(tmp_path, monkeypatch):

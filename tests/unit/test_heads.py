@@ -203,3 +203,12 @@ def test_expected_time_from_a_cached_calibration(monkeypatch):
     assert p.header(16, "float32", "auto: emulated") == (
         "quick heads: 16,000 greedy positions in batches of 16, float32 (auto: emulated), expected ~3 min "
         "(calibration)")
+
+
+def test_the_graph_knows_which_data_each_heads_profile_reads():
+    """artefacts/heads.HEADS_DATA says to the graph (which never imports training) what train/heads.PROFILES say."""
+    from bpdbench.artefacts.heads import heads_data
+    from bpdbench.train.profiles import name_of
+    for name, p in train_heads.PROFILES.items():
+        assert heads_data(name) == (name_of(p.data) if p.data else f"heads-{name}"), name
+    assert train_heads.PROFILES["bench"].clock == "cpu" and train_heads.PROFILES["quick"].clock == "wall"

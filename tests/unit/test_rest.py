@@ -114,7 +114,7 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     model, tok = models.load(str(tiny_model_dir), "float32")
     name = str(tiny_model_dir)
     cfg = RunConfig(model=name, dtype="float32", data_dir=str(write_corpus(tmp_path / "data")))
-    assert ("corpus suffix index", False) in REGISTRY["sam"].needs(name, cfg)
+    assert ("corpus suffix index", False) in [(r.what, r.ok) for r in REGISTRY["sam"].needs(name, cfg)]
     logs: list[str] = []
     env = Env(model, tok, cfg, Limits(16), log=logs.append)
     rest, sam = parse("rest:history=ci"), parse("sam:fallback=hierarchy;order=c")
@@ -132,7 +132,7 @@ def test_datastore_and_corpus_index_are_built_once_and_cached(tiny_model_dir, tm
     env2.build(rest)
     env2.build(sam)
     assert sum("building the suffix index" in m for m in logs) == built == 2              # cached
-    assert ("corpus suffix index", True) in REGISTRY["sam"].needs(name, cfg)
+    assert ("corpus suffix index", True) in [(r.what, r.ok) for r in REGISTRY["sam"].needs(name, cfg)]
     eos = frozenset({model.generation_config.eos_token_id})
     greedy = generate(model, None, ids, Limits(16, eos)).tokens
     for drafter in (d, s):

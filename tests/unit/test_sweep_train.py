@@ -128,15 +128,19 @@ def test_a_methods_first_use_training_reads_its_data_from_a_node_of_its_own(tmp_
     """hydra's first use trains its quick drafter: the graph generates that drafter's distillation data before the
     method's build (said apart in the dry run), and leaves it out once the drafter is there."""
     from bpdbench import paths
+    from bpdbench.store import seal
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
     m = "qwen2.5-coder-0.5b"
     grid = _grid(tmp_path, "", '[[replay]]\ntasks = ["mt_bench"]\nmethods = ["hydra"]\nlimit = 1\n')
     plan = grid_lib.load(grid)
-    (method,) = [a for a in plan.artefacts if a.kind == "method"]
-    assert f"distill-quick:{m}" in method.needs and f"distill-quick:{m}" in {a.id for a in plan.artefacts}
+    (network,) = [a for a in plan.artefacts if a.kind == "network"]       # the node a [[train]] block would make
+    assert network.id == f"network-hydra-quick:{m}" and network.label == "hydra drafter (quick)"
+    assert f"distill-quick:{m}" in network.needs and f"distill-quick:{m}" in {a.id for a in plan.artefacts}
     where = paths.network_dir(m, "hydra", "quick")
     where.mkdir(parents=True)
     (where / "config.json").write_text("{}")
+    (where / "report.json").write_text("{}")
+    seal.seal(where)                        # a network is there when its folder is whole (sealed when trained)
     plan = grid_lib.load(grid)
     assert not any(a.id == f"distill-quick:{m}" or f"distill-quick:{m}" in a.needs for a in plan.artefacts)
 
@@ -162,9 +166,10 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     that builds it alone; a node that is there says so."""
     from bpdbench import paths
     monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path / "cache"))
-    assert set(graph.KINDS) == {"model", "distill", "heads", "rescorer", "network", "method", "calibration"}
-    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "distill", "heads", "rescorer", "network", "method",
-                                                      "calibration"]
+    assert set(graph.KINDS) == {"model", "distill", "heads", "rescorer", "network", "table", "history", "suffix-index",
+                                "calibration"}
+    assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "distill", "heads", "rescorer", "network", "table",
+                                                      "history", "suffix-index", "calibration"]
     data = graph.Artefact("distill", "tiny/m", "heads-quick")
     assert graph.describe(data) == (f"to build (bpdbench train-heads --profile quick, its first step) into "
                                     f"{paths.distill_dir('tiny/m', 'heads-quick')}")
