@@ -27,7 +27,7 @@ from ..engine.loop import advance, prefill, verify
 from ..engine.replay import teacher_forced
 from ..engine.types import EMPTY, Proposal
 
-KINDS = ("exact", "near_tie", "lost")
+OUTCOMES = ("exact", "near_tie", "lost")
 
 
 class LostExamples(RuntimeError):

@@ -31,7 +31,7 @@ from .runs import (LETTERS, Board, Leaderboard, Machine, Run, Table, commit_time
                    read_run, short)
 from .verdicts import MAX_COLUMNS, ci, fit, is_drafter, num  # noqa: F401 (tests read them here)
 
-SPEED_KINDS = ("speed", "leaderboard", "frontier")      # result kinds holding `bpdbench speed` folders
+SPEED_AREAS = ("speed", "leaderboard", "frontier")      # result areas holding `bpdbench speed` folders
 
 
 def grid_folder(rel: str) -> bool:
@@ -59,8 +59,8 @@ def collect(results: Path) -> Leaderboard:
     results = Path(results)
     groups: dict[tuple, list[Run]] = defaultdict(list)
     left: list[tuple[str, str]] = []
-    for kind in [k for prefix in SPEED_KINDS for k in load.kinds(results, prefix)]:
-        for f in load.folders(results, kind, "speed.csv"):
+    for area in [k for prefix in SPEED_AREAS for k in load.areas(results, prefix)]:
+        for f in load.folders(results, area, "speed.csv"):
             rel = str(f.path.relative_to(results))
             if replication.partner_of(f.path) is not None:
                 continue            # a board's replication: a table of that board (report/replication.py)

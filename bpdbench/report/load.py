@@ -1,10 +1,10 @@
-"""The one reader of result folders behind every table: `results/<kind>/<folder>/{config.json, *.csv, *.jsonl}`.
+"""The one reader of result folders behind every table: `results/<area>/<folder>/{config.json, *.csv, *.jsonl}`.
 
 Why one: each table reader used to glob its own folders, read config.json keys its own way (the speed table the
 environment's dtype, the drafter tables the run's heads profile, the hardware table the run's dtype) and re-parse
 method spellings with canonical(), so two tables could disagree on the same folder and an old spelling (bpd-h3,
 oracle-k16) was only as current as the reader that remembered to map it. Here a folder is read once into a
-`ResultFolder` (config.json once, its methods parsed once with the one grammar, methods/spelling.py), and a kind's
+`ResultFolder` (config.json once, its methods parsed once with the one grammar, methods/spelling.py), and an area's
 CSV rows come back with `method` set to the parsed Method's label, beside the Methods themselves (`Rows`), so
 readers select and pivot on labels and ask the Method for its name and parameters instead of parsing text.
 """
@@ -58,9 +58,9 @@ class ResultFolder:
     """One result folder and its config.json, read once. The typed fields are what the tables compare runs by;
     where the file records a value twice (asked for in `config`, used in `environment`/`resolved`), the used one
     wins, since that is what the numbers were measured with. A folder without config.json (tests' fixtures, hand-
-    copied CSVs) is still a folder: its fields are None, `task` its first folder name under the kind, no methods."""
+    copied CSVs) is still a folder: its fields are None, `task` its first folder name under the area, no methods."""
     path: Path
-    kind: str                       # the sub-folder of the results root: "replay", "drafters/runs", ...
+    area: str                       # the sub-folder of the results root: "replay", "drafters/runs", ...
     task: str
     model: str | None
     dtype: str | None
@@ -132,8 +132,8 @@ def read_csv(path: Path) -> pd.DataFrame:
     return df
 
 
-def read_folder(path: Path, kind: str, root: Path | None = None) -> ResultFolder:
-    """`path`'s config.json read into a ResultFolder (`root`: the kind's folder, for the task of a folder without
+def read_folder(path: Path, area: str, root: Path | None = None) -> ResultFolder:
+    """`path`'s config.json read into a ResultFolder (`root`: the area's folder, for the task of a folder without
     config.json; by default `path`'s parent)."""
     file = path / CONFIG
     try:
@@ -148,26 +148,26 @@ def read_folder(path: Path, kind: str, root: Path | None = None) -> ResultFolder
     asked = raw.get("methods") or ([run["method"]] if run.get("method") else [])
     first = path.relative_to(root).parts[0] if root is not None else path.name
     return ResultFolder(
-        path=path, kind=kind, task=run.get("task") or first, model=run.get("model"),
+        path=path, area=area, task=run.get("task") or first, model=run.get("model"),
         dtype=env.get("dtype") or run.get("dtype"), threads=env.get("threads") or run.get("threads"),
         max_new_tokens=res.get("max_new_tokens") or run.get("max_new_tokens"), heads=run.get("heads"),
         heads_path=run.get("heads_path"), heads_profile=run.get("heads_profile"), repeats=raw.get("repeats"),
         config=raw, methods=methods(asked if isinstance(asked, list) else [asked]), has_config=file.exists())
 
 
-def folders(results: Path, kind: str, file: str | None = None, depth: int = 1) -> list[ResultFolder]:
-    """The folders `depth` levels under `results/<kind>` (sampling: `<task>/<method>-T<t>`, 2), those holding
+def folders(results: Path, area: str, file: str | None = None, depth: int = 1) -> list[ResultFolder]:
+    """The folders `depth` levels under `results/<area>` (sampling: `<task>/<method>-T<t>`, 2), those holding
     `file` when it is given, in path order (the order every table has always listed them in)."""
-    root = Path(results) / kind
+    root = Path(results) / area
     pattern = "/".join(["*"] * depth)
     found = [p.parent for p in root.glob(f"{pattern}/{file}")] if file else [p for p in root.glob(pattern)
                                                                              if p.is_dir()]
     ignored = paths.git_ignored(root, found) if root.is_dir() else set()
-    return [read_folder(p, kind, root) for p in sorted(found) if p not in ignored]
+    return [read_folder(p, area, root) for p in sorted(found) if p not in ignored]
 
 
-def kinds(results: Path, prefix: str) -> list[str]:
-    """The kinds under `results` named `prefix` or `prefix-<variant>` (speed, speed-auto, speed-field, ...), in name
+def areas(results: Path, prefix: str) -> list[str]:
+    """The areas under `results` named `prefix` or `prefix-<variant>` (speed, speed-auto, speed-field, ...), in name
     order: grids file one experiment's variants beside each other, and every table of that experiment reads all."""
     root = Path(results)
     return sorted(p.name for p in root.glob(f"{prefix}*") if p.is_dir() and (p.name == prefix
@@ -207,7 +207,7 @@ class StandIns:
     """Replay and run folders that stand in for a speed run's per-position acceptance when its speed.jsonl predates
     the counts: same task, model, dtype, heads profile and drafting settings; those with the same heads (recipe,
     greedy positions) and machine first, since acceptance follows the heads and, through bf16 rounding, the CPU."""
-    KINDS = (("replay", "replay.jsonl"), ("replay-field", "replay.jsonl"), ("replay-dynamic", "replay.jsonl"),
+    AREAS = (("replay", "replay.jsonl"), ("replay-field", "replay.jsonl"), ("replay-dynamic", "replay.jsonl"),
              ("medusa", "replay.jsonl"), ("drafters/replay", "replay.jsonl"), ("runs", "examples.jsonl"),
              ("drafters/runs", "examples.jsonl"))
 
@@ -218,7 +218,7 @@ class StandIns:
 
     def folders(self) -> list[ResultFolder]:
         if self._folders is None:
-            self._folders = [f for k, file in self.KINDS for f in folders(self.results, k, file) if f.has_config]
+            self._folders = [f for k, file in self.AREAS for f in folders(self.results, k, file) if f.has_config]
         return self._folders
 
     def find(self, speed: ResultFolder, label: str) -> tuple[int, list[int], str] | None:
@@ -245,10 +245,10 @@ class StandIns:
         return None
 
 
-def reports(results: Path, kind: str) -> list[dict]:
-    """The JSON reports filed directly under `results/<kind>` (training reports of `bpdbench train-network`), in
+def reports(results: Path, area: str) -> list[dict]:
+    """The JSON reports filed directly under `results/<area>` (training reports of `bpdbench train-network`), in
     name order."""
-    return [json.loads(p.read_text()) for p in sorted((Path(results) / kind).glob("*.json"))]
+    return [json.loads(p.read_text()) for p in sorted((Path(results) / area).glob("*.json"))]
 
 
 @dataclass(frozen=True)
@@ -274,11 +274,11 @@ class Rows:
         return Rows(self.frame[mask], self.methods, self.folders)
 
 
-def rows(results: Path, kind: str, file: str, depth: int = 1,
+def rows(results: Path, area: str, file: str, depth: int = 1,
          per_folder: Callable[[ResultFolder, pd.DataFrame], pd.DataFrame] | None = None) -> Rows:
-    """`file` of every folder of a kind. `per_folder` adds what a table takes from each folder's record (the speed
+    """`file` of every folder of a area. `per_folder` adds what a table takes from each folder's record (the speed
     table its model and settings, the drafter tables the heads profile) before the folders are concatenated."""
-    found = folders(results, kind, file, depth)
+    found = folders(results, area, file, depth)
     frames, labelled = [], {}
     for f in found:
         df, ms = _relabel(read_csv(f.path / file))
@@ -288,9 +288,9 @@ def rows(results: Path, kind: str, file: str, depth: int = 1,
     return Rows(frame, labelled, tuple(found))
 
 
-def table(results: Path, kind: str, file: str, depth: int = 1) -> pd.DataFrame:
+def table(results: Path, area: str, file: str, depth: int = 1) -> pd.DataFrame:
     """`rows(...).frame`: for the tables that only select and pivot on labels."""
-    return rows(results, kind, file, depth).frame
+    return rows(results, area, file, depth).frame
 
 
 def _relabel(df: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Method]]:

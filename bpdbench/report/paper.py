@@ -161,9 +161,9 @@ def setup_line(folders: Iterable[load.ResultFolder]) -> str:
             "enters them only through the dtype's rounding.")
 
 
-def notes(name: str, results: Path, kind: str) -> list[str]:
-    """The lines under a reproduced table: what it reproduces, and how the setups differ (from `kind`'s folders)."""
-    lines = [f"Reproduces: {REPRODUCES[name]}; {PAPER}.", setup_line(load.folders(results, kind))]
+def notes(name: str, results: Path, area: str) -> list[str]:
+    """The lines under a reproduced table: what it reproduces, and how the setups differ (from `area`'s folders)."""
+    lines = [f"Reproduces: {REPRODUCES[name]}; {PAPER}.", setup_line(load.folders(results, area))]
     if name.startswith("top16_lattice") and reference_tables() is None:
         lines.append(ABSENT)
     return lines

@@ -43,7 +43,7 @@ def speed_table(results: Path, name: str) -> pd.DataFrame:
         return df.assign(max_new_tokens=f.max_new_tokens, repeats=f.repeats, dtype=f.dtype, threads=f.threads,
                          folder=str(f.path.relative_to(results)), cpu=env.get("processor"),
                          fingerprint=env.get("fingerprint"), commit=env.get("git_commit"))
-    frames = [load.rows(results, kind, name, per_folder=settings).frame for kind in load.kinds(results, "speed")]
+    frames = [load.rows(results, area, name, per_folder=settings).frame for area in load.areas(results, "speed")]
     frames = [f for f in frames if not f.empty]
     df = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return df.round(3) if not df.empty else df
@@ -61,7 +61,7 @@ def build(results: Path | None = None) -> list[Path]:
     written = []
 
     def emit(name: str, df: pd.DataFrame, title: str, markdown: bool = True, source: str | None = None) -> None:
-        """`source`: the result kind whose folders made a table that reproduces the paper's (paper.REPRODUCES);
+        """`source`: the result area whose folders made a table that reproduces the paper's (paper.REPRODUCES);
         the lines naming what it reproduces and how the setups differ go under it."""
         if df.empty:
             return

@@ -174,8 +174,8 @@ def same_text(ours: str, committed: str, what: str) -> None:
 
 def test_the_committed_leaderboard_is_what_the_committed_results_render(tmp_path):
     results = committed_results(tmp_path / "checkout")
-    commits = {f.environment.get("git_commit") for prefix in leaderboard.SPEED_KINDS
-               for kind in load.kinds(results, prefix) for f in load.folders(results, kind, "speed.csv")}
+    commits = {f.environment.get("git_commit") for prefix in leaderboard.SPEED_AREAS
+               for area in load.areas(results, prefix) for f in load.folders(results, area, "speed.csv")}
     unknown = sorted(c for c in commits if c and leaderboard.commit_time(c) is None)
     assert not unknown, (f"this checkout lacks the history of {len(unknown)} commit(s) the speed folders record "
                          f"({unknown[0][:12]}, ...): a board keeps its newest commit's folders by git history; "
