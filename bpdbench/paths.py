@@ -267,7 +267,7 @@ def resolve(text: str | os.PathLike | None) -> Path | None:
     if text.startswith(OUTSIDE):
         return None
     if text == CACHE_TOKEN or text.startswith(CACHE_TOKEN + "/"):
-        return cache_setting() / text[len(CACHE_TOKEN) + 1:]
+        return cache_setting() / text[len(CACHE_TOKEN) + 1:].split(HASH)[0]
     if is_absolute(text):
         return Path(text).expanduser()
     return REPO / text
@@ -284,7 +284,7 @@ def portable_tree(obj, hashed: bool = True):
     if isinstance(obj, os.PathLike) or (isinstance(obj, str) and is_absolute(obj)):
         out = portable(obj, hashed)
         return out if hashed else out.split(HASH)[0]
-    if not hashed and isinstance(obj, str) and obj.startswith(OUTSIDE + "/"):    # recorded with its hash
+    if not hashed and isinstance(obj, str) and obj.startswith((OUTSIDE + "/", CACHE_TOKEN)):  # recorded with its hash
         return obj.split(HASH)[0]
     return obj
 

@@ -14,7 +14,7 @@ import torch
 
 from ..methods import Method
 from ..paths import portable_tree
-from ..store import EXAMPLES, PROMPT_HASH, OutputLock, ResultWriter, precheck_run, read_examples
+from ..store import EXAMPLES, PROMPT_HASH, OutputLock, ResultWriter, precheck_run, read_examples, seal
 from .summary import summarize, write_summary
 from .certificate import EXACT, LostExamples, certify_output
 from .examples import prompt_sha256
@@ -39,7 +39,8 @@ def decode(s: Session, plan: Plan, lock: OutputLock, log: Log, progress: Callabl
     drafter = s.drafter(method)
     meta = s.meta([method])
     heads_meta = meta["resolved"].get("heads")       # path, training, shortlist state: kept, not overwritten
-    meta["resolved"].update(method=method.label, **portable_tree(s.env.resolved.get(method.label, {})))
+    meta["resolved"].update(method=method.label,
+                            **seal.with_content_hashes(portable_tree(s.env.resolved.get(method.label, {}))))
     meta["resolved"]["heads_files"] = heads_meta
     if not cfg.sampling.greedy:
         meta["resolved"]["sampling"]["certificate"] = f"statistical ({certify_command(cfg, method.label)})"

@@ -21,6 +21,7 @@ import torch
 import tasks as task_registry
 from .. import models, paths, store, train
 from ..artefacts.policy import register
+from ..store import seal
 from ..config import ConfigError, RunConfig, environment
 from ..engine import GREEDY, Acceptance, Drafter, Generation, Limits, OnStep, SpeculativeSampling, generate
 from ..methods import Env, Method, MethodError, bind
@@ -150,12 +151,13 @@ class Session:
         from .audit import record
         resolved["overlap"] = record(self.cfg, self.examples, resolved)
         from ..hardware.calibration import meta as calibration
-        return paths.portable_tree({   # paths relative to the checkout or the cache (paths.portable)
+        return seal.with_content_hashes(paths.portable_tree({   # relative to the checkout or the cache, the cache's
+                                                                # artefacts with their content hash
             **({store.COMMAND: self.command} if self.command else {}), "config": self.cfg.to_dict(),
             "methods": [m.label for m in methods or []], "resolved": resolved,
             "calibration": calibration(self.cfg.model, self.cfg.dtype, str(self.model.device), self.threads),
             **extra, **({"sweep": dict(origin)} if (origin := _MADE_BY.get()) else {}),
-            "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)})
+            "environment": environment(self.threads, str(self.model.device), self.cfg.dtype)}))
 
 
 SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",

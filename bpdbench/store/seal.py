@@ -58,6 +58,39 @@ def digest(path: Path) -> str:
     return h.hexdigest()
 
 
+HASHED_UP_TO = 64 << 20      # an unsealed file above this is recorded without its hash (reading it costs seconds)
+
+
+def content_hash(path: Path) -> str | None:
+    """The sha256 that names an artefact's content: a sealed folder's is that of its SHA256SUMS (which lists every
+    file's), a sealed file's its seal, an unsealed file's its own (up to HASHED_UP_TO); None for an unsealed folder
+    (a place, such as the greedy references' folder, not one artefact) and for what is not there."""
+    try:
+        if path.is_dir():
+            return digest(path / SUMS) if (path / SUMS).is_file() else None
+        if sidecar(path).is_file():
+            return sidecar(path).read_text().split()[0]
+        return digest(path) if path.is_file() and path.stat().st_size <= HASHED_UP_TO else None
+    except (OSError, IndexError):
+        return None
+
+
+def with_content_hashes(tree):
+    """A result's JSON with every artefact it names in the cache (`$BPDBENCH_CACHE/<key>`, paths.portable) followed
+    by its content hash (`#sha256=<16 hex>`): which weights, tables or curves a number was made with, not only where
+    they lay. Resume and finished checks compare without it (paths.comparable)."""
+    from .. import paths
+    if isinstance(tree, dict):
+        return {k: with_content_hashes(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [with_content_hashes(v) for v in tree]
+    if isinstance(tree, str) and tree.startswith(paths.CACHE_TOKEN + "/") and paths.HASH not in tree:
+        where = paths.resolve(tree)
+        found = content_hash(where) if where is not None else None
+        return f"{tree}{paths.HASH}{found[:16]}" if found else tree
+    return tree
+
+
 def sidecar(path: Path) -> Path:
     """The seal of a file artefact."""
     return path.with_name(path.name + ".sha256")

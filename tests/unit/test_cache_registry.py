@@ -89,3 +89,26 @@ def test_no_cache_path_is_made_outside_paths():
              for i, line in enumerate(p.read_text().splitlines(), 1) if CACHE_PATH.search(line)]
     assert found == []
     assert CACHE_PATH.search('path = (paths.cache_root() / "selfdraft" /')       # the control: the old shape
+
+
+def test_a_result_names_the_cache_artefacts_it_used_with_their_content_hash(tmp_path, monkeypatch):
+    """config.json records which heads, tables or curves a number was made with (`$BPDBENCH_CACHE/<key>#sha256=`),
+    and a resume or finished check compares without the hash (a folder recorded before hashes still resumes)."""
+    from bpdbench.store import seal
+    monkeypatch.setenv("BPDBENCH_CACHE", str(tmp_path))
+    heads = paths.heads_dir("m", "quick")
+    heads.mkdir(parents=True)
+    (heads / "config.json").write_text("{}")
+    seal.seal(heads)
+    (tmp_path / "greedy").mkdir()
+    tree = seal.with_content_hashes(paths.portable_tree({"heads": {"path": str(heads)}, "greedy": str(tmp_path / "greedy"),
+                                                         "gone": str(tmp_path / "shapes" / "x.json")}))
+    key = "$BPDBENCH_CACHE/heads/m-quick"
+    assert tree["heads"]["path"] == f"{key}#sha256={seal.digest(heads / 'SHA256SUMS')[:16]}"
+    assert tree["greedy"] == "$BPDBENCH_CACHE/greedy" and tree["gone"] == "$BPDBENCH_CACHE/shapes/x.json"
+    assert paths.comparable(tree) == paths.comparable({"heads": {"path": key}, "greedy": "$BPDBENCH_CACHE/greedy",
+                                                       "gone": "$BPDBENCH_CACHE/shapes/x.json"})
+    assert paths.resolve(tree["heads"]["path"]) == heads
+    (heads / "config.json").write_text('{"retrained": 1}')
+    seal.seal(heads)                                      # other weights: another hash
+    assert seal.with_content_hashes(key) != tree["heads"]["path"]
