@@ -70,7 +70,7 @@ def _tune(s, plan: Plan, lock, log: Log, progress) -> dict:
 
 
 def _has_alpha(cfg: RunConfig, methods: list[Method], options: Any) -> None:
-    if methods and "alpha" not in {p.name for p in methods[0].spec.params}:
+    if methods and not methods[0].takes("alpha"):
         raise ConfigError(f"{methods[0].label} has no alpha to tune; methods with one: ngram2, ngram4, "
                           f"16best-ngram4, neural-s|m|l, medusa-neural-m, hf-lm")
 

@@ -149,6 +149,10 @@ class Method:
     def get(self, name: str, default: Any = None) -> Any:
         return self.params.get(name, default)
 
+    def takes(self, name: str) -> bool:
+        """Whether its method has parameter `name` (bpd takes no k: it drafts the top-1 path)."""
+        return any(p.name == name for p in self.spec.params)
+
     def option(self, name: str) -> Any:
         """A parameter a run option stands for (`Param.flag`: heads, k, threshold): its value, spelled or bound
         from the run's option where that differs from its default (methods/spelling.py: bind), else the option's

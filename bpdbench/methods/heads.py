@@ -60,7 +60,7 @@ def build(env: Env, method: Method, rescorer: str = "none") -> LatticeDrafter:
         rescorer = "medusa-auto"
     if n > heads.num_heads:
         raise MethodError(f"{method.label}: heads={n} but the heads have only {heads.num_heads}")
-    takes_k = "k" in {p.name for p in method.spec.params}
+    takes_k = method.takes("k")
     k = method.option("k") if takes_k else 1      # bpd takes no k: it drafts the top-1 path
     width = len(heads.shortlist) if heads.shortlist is not None else env.model.lm_head.out_features
     if heads.proj is not None:

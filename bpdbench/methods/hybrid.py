@@ -240,7 +240,7 @@ def _check(method: Method) -> None:
     if "length" not in method.params:
         return
     mm = method.get("model") or _default(MODEL)
-    if not any(p.name == "length" for p in mm.spec.params):
+    if not mm.takes("length"):
         raise MethodError(f"{method.label}: length= sets the model source's draft length and {mm.name} has none; "
                           f"drop length= and give {mm.name}'s own shape in model=")
     if "model" in method.params and "length" in mm.params:

@@ -26,10 +26,10 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
     vocabulary, for the methods that read the run's heads with a head count of their own (cascade reads them too,
     with its split, checked when it builds). The methods are bound (methods/spelling.py: --heads and --k are their
     own values). Missing heads are left to the auto-train rule (methods.heads.resolve_heads)."""
-    chosen = [m for m in methods or [] if contract.Kind.HEADS in contract.kinds(m) and _has(m, "heads")]
+    chosen = [m for m in methods or [] if contract.Kind.HEADS in contract.kinds(m) and m.takes("heads")]
     if not chosen:
         return None
-    ks = [(m.label, m.option("k")) for m in chosen if _has(m, "k")]
+    ks = [(m.label, m.option("k")) for m in chosen if m.takes("k")]
     n_heads = max(m.concrete("heads", 1) for m in chosen)        # auto: sized within what is there
     info, where = None, "the model's vocabulary"
     if cfg.heads_profile != "init" or cfg.heads_path:
@@ -57,10 +57,6 @@ def check_heads(cfg: RunConfig, methods: list[Method] | None, log: Log = print) 
         if width and k > width:
             raise ConfigError(f"{label}: k={k} exceeds {where} ({width} tokens); pass --k {width} or less")
     return info
-
-
-def _has(method: Method, param: str) -> bool:
-    return param in {p.name for p in method.spec.params}
 
 
 def check_methods(cfg: RunConfig, methods: list[Method] | None) -> None:
