@@ -111,4 +111,4 @@ register(NetworkSpec("eagle3", Eagle3,
                      lambda d, depth, n_layers: Eagle3(d, depth, Layers.low_mid_high(n_layers).indices,
                                                        **attention_sizes(d)),
                      "unrolled", layers=Layers.low_mid_high,
-                     defaults=FitDefaults(lr=2e-3, batch=8, unroll=7, decay=0.8)))
+                     defaults=FitDefaults(lr=2e-3, batch=8, unroll=7, decay=0.8, ramp=True)))

@@ -38,6 +38,8 @@ class FitDefaults:
     noise: float = 0.0             # feature noise, relative to the features' RMS (EAGLE)
     feature_weight: float = 0.0    # weight of the feature regression beside the cross-entropy (EAGLE)
     decay: float = 1.0             # weight of training-time drafting pass p's loss: decay^(p-1) (EAGLE-3: 0.8)
+    ramp: bool = False             # the passes grow from 1 to `unroll` over the budget (train/fit.py), so a short
+                                   # CPU fit learns depth 1 before its own drafts are worth training on
 
 
 @dataclass(frozen=True)

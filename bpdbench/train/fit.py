@@ -51,6 +51,8 @@ class FitConfig:
     seed: int = 0
     clip: float | None = 1.0       # gradient-norm clipping (None: off, the heads' recipe)
     clock: str = "cpu"             # what `seconds` counts: "cpu" (core-seconds) or "wall" (the heads' recipe)
+    ramp: bool = False             # a sequential objective's training-time passes grow from 1 to its `unroll`
+                                   # over the budget (FitDefaults.ramp)
 
 
 class Discriminator(nn.Module):
@@ -136,6 +138,7 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
     opt_d = torch.optim.AdamW(disc.parameters(), lr=c.lr) if disc is not None else None
     lm_b = lm_w.bfloat16() if c.bf16 else lm_w.float()
     clock = CLOCKS[c.clock]
+    passes = getattr(obj, "unroll", 1)      # the training-time passes the ramp grows to
     key = {"fit": asdict(c), **(state_key or {})}
     step, stats, spent, work_spent, wall_spent = 0, {}, 0.0, 0.0, 0.0
     curve: list[dict] = []
@@ -186,6 +189,8 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
         lr = c.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * done))
         for group in opt.param_groups + (opt_d.param_groups if opt_d else []):
             group["lr"] = lr
+        if c.ramp:
+            obj.unroll = min(passes, 1 + int(passes * done))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
             pred = obj.batch(rows, pool, c.batch, c.greedy_weight, g)
             ce = soft_ce(pred, rows, lm_b, shortlist, c.negatives, g)

@@ -141,7 +141,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
     from ..hardware.dtype import choose as fast_dtype
     cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, bf16=fast_dtype().dtype == "bfloat16",
-                    feature_weight=fam.feature_weight, adversarial=adversarial, seed=p.seed)
+                    feature_weight=fam.feature_weight, adversarial=adversarial, seed=p.seed, ramp=fam.ramp)
     score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
     curve_seqs = held[:CURVE_SEQUENCES]
     monitor = lambda: {"heldout_top1": agreement(obj, rows, curve_seqs, proj, shortlist, topk=1)["top1"]}  # noqa: E731

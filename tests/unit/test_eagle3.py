@@ -54,6 +54,24 @@ def test_each_pass_is_weighted_as_eagle3_weights_its_steps(tiny, monkeypatch):
         objective("positional", m, 3, decay=0.8)
 
 
+def test_its_passes_grow_from_one_to_seven_over_the_budget(tiny, tmp_path, monkeypatch):
+    """The ramp (FitDefaults.ramp): a CPU fit of hours trains depth 1 first, then on its own drafts up to EAGLE-3's
+    7 passes; at equal CPU on prefill-quick data it drafted better than 7 passes from the start (docs/methods.md)."""
+    from dataclasses import replace
+    from bpdbench.train import network, objectives
+    from tests.drafter_fixtures import tiny_prefill
+    model, tok, name, cache, _ = tiny
+    monkeypatch.setenv("BPDBENCH_CACHE", str(cache))
+    assert registry.get("eagle3").defaults.ramp and not registry.get("eagle").defaults.ramp
+    seen, real = [], objectives.Sequential.batch
+    monkeypatch.setattr(objectives.Sequential, "batch", lambda self, *a: seen.append(self.unroll) or real(self, *a))
+    network.train("eagle3", replace(network.PROFILES["ci"], steps=8, data=tiny_prefill()), name, model, tok,
+                  log=lambda m: None, out=tmp_path / "ramped")
+    assert seen == [1, 1, 2, 3, 4, 5, 6, 7]
+    report = json.loads((tmp_path / "ramped" / "report.json").read_text())
+    assert report["fit_config"]["ramp"] and report["family"]["ramp"]
+
+
 def test_it_trains_on_prefill_data_that_keeps_its_layers():
     from bpdbench.methods import trained
     from bpdbench.train import network
