@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..config import RunConfig
-from .keys import Kind, Method, artefacts as reads_of
+from .keys import Kind, Method, artefacts as reads_of, requirements
 from .heads import heads_data
 from .policy import builder, network_need
 
@@ -116,7 +116,7 @@ def nodes(cfg: RunConfig, methods: list[Method], heads_dtype: HeadsDtype) -> lis
         out.setdefault(a.id, a)
 
     def first_use(m: Method, need: str, needs: list[str]) -> None:
-        req = next((r for r in m.spec.needs(cfg.model, cfg) if r.what == need), None) if m.spec.needs else None
+        req = next((r for r in requirements(m, cfg) if r.what == need), None)
         if req is None or req.kind not in FIRST_USE:
             raise ValueError(f"{m.label} reads '{need}', which its needs do not list as an artefact its first use "
                              f"builds ({', '.join(FIRST_USE)}); give the requirement its kind (artefacts/keys.py)")
@@ -305,7 +305,7 @@ def _copy_report(a: Artefact) -> None:
 
 def _first_use_present(a: Artefact) -> bool:
     cfg, method = a.build_with[:2]
-    return all(r.ok for r in method.spec.needs(cfg.model, cfg) if r.what == a.detail)
+    return all(r.ok for r in requirements(method, cfg) if r.what == a.detail)
 
 
 def _make_first_use(a: Artefact, auto_train: bool, log: Log) -> None:

@@ -73,6 +73,13 @@ def artefacts(method: Method, cfg: RunConfig) -> tuple[ArtefactKey, ...]:
     return tuple(dict.fromkeys(own + nested))
 
 
+def requirements(method: Method, cfg: RunConfig) -> list[Requirement]:
+    """What a method's `needs` lists for the run's model, then what the methods inside it need (a fallback's tables
+    are built by the outer method's first use, which builds its fallback)."""
+    own = list(method.spec.needs(cfg.model, cfg)) if method.spec.needs else []
+    return own + [r for m in inner(method) for r in requirements(m, cfg)]
+
+
 def kinds(method: Method) -> frozenset[Kind]:
     """The kinds of artefact a method reads, whatever its values (the tables pick draft networks by it)."""
     return frozenset(r.kind for r in method.spec.artefacts).union(*(kinds(m) for m in inner(method)))

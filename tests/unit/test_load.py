@@ -1,4 +1,4 @@
-"""The results loader (report/load.py) on a small hand-made results tree: folders of two kinds, config.json read
+"""The results loader (report/load.py) on a small hand-made results tree: folders of two areas, config.json read
 once into typed fields, old method spellings coming back as current labels with their parsed Methods, and a folder
 without config.json kept as the tables always kept it."""
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from bpdbench.report import hardware, load, tables
 
 
-def folder(root, kind: str, name: str, rows: list[dict], file: str, config: dict | None = None):
-    d = root / kind / name
+def folder(root, area: str, name: str, rows: list[dict], file: str, config: dict | None = None):
+    d = root / area / name
     d.mkdir(parents=True)
     pd.DataFrame(rows).to_csv(d / file, index=False)
     if config is not None:
@@ -62,11 +62,11 @@ def test_config_is_read_once_into_typed_fields(results):
     assert (xsum.task, xsum.model, xsum.dtype, xsum.methods, xsum.config) == ("xsum", None, None, (), {})
 
 
-def test_kinds_stay_apart_and_folders_without_the_file_are_skipped(results):
+def test_areas_stay_apart_and_folders_without_the_file_are_skipped(results):
     assert [f.path.name for f in load.folders(results, "replay")] == ["cnn_dailymail", "squad", "xsum"]
     assert [f.path.name for f in load.folders(results, "replay", "replay.csv")] == ["squad", "xsum"]
     (speed,) = load.folders(results, "speed", "speed.csv")
-    assert (speed.kind, speed.repeats, [m.label for m in speed.methods]) == ("speed", 3,
+    assert (speed.area, speed.repeats, [m.label for m in speed.methods]) == ("speed", 3,
                                                                             ["ar", "bpd:threshold=0.4"])
     assert speed.read("speed.csv").method.tolist() == ["ar", "bpd:threshold=0.4"]
     assert load.rows(results, "oracle", "oracle.csv").empty and load.table(results, "oracle", "oracle.csv").empty
