@@ -353,7 +353,8 @@ KINDS: dict[str, KindSpec] = {
     "distill": KindSpec(1, _distill_path, _distill_present, _make_distill, lambda a: None, _distill_command),
     "heads": KindSpec(2, _heads_path, lambda a: (_heads_path(a) / "config.json").exists(), _make_heads,
                       lambda a: _heads_need(a).minutes, lambda a: _heads_need(a).command),
-    "rescorer": KindSpec(3, lambda a: _rescorer_path(a), lambda a: all(r.ok for r in _ready(a)), _make_rescorer,
+    "rescorer": KindSpec(3, lambda a: next((r.path for r in _ready(a)), None), lambda a: all(r.ok for r in _ready(a)),
+                         _make_rescorer,
                          lambda a: _rescorer_need(a).minutes, lambda a: _rescorer_need(a).command),
     "network": KindSpec(4, _network_path, _network_present, _make_network,
                         lambda a: network_need(a.model, *a.build_with[:2]).minutes,
@@ -368,10 +369,6 @@ KINDS: dict[str, KindSpec] = {
 }
 RANK = {kind: spec.rank for kind, spec in KINDS.items()}
 BUILT_BY_USE = FIRST_USE + ("network",)     # built one after another per model: each takes the cores
-
-
-def _rescorer_path(a: Artefact) -> Path | None:
-    return next((r.path for r in _ready(a)), None)
 
 
 def _ready(a: Artefact) -> list:
