@@ -7,7 +7,7 @@ PIP     := $(BIN)/python -m pip
 TORCH   ?= torch==2.13.0
 export BPDBENCH_CACHE ?= $(HOME)/.cache/bpdbench
 
-.PHONY: install kenlm chromium demo test test-heavy test-fast gpu-check regress regress-update reproduce heads-quick heads-full bench board model-1.5b clean
+.PHONY: install kenlm chromium demo test test-heavy test-fast gpu-check gpu-train regress regress-update reproduce heads-quick heads-full bench board model-1.5b clean
 
 $(BIN)/bpdbench: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -70,11 +70,25 @@ GPU_OUT    ?= results/gpu-check
 GPU_LOADS   = $(if $(GPU_SHAPES),$(BPDBENCH_CACHE)/random-weights,$(GPU_MODEL))
 gpu-check:
 	@$(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-check: torch ' + torch.__version__ + ' sees no CUDA device; run it where a GPU and a CUDA build of torch are')"
-	BPDBENCH_TEST_DEVICES=cpu,cuda $(GPU_PY) -m pytest -q -p no:cacheprovider tests/unit/test_device.py tests/unit/test_cache.py
+	BPDBENCH_TEST_DEVICES=cpu,cuda $(GPU_PY) -m pytest -q -p no:cacheprovider tests/unit/test_device.py tests/unit/test_cache.py \
+		tests/unit/test_fit_device.py
 	$(GPU_PY) -m bpdbench.experiments.devicecheck --out $(GPU_OUT) \
 		$(if $(GPU_SHAPES),--random-weights $(GPU_SHAPES) --save $(GPU_LOADS),--model $(GPU_MODEL))
 	$(GPU_PY) -m bpdbench.cli speed --task mt_bench --limit 2 --repeats 2 --max-new-tokens 64 --device cuda \
 		--dtype bfloat16 --model $(GPU_LOADS) --methods ar,pld,lookahead,recycling --out $(GPU_OUT)/speed
+
+# The bench profile's draft networks trained on a CUDA GPU, about 10 minutes: the teacher-forced prefill-bench data
+# (1M positions), then eagle3, hydra, medusa and BPD's heads, each fitting for its profile's device_seconds (100 s)
+# of wall clock from the same code as the CPU's 8,400 core-seconds. They land in the same cache folders the CPU
+# reads (`bpdbench cache`), so a CPU board that follows uses them; each report records the device and the clock.
+# Refuses in one line without CUDA. GPU_MODEL names the target (its weights must be installed where the GPU is).
+gpu-train:
+	@$(GPU_PY) -c "import sys, torch; torch.cuda.is_available() or sys.exit('make gpu-train: torch ' + torch.__version__ + ' sees no CUDA device; run it where a GPU and a CUDA build of torch are, or train on the CPU: bpdbench sweep grids/drafters-bench.toml')"
+	$(GPU_PY) -m bpdbench.cli distill-data --model $(GPU_MODEL) --profile prefill-bench --device cuda
+	$(GPU_PY) -m bpdbench.cli train-network eagle3 --model $(GPU_MODEL) --profile bench --device cuda
+	$(GPU_PY) -m bpdbench.cli train-network hydra --model $(GPU_MODEL) --profile bench --device cuda
+	$(GPU_PY) -m bpdbench.cli train-network medusa --model $(GPU_MODEL) --profile bench --device cuda
+	$(GPU_PY) -m bpdbench.cli train-heads --model $(GPU_MODEL) --profile bench --device cuda
 
 # CI regression of the numbers; `make regress-update` rewrites results/baseline.json (commit it).
 # `make regress BASELINE=other.json` checks against another file (tests/integration/test_regress.py shows a failing one).

@@ -2,8 +2,9 @@
 
 Each checks its flags (an unknown profile, name or device is one line before the base model loads) and calls one
 function of bpdbench.train. Every artefact is also built on first use by the command that needs it; these build one
-on purpose. `--device` is where the base model generates the greedy continuations (most of the cost: on a GPU, minutes
-become seconds); the fits run on the CPU, because their budgets are CPU time and they autocast on the CPU.
+on purpose. `--device` is where the base model makes the data (greedy continuations or teacher-forced passes) and
+where the fits run: on the CPU a fit's budget is core-seconds, on a GPU its profile's wall seconds (device_seconds),
+and the weights land in the same cache folder either way (`make gpu-train`).
 """
 from __future__ import annotations
 

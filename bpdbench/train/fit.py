@@ -53,6 +53,8 @@ class FitConfig:
     clock: str = "cpu"             # what `seconds` counts: "cpu" (core-seconds) or "wall" (the heads' recipe)
     ramp: bool = False             # a sequential objective's training-time passes grow from 1 to its `unroll`
                                    # over the budget (FitDefaults.ramp)
+    device: str = "cpu"            # where the model and each batch's arithmetic run (the data stays on the CPU:
+                                   # objectives.py moves each batch across); an accelerator's budget is wall-clock
 
 
 class Discriminator(nn.Module):
@@ -76,12 +78,21 @@ def soft_ce(pred: Pred, rows: DistillRows, lm_w: torch.Tensor, shortlist: torch.
     neg = shortlist[torch.randint(0, len(shortlist), (negatives,), generator=g)]
     cand, inv = torch.unique(torch.cat([tid.flatten(), neg]), return_inverse=True)
     pos = inv[: tid.numel()].view_as(tid)
-    logits = pred.z @ lm_w[cand].to(pred.z.dtype).T
+    dev = pred.z.device
+    logits = pred.z @ lm_w[cand.to(lm_w.device)].to(dev, pred.z.dtype).T
     logp = torch.log_softmax(logits.float(), -1)
     if pred.z.dim() == 3:                                                 # [h, B, C] -> [B, h, C], as the targets
         logp = logp.permute(1, 0, 2)
-    q = torch.softmax(ds.top_lp[pred.target], -1)
-    return -(q * logp.gather(-1, pos)).sum(-1)
+    q = torch.softmax(ds.top_lp[pred.target].to(dev), -1)
+    return -(q * logp.gather(-1, pos.to(dev))).sum(-1)
+
+
+def check_clock(c: FitConfig) -> None:
+    """An accelerator's fit is budgeted in wall seconds: the process's CPU time there counts the Python that queues
+    its kernels, not the work (a one-line ValueError before anything trains)."""
+    if c.device != "cpu" and c.seconds and c.clock != "wall":
+        raise ValueError(f"a fit on {c.device} counts wall seconds, not clock '{c.clock}'; give its profile's "
+                         f"accelerator budget (device_seconds) with clock='wall'")
 
 
 def work_clock() -> float:
@@ -99,7 +110,7 @@ def _load_state(state: Path | None, key: dict, log: Log) -> dict | None:
     if state is None or not state.is_file():
         return None
     try:
-        saved = torch.load(state, weights_only=False)
+        saved = torch.load(state, weights_only=False, map_location="cpu")   # load_state_dict puts it in place
     except Exception as e:              # noqa: BLE001 -- a torn file from a kill mid-write: start afresh
         log(f"  the saved fit state {state} is unreadable ({type(e).__name__}); starting afresh")
         return None
@@ -129,14 +140,16 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
     records (the learning curve: held-out top-1 per depth), never used to choose weights. `state`: where the fit's
     state is saved every `every` core-seconds (RESUME_EVERY) and resumed from when `state_key` (with the FitConfig) matches; the
     caller removes it once the result is saved."""
-    model = obj.model.train()
-    g = torch.Generator().manual_seed(c.seed)
+    check_clock(c)
+    dev = torch.device(c.device)
+    model = obj.model.to(dev).train()
+    g = torch.Generator().manual_seed(c.seed)           # draws batches on the CPU, where the data is
     torch.manual_seed(c.seed)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=c.lr, weight_decay=0.0)
-    disc = Discriminator(model.d if hasattr(model, "d") else lm_w.shape[1]) if c.adversarial else None
+    disc = Discriminator(model.d if hasattr(model, "d") else lm_w.shape[1]).to(dev) if c.adversarial else None
     opt_d = torch.optim.AdamW(disc.parameters(), lr=c.lr) if disc is not None else None
-    lm_b = lm_w.bfloat16() if c.bf16 else lm_w.float()
+    lm_b = (lm_w.bfloat16() if c.bf16 else lm_w.float()).to(dev)
     clock = CLOCKS[c.clock]
     passes = getattr(obj, "unroll", 1)      # the training-time passes the ramp grows to
     key = {"fit": asdict(c), **(state_key or {})}
@@ -152,6 +165,8 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
             opt_d.load_state_dict(saved["opt_d"])
         g.set_state(saved["g"])
         torch.set_rng_state(saved["torch"])
+        if dev.type == "cuda" and saved.get("cuda") is not None:
+            torch.cuda.set_rng_state(saved["cuda"], dev)
         step, stats, curve, best = saved["step"], saved["stats"], saved["curve"], saved["best"]
         spent, work_spent, wall_spent = saved["spent"], saved["work_spent"], saved["wall_spent"]
         log(f"  resuming the fit from {state} at step {step} ({work_spent:.0f} CPU-seconds done)")
@@ -161,7 +176,9 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
     def snapshot() -> dict:
         return {"key": key, "model": model.state_dict(), "opt": opt.state_dict(),
                 **({"disc": disc.state_dict(), "opt_d": opt_d.state_dict()} if disc is not None else {}),
-                "g": g.get_state(), "torch": torch.get_rng_state(), "step": step, "stats": stats, "curve": curve,
+                "g": g.get_state(), "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state(dev) if dev.type == "cuda" else None, "step": step, "stats": stats,
+                "curve": curve,
                 "best": best, "spent": clock() - c0, "work_spent": work_clock() - w0, "wall_spent": time.time() - t0}
 
     def check(done: float) -> None:
@@ -191,25 +208,27 @@ def fit(obj, rows: DistillRows, pool, lm_w: torch.Tensor, shortlist: torch.Tenso
             group["lr"] = lr
         if c.ramp:
             obj.unroll = min(passes, 1 + int(passes * done))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=c.bf16):
             pred = obj.batch(rows, pool, c.batch, c.greedy_weight, g)
             ce = soft_ce(pred, rows, lm_b, shortlist, c.negatives, g)
         w = pred.weight
         if w is None and obj.sequential:
             w = 1.0 + (c.greedy_weight - 1.0) * rows.greedy[pred.target].float()
+        w = None if w is None else w.to(ce.device)
         loss = ce.mean() if w is None else (ce * w).sum() / w.sum()
         stats = {"ce": float(loss.detach())}
         if pred.extra is not None:
             loss = loss + c.feature_weight * pred.extra
             stats["feature"] = float(pred.extra.detach())
         if disc is not None:
-            real = rows.ds.hidden[pred.target].float()
-            d_loss = (F.binary_cross_entropy_with_logits(disc(real), torch.ones(len(real)))
-                      + F.binary_cross_entropy_with_logits(disc(pred.fake.detach()), torch.zeros(len(real))))
+            real = rows.ds.hidden[pred.target].to(dev).float()
+            one, zero = torch.ones(len(real), device=dev), torch.zeros(len(real), device=dev)
+            d_loss = (F.binary_cross_entropy_with_logits(disc(real), one)
+                      + F.binary_cross_entropy_with_logits(disc(pred.fake.detach()), zero))
             opt_d.zero_grad()
             d_loss.backward()
             opt_d.step()
-            adv = F.binary_cross_entropy_with_logits(disc(pred.fake), torch.ones(len(real)))
+            adv = F.binary_cross_entropy_with_logits(disc(pred.fake), one)
             loss = loss + c.adversarial * adv
             stats.update(discriminator=float(d_loss.detach()), adversarial=float(adv.detach()))
         opt.zero_grad()

@@ -62,6 +62,8 @@ class HeadsProfile:
                                        # text); None: the profile's own greedy data (`data_budget`)
     clock: str = "wall"                # what `fit_seconds` counts: "wall", or "cpu" (core-seconds, train/fit.py: the
                                        # same fit on a machine shared with other work)
+    device_seconds: float | None = None  # the fit's wall seconds on an accelerator (--device cuda); None: `steps`,
+                                       # else fit_seconds (train/network.py PROFILES says why bench's is 100)
 
 
 # Why sizes in greedy positions: acceptance grows steadily with greedy data (head-1 top-1 0.20 -> 0.25 from 8k to 16k
@@ -80,14 +82,14 @@ class HeadsProfile:
 # (results/calibration/), against 1.14 and ~2.7 for 16 rows, so 64 rows make 1.8-2x the greedy positions per second.
 PROFILES = named({
     "quick": HeadsProfile(n_prompts=1024, gen_tokens=128, steps=0, max_prompt_tokens=64, greedy_positions=16000,
-                     fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
+                     fit_seconds=150, bf16_fit=True, eval_fraction=0.1, batch_gen=64, device_seconds=30),
     "full": HeadsProfile(n_prompts=4096, gen_tokens=128, steps=0, max_prompt_tokens=192, greedy_positions=42000,
-                    fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64),
+                    fit_seconds=660, bf16_fit=True, eval_fraction=0.1, batch_gen=64, device_seconds=120),
     "ci": HeadsProfile(n_prompts=16, gen_tokens=32, steps=60, batch_gen=8, gen_dtype="float32"),
     # bench: the draft networks' bench data and budget (train/network.py PROFILES["bench"]: 8,400 core-seconds on
     # "prefill-bench", teacher-forced text), so BPD's heads and the networks are compared at one training budget
     "bench": HeadsProfile(n_prompts=0, gen_tokens=0, steps=0, data="prefill-bench", fit_seconds=8400, clock="cpu",
-                          bf16_fit=True)})
+                          bf16_fit=True, device_seconds=100)})
 
 
 def heads_dir(model: str, profile: str) -> Path:
@@ -125,19 +127,23 @@ def data_budget(p: HeadsProfile) -> distill.Budget:
                           states="made", name=f"heads-{p.name}")
 
 
-def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist, p: HeadsProfile, log
-        ) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist, p: HeadsProfile, log,
+        device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor, dict]:
     """The heads' settings of the one fit loop (train/fit.py) on sequences `seqs` of `ds`: sampled-softmax
     distillation (objectives.Packed: each step scores every head on the union of the batch's teacher top-k ids plus
     random shortlist negatives; the other heads' targets are the hard negatives; per-head candidate sets were 2.5x
     cheaper but lost 0.025 head-1 top-1), greedy rows `greedy_weight` times as likely, steps counted (`steps`) or a
     wall-clock budget (`fit_seconds`), no clipping and no checkpoint selection: the recipe the heads were first
-    fitted with (RECIPE). Returns the packed weights [h, d, d], [h, d] and the fit's statistics."""
+    fitted with (RECIPE). On an accelerator (`device`) the budget is the profile's device_seconds of wall clock, in
+    bf16. Returns the packed weights [h, d, d], [h, d] (on the CPU) and the fit's statistics."""
     obj = objectives.Packed(objectives.PackedHeads(ds.d, p.num_heads))
     cfg = FitConfig(p.fit_seconds, p.steps, p.lr, p.batch_positions, negatives=p.negatives,
                     greedy_weight=p.greedy_weight, bf16=p.bf16_fit, seed=p.seed, clip=None, clock=p.clock)
+    if device != "cpu":
+        cfg = replace(cfg, seconds=p.device_seconds if p.fit_seconds else None, bf16=True, clock="wall",
+                      device=device)
     stats = fit_loop(obj, objectives.DistillRows.of(ds), ds.rows(seqs), lm_w, shortlist, cfg, log)
-    return obj.model.w.detach(), obj.model.b.detach(), stats
+    return obj.model.w.detach().cpu(), obj.model.b.detach().cpu(), stats
 
 
 @torch.no_grad()
@@ -167,7 +173,7 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
           out: Path | None = None, device: str | None = None) -> Path:
     """Train heads with a named profile and save them (Medusa-1 layout) with their agreement report. `profile`: a
     name in PROFILES, or a HeadsProfile used as given (its name names the folder and the report's profile); `device`:
-    where the base generates the greedy continuations (greedy.device_for; the fit runs on the CPU)."""
+    where the base generates the greedy continuations (greedy.device_for) and the fit runs (`fit`)."""
     p = resolve(profile, PROFILES)
     name = p.name
     out = out or heads_dir(model_name, name)
@@ -188,7 +194,7 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
     rows = ds.rows(train_seqs)
     greedy = int(ds.greedy_mask()[rows].sum())
     log(f"  {len(rows)} training positions ({greedy} greedy), shortlist {len(shortlist)}")
-    w, b, stats = fit(lm_w, ds, train_seqs, shortlist, p, log)
+    w, b, stats = fit(lm_w, ds, train_seqs, shortlist, p, log, device)
     meta = ds.meta
     report = {"profile": name, "recipe": RECIPE, "prompts_used": meta["sequences"], "train_positions": len(rows),
               "greedy_positions": greedy,
@@ -197,6 +203,7 @@ def train(model_name: str, profile: str | HeadsProfile, model=None, tok=None, lo
                                    ds.greedy_mask()[ds.rows(held)]), "fit": stats,
               **settings(p),
               "gen_dtype": meta["dtype"], "gen_dtype_reason": meta["dtype_reason"], "gen_device": meta["environment"]["device"],
+              "fit_device": device,
               "generated_greedy_positions": meta["greedy_positions"],
               "truncated_by_time": meta.get("truncated_by_time", False),
               "expected_generation_seconds": meta.get("expected_generation_seconds"),

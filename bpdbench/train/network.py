@@ -46,6 +46,8 @@ class NetworkProfile:
     shortlist: int = 16384         # drafting vocabulary: the data's most frequent ids
     seed: int = 0
     name: str = ""                 # the drafter's folder and the report's profile (PROFILES: its key)
+    device_seconds: float | None = None   # the fit's wall-clock budget on an accelerator (--device cuda), where
+                                   # core-seconds count the Python that queues kernels; None: `steps`
 
 
 # quick: the data (about 250 s of two idle cores, once for every drafter) plus a fit of 480 core-seconds (four
@@ -53,8 +55,11 @@ class NetworkProfile:
 # bench: about 2 hours of 2 cores for the first network: its teacher-forced data (train/prefill.BUDGETS
 # "prefill-bench": 1M positions at ~340 positions/s, ~49 minutes, shared by every network) plus a fit of 8,400
 # core-seconds (70 minutes of two cores); each further network costs its fit only.
-PROFILES = named({"quick": NetworkProfile("quick", 480.0), "full": NetworkProfile("full", 3600.0),
-                  "bench": NetworkProfile("prefill-bench", 8400.0),
+# On an accelerator (`make gpu-train`) the same profiles fit for device_seconds of wall clock: bench's 100 s per
+# network keep its data and four fits (eagle3, hydra, medusa, BPD heads) within 10 minutes of one GPU.
+PROFILES = named({"quick": NetworkProfile("quick", 480.0, device_seconds=30.0),
+                  "full": NetworkProfile("full", 3600.0, device_seconds=120.0),
+                  "bench": NetworkProfile("prefill-bench", 8400.0, device_seconds=100.0),
                   "ci": NetworkProfile("ci", None, steps=12, depth=3, shortlist=4096)})
 
 
@@ -110,7 +115,8 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     """Train, score on the held-out sequences, save (config.json, weights, shortlist, rank, report.json).
     `profile`: a name in PROFILES, or a NetworkProfile used as given (its name names the folder and the report's profile;
     its data, a budget name or a distill.Budget); `lr`: the family's learning rate unless given; `device`: where
-    missing distillation data is generated (the fit itself runs on the CPU, whose time its budget is counted in)."""
+    missing distillation data is made and the fit runs (the profile's core-seconds on the CPU, its device_seconds
+    of wall clock elsewhere: fit_config). The weights are saved from the CPU, the same artefact either way."""
     name, asked = split_saved(name)
     adversarial = adversarial or asked
     saved = check(name, profile, adversarial)
@@ -126,7 +132,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     embed, lm_w = _base_weights(model_name, model)
     shortlist = ds.shortlist(p.shortlist)             # EOS ranks first in the data's ranking
     drafter = net.build(ds.d, p.depth, int(ds.meta.get("base_layers") or 0))
-    drafter.emb = embed
+    drafter.emb = embed                               # stays on the CPU: objectives._emb moves each batch's rows
     drafter.emb_scale = _emb_scale(ds, embed)
     n_params = drafter.n_params()
     obj = objective(net.objective, drafter, p.depth, fam.unroll, fam.noise, fam.decay)
@@ -135,13 +141,11 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     val = train_seqs[::VAL_EVERY]                   # checkpoint selection only; never the reported held-out
     train_seqs = [q for i, q in enumerate(train_seqs) if i % VAL_EVERY]
     pool = train_seqs if obj.sequential else ds.rows(train_seqs)
-    proj = lm_w[shortlist].float()
+    cfg = fit_config(p, fam, adversarial, device)
+    proj = lm_w[shortlist].float().to(cfg.device)
     log(f"training {saved} ({n_params / 1e6:.1f}M trainable parameters, depth {p.depth}) on '{data}' data: "
         f"{len(train_seqs)} sequences, {int(rows.greedy.sum())} greedy rows in all, shortlist {len(shortlist)}, "
         f"{torch.get_num_threads()} threads, load {load0:.1f}")
-    from ..hardware.dtype import choose as fast_dtype
-    cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, bf16=fast_dtype().dtype == "bfloat16",
-                    feature_weight=fam.feature_weight, adversarial=adversarial, seed=p.seed, ramp=fam.ramp)
     score = lambda: agreement(obj, rows, val, proj, shortlist, topk=1)["expected_tokens_per_step"]  # noqa: E731
     curve_seqs = held[:CURVE_SEQUENCES]
     monitor = lambda: {"heldout_top1": agreement(obj, rows, curve_seqs, proj, shortlist, topk=1)["top1"]}  # noqa: E731
@@ -153,6 +157,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
                 monitor=monitor if curve_seqs else None, state=state, state_key=key)
     drafter.eval()
     heldout = agreement(obj, rows, held, proj, shortlist)
+    drafter.to("cpu")
     seconds = time.time() - t0
     report = {"drafter": drafter.type_name, "name": saved, "profile": p.name, "model": model_name,
               "trainable_parameters": n_params, "emb_scale": drafter.emb_scale, "shortlist": len(shortlist),
@@ -168,7 +173,7 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
               | {"path": str(data_path(model_name, data)), "heldout_sequences": len(held),
                  "train_sequences": len(train_seqs), "validation_sequences": len(val)},
               "load_average": {"start": round(load0, 2), "end": round(os.getloadavg()[0], 2)},
-              "environment": environment(torch.get_num_threads(), "cpu", "float32"),
+              "environment": environment(torch.get_num_threads(), cfg.device, "float32"),
               "seen": distill.seen_of(ds.meta),
               # what one fit sample is, in positions (the learning curve's x: samples seen times this)
               "positions_per_sample": round(len(ds.rows(train_seqs)) / max(len(train_seqs), 1), 2)
@@ -191,6 +196,19 @@ def train(name: str, profile: str | NetworkProfile, model_name: str, model=None,
     if warning:
         log(f"WARNING: {warning}; recorded in {out / 'report.json'} and every run that uses this drafter")
     return out
+
+
+def fit_config(p: NetworkProfile, fam, adversarial: float, device: str | None) -> FitConfig:
+    """The fit's settings on `device` (None: the CPU): core-seconds and the CPU's fast dtype there, wall seconds
+    and bf16 autocast on an accelerator."""
+    dev = models.resolve_device(device or "cpu")
+    if dev == "cpu":
+        from ..hardware.dtype import choose as fast_dtype
+        budget, bf16, clock = p.cpu_seconds, fast_dtype().dtype == "bfloat16", "cpu"
+    else:
+        budget, bf16, clock = p.device_seconds, True, "wall"
+    return FitConfig(budget, p.steps, fam.lr, fam.batch, bf16=bf16, feature_weight=fam.feature_weight,
+                     adversarial=adversarial, seed=p.seed, ramp=fam.ramp, clock=clock, device=dev)
 
 
 def _emb_scale(ds: distill.DistillData, embed: torch.Tensor) -> float:

@@ -77,8 +77,14 @@ def _greedy_chain(rows: DistillRows, first: torch.Tensor, depth: int) -> torch.T
 
 def _emb(model, ids: torch.Tensor) -> torch.Tensor:
     """The base's frozen embeddings of `ids`, in float32 (the trainable weights' dtype; autocast casts per op), at
-    the hidden states' scale (DraftModel.emb_scale)."""
-    return model.emb[ids].float() * model.emb_scale
+    the hidden states' scale (DraftModel.emb_scale), on the model's device."""
+    return model.emb[ids.to(model.emb.device)].to(_device(model)).float() * model.emb_scale
+
+
+def _device(model: nn.Module) -> torch.device:
+    """Where the model runs (train/fit.py puts it there): the data stays on the CPU, and each batch's inputs cross
+    here, so the batch draws and the cache's tensors never have to live on an accelerator."""
+    return next(model.parameters()).device
 
 
 class Positional:
@@ -95,14 +101,15 @@ class Positional:
         ds, D, m = rows.ds, self.depth, self.model
         valid = _valid(rows, r, D)
         idx = (r[:, None] + torch.arange(D)[None]).clamp(max=ds.hidden.shape[0] - 1)
-        return m.teacher_states(rows.feats[r].float(), _emb(m, ds.next_ids[idx])), valid
+        return m.teacher_states(rows.feats[r].to(_device(m)).float(), _emb(m, ds.next_ids[idx])), valid
 
     def batch(self, rows: DistillRows, pool: torch.Tensor, n: int, weight: float, g: torch.Generator) -> Pred:
         r = base_rows(rows, pool, n, weight, g)
         z, valid = self.predict(rows, r)
         target = r[:, None] + torch.arange(1, self.depth + 1)[None]
         depth = torch.arange(1, self.depth + 1)[None].expand_as(target)
-        return Pred(z[valid], target[valid], depth[valid], fake=z[valid])
+        zv = z[valid.to(z.device)]
+        return Pred(zv, target[valid], depth[valid], fake=zv)
 
     def evaluate(self, rows: DistillRows, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """States [n, depth, d], gold token ids [n, depth], validity, at every greedy row of `seqs`."""
@@ -150,7 +157,7 @@ class Packed:
         end = rows.end[r][:, None]
         target = r[:, None] + 1 + torch.arange(self.depth)[None]
         valid = target < end
-        z = self.model(rows.ds.hidden[r].float())
+        z = self.model(rows.ds.hidden[r].to(_device(self.model)).float())
         return Pred(z, torch.minimum(target, end - 1), (target - r[:, None]), weight=valid)
 
 
@@ -182,7 +189,7 @@ class Sequential:
 
     def features(self, rows: DistillRows, safe: torch.Tensor, train: bool) -> torch.Tensor:
         """The model's input features at rows `safe`, with the training noise (relative to their RMS) when set."""
-        feat = rows.feats[safe].float()
+        feat = rows.feats[safe].to(_device(self.model)).float()
         if train and self.noise:
             feat = feat + self.noise * feat.pow(2).mean(-1, keepdim=True).sqrt() * torch.randn_like(feat)
         return feat
@@ -208,9 +215,9 @@ class Sequential:
         preds, extra = [], []
         for p, z in enumerate(zs, 1):
             target, ok = self._targets(rows, safe, valid, p, eagle)
-            preds.append((z[ok], target[ok], torch.full((int(ok.sum()),), p)))
+            preds.append((z[ok.to(z.device)], target[ok], torch.full((int(ok.sum()),), p)))
             if eagle:
-                real = rows.ds.hidden[target[ok]].float()
+                real = rows.ds.hidden[target[ok]].to(z.device).float()
                 extra.append(torch.nn.functional.smooth_l1_loss(z[ok].float(), real))
         z = torch.cat([a for a, _, _ in preds])
         target, depth = torch.cat([b for _, b, _ in preds]), torch.cat([c for _, _, c in preds])
@@ -241,7 +248,7 @@ class Sequential:
                 gold.append(rows.gold[tgt])
                 ok.append(base & chain[..., p - 1] & (torch.arange(n)[None] + p < valid.sum(1, keepdim=True)))
             keep = base
-            zs_all.append(torch.stack(z_rows, 2)[keep])
+            zs_all.append(torch.stack(z_rows, 2)[keep.to(zs[0].device)])
             gold_all.append(torch.stack(gold, 2)[keep])
             ok_all.append(torch.stack(ok, 2)[keep])
         return torch.cat(zs_all), torch.cat(gold_all), torch.cat(ok_all)
@@ -253,9 +260,9 @@ class Unrolled(Sequential):
     shifted = True
 
     def states(self, rows: DistillRows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
-        ds, m = rows.ds, self.model
-        return m.unrolled(self.features(rows, safe, train), _emb(m, ds.next_ids[safe]), ds.positions[safe], valid,
-                          self.unroll if train else self.depth)
+        ds, m, dev = rows.ds, self.model, _device(self.model)
+        return m.unrolled(self.features(rows, safe, train), _emb(m, ds.next_ids[safe]), ds.positions[safe].to(dev),
+                          valid.to(dev), self.unroll if train else self.depth)
 
 
 class Prefixed(Sequential):
@@ -263,8 +270,8 @@ class Prefixed(Sequential):
 
     def states(self, rows: DistillRows, safe: torch.Tensor, valid: torch.Tensor, train: bool) -> list[torch.Tensor]:
         from ..nets.layers import causal_mask
-        ds, m, D = rows.ds, self.model, self.depth
-        base = m.prefix(self.features(rows, safe, train), ds.positions[safe], causal_mask(valid))
+        ds, m, D, dev = rows.ds, self.model, self.depth, _device(self.model)
+        base = m.prefix(self.features(rows, safe, train), ds.positions[safe].to(dev), causal_mask(valid.to(dev)))
         idx = (safe[..., None] + torch.arange(D)).clamp(max=ds.hidden.shape[0] - 1)
         embs = _emb(m, ds.next_ids[idx])                  # [B, n, D, d]
         return [m.head(i, base, embs[..., : i + 1, :]) for i in range(D)]
@@ -301,7 +308,7 @@ def agreement(obj, rows: DistillRows, seqs: list[int], proj: torch.Tensor, short
         return {"top1": zero, f"top{topk}": zero, "chain": zero, "expected_tokens_per_step": 1.0, "positions": 0}
     # In chunks of rows: the full profile's held-out logits at once are 14k rows x 5 depths x 16k ids = 4.6 GB, and
     # two trainers side by side were killed for memory on a 24 GB machine.
-    top = torch.cat([(c.to(proj.dtype) @ proj.T).topk(topk, -1).indices for c in z.split(1024)])
+    top = torch.cat([(c.to(proj.device, proj.dtype) @ proj.T).topk(topk, -1).indices.cpu() for c in z.split(1024)])
     top = shortlist[top] if shortlist is not None else top
     hit1 = (top[..., 0] == gold) & ok
     hitk = (top == gold[..., None]).any(-1) & ok
