@@ -205,6 +205,10 @@ def git_ignored(root: Path, folders: list[Path]) -> set[Path]:
 # `$BPDBENCH_CACHE/<rest>`; anywhere else, `<outside>/<name>` (plus `#sha256=<16 hex>` of a file's content, so a
 # reader can still tell which file it was). Old folders recorded absolute paths; `resolve` reads both forms.
 CACHE_TOKEN, OUTSIDE, HASH = "$BPDBENCH_CACHE", "<outside>", "#sha256="
+# In place of the 16 hex digits: the artefact was not in the cache when the result was written (ABSENT), or the result
+# was written before results recorded hashes and was marked so later (UNRECORDED: its artefacts were built on other
+# machines and are not here to hash; writing this machine's hashes would be a false record).
+ABSENT, UNRECORDED = "absent", "unrecorded"
 _ABSOLUTE = re.compile(r"^(?:/|~/|[A-Za-z]:[\\/])")
 
 

@@ -276,13 +276,14 @@ def datastore_index(env, profile: str) -> tuple[SuffixIndex, dict]:
 
 def needs(model: str, what: tuple[str, ...], profile: str = "quick") -> list[Requirement]:
     """What `bpdbench methods` shows (missing indexes are built on first use)."""
-    from .tables import needs as table_needs
+    from .tables import FIRST_USE_MINUTES, needs as table_needs
     out = []
     if "corpus" in what:
         path = corpus_file(model)
-        out.append(Requirement("corpus suffix index", path.exists(), "suffix-index", path))
+        out.append(Requirement("corpus suffix index", path.exists(), "suffix-index", path, FIRST_USE_MINUTES))
     if "datastore" in what:
-        out += table_needs(model, ("history",), profile)
+        out += table_needs(model, ("history",), profile)          # the history's own minutes, beside this
         path = datastore_file(model, profile)
-        out.append(Requirement(f"corpus + history ({profile}) suffix index", path.exists(), "suffix-index", path))
+        out.append(Requirement(f"corpus + history ({profile}) suffix index", path.exists(), "suffix-index", path,
+                               FIRST_USE_MINUTES))
     return out

@@ -77,8 +77,9 @@ def content_hash(path: Path) -> str | None:
 
 def with_content_hashes(tree):
     """A result's JSON with every artefact it names in the cache (`$BPDBENCH_CACHE/<key>`, paths.portable) followed
-    by its content hash (`#sha256=<16 hex>`): which weights, tables or curves a number was made with, not only where
-    they lay. Resume and finished checks compare without it (paths.comparable)."""
+    by its content hash (`#sha256=<16 hex>`; `#sha256=absent` where nothing is there): which weights, tables or
+    curves a number was made with, not only where they lay. Resume and finished checks compare without it
+    (paths.comparable)."""
     from .. import paths
     if isinstance(tree, dict):
         return {k: with_content_hashes(v) for k, v in tree.items()}
@@ -86,7 +87,9 @@ def with_content_hashes(tree):
         return [with_content_hashes(v) for v in tree]
     if isinstance(tree, str) and tree.startswith(paths.CACHE_TOKEN + "/") and paths.HASH not in tree:
         where = paths.resolve(tree)
-        found = content_hash(where) if where is not None else None
+        if where is None or not where.exists():         # named, but not there: said, not left to look like a place
+            return f"{tree}{paths.HASH}{paths.ABSENT}"
+        found = content_hash(where)
         return f"{tree}{paths.HASH}{found[:16]}" if found else tree
     return tree
 
