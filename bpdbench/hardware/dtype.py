@@ -30,25 +30,30 @@ class DtypeChoice:
         return asdict(self)
 
 
-def probe(rows: int = PROBE_ROWS, shape: tuple[int, int] = PROBE_SHAPE, repeats: int = 20) -> float:
-    """Median time ratio bfloat16 / float32 of a [rows, d] x [d, f] matmul on the CPU (> 1: bf16 is slower)."""
+def probe(rows: int = PROBE_ROWS, shape: tuple[int, int] = PROBE_SHAPE, repeats: int = 40) -> float:
+    """Median over laps of the time ratio bfloat16 / float32 of a [rows, d] x [d, f] matmul on the CPU (> 1: bf16
+    is slower). Why each lap times both, in alternating order: timed one dtype after the other, a neighbour's load
+    that came or went between them set the ratio (four probes on one AVX2 machine beside a job: 2.77, 0.66, 0.82,
+    1.76), and the first probe's choice is kept for the machine."""
     import torch
 
     d, f = shape
     g = torch.Generator().manual_seed(0)
-    times = {}
-    for dt in (torch.float32, torch.bfloat16):
-        x = torch.randn(rows, d, generator=g).to(dt)
-        w = torch.randn(f, d, generator=g).to(dt)
+    pairs = {dt: (torch.randn(rows, d, generator=g).to(dt), torch.randn(f, d, generator=g).to(dt))
+             for dt in (torch.float32, torch.bfloat16)}
+    for x, w in pairs.values():
         for _ in range(3):
             torch.nn.functional.linear(x, w)
-        laps = []
-        for _ in range(repeats):
+    ratios = []
+    for lap in range(repeats):
+        took = {}
+        for dt in (list(pairs) if lap % 2 else list(pairs)[::-1]):
+            x, w = pairs[dt]
             t0 = time.perf_counter()
             torch.nn.functional.linear(x, w)
-            laps.append(time.perf_counter() - t0)
-        times[dt] = sorted(laps)[len(laps) // 2]
-    return times[torch.bfloat16] / times[torch.float32]
+            took[dt] = time.perf_counter() - t0
+        ratios.append(took[torch.bfloat16] / took[torch.float32])
+    return sorted(ratios)[len(ratios) // 2]
 
 
 def decide(fp: Fingerprint, ratio: float | None) -> DtypeChoice:
@@ -63,7 +68,8 @@ def decide(fp: Fingerprint, ratio: float | None) -> DtypeChoice:
         return DtypeChoice("bfloat16" if fp.bf16_native else "float32",
                            f"CPU flags: {flags} (no probe)")
     if ratio < 0.8 or (fp.bf16_native and ratio <= 1.5):   # emulated bf16 must be clearly faster to be chosen
-        return DtypeChoice("bfloat16", f"bfloat16 is native here ({flags}): a {PROBE_ROWS}-row matmul costs "
+        how = "native" if fp.bf16_native else "emulated but faster"
+        return DtypeChoice("bfloat16", f"bfloat16 is {how} here ({flags}): a {PROBE_ROWS}-row matmul costs "
                                        f"{ratio:.2f}x float32's", ratio)
     return DtypeChoice("float32", f"bfloat16 is emulated here ({flags}): a {PROBE_ROWS}-row matmul costs "
                                   f"{ratio:.1f}x float32's, so verifying a block in bfloat16 would cost several "

@@ -35,6 +35,8 @@ def test_bf16_cpu_gets_bfloat16():
     assert choice.dtype == "bfloat16" and "avx512_bf16" in choice.reason
     assert auto.decide(BF16, ratio=1.2).dtype == "bfloat16"      # native units: within noise of fp32 still wins
     assert auto.decide(AVX2, ratio=1.2).dtype == "float32"       # emulated: must be clearly faster to be chosen
+    faster = auto.decide(AVX2, ratio=0.7)                         # half the bytes of weights can win unaided
+    assert faster.dtype == "bfloat16" and "emulated but faster" in faster.reason and "native" not in faster.reason
 
 
 def test_flags_decide_without_a_probe_and_gpus_by_capability():
