@@ -248,10 +248,10 @@ def _make_distill(a: Artefact, auto_train: bool, log: Log) -> None:
     builder("distill")(a.model, a.detail, log=log)
 
 
-def _distill_command(a: Artefact) -> str:
+def _distill_command(a: Artefact) -> str:     # no minutes of its own: its reader's count them
     if a.detail.startswith("heads-"):
-        return f"bpdbench train-heads --profile {a.detail[len('heads-'):]}, its first step"
-    return f"bpdbench distill-data --profile {a.detail}"
+        return f"bpdbench train-heads --profile {a.detail[len('heads-'):]}, its first step, in its minutes"
+    return f"bpdbench distill-data --profile {a.detail}; in the minutes of the first network that reads it"
 
 
 def _heads_path(a: Artefact) -> Path:

@@ -171,7 +171,7 @@ def test_every_kind_is_declared_once_and_the_dry_run_says_what_building_costs(tm
     assert sorted(graph.RANK, key=graph.RANK.get) == ["model", "distill", "heads", "rescorer", "network", "table",
                                                       "history", "suffix-index", "calibration"]
     data = graph.Artefact("distill", "tiny/m", "heads-quick")
-    assert graph.describe(data) == (f"to build (bpdbench train-heads --profile quick, its first step) into "
+    assert graph.describe(data) == (f"to build (bpdbench train-heads --profile quick, its first step, in its minutes) into "
                                     f"{paths.distill_dir('tiny/m', 'heads-quick')}")
     heads = graph.Artefact("heads", "tiny/m", "quick")
     assert graph.describe(heads) == (f"to build, about 10 min (bpdbench train-heads --profile quick) into "
