@@ -215,10 +215,11 @@ class Sequential:
         preds, extra = [], []
         for p, z in enumerate(zs, 1):
             target, ok = self._targets(rows, safe, valid, p, eagle)
-            preds.append((z[ok.to(z.device)], target[ok], torch.full((int(ok.sum()),), p)))
+            kept = z[ok.to(z.device)]
+            preds.append((kept, target[ok], torch.full((int(ok.sum()),), p)))
             if eagle:
                 real = rows.ds.hidden[target[ok]].to(z.device).float()
-                extra.append(torch.nn.functional.smooth_l1_loss(z[ok].float(), real))
+                extra.append(torch.nn.functional.smooth_l1_loss(kept.float(), real))
         z = torch.cat([a for a, _, _ in preds])
         target, depth = torch.cat([b for _, b, _ in preds]), torch.cat([c for _, _, c in preds])
         # EAGLE-3 weights pass p's loss decay^(p-1); the greedy weighting the fit applies otherwise stays
