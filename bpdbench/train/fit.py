@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -93,6 +93,15 @@ def check_clock(c: FitConfig) -> None:
     if c.device != "cpu" and c.seconds and c.clock != "wall":
         raise ValueError(f"a fit on {c.device} counts wall seconds, not clock '{c.clock}'; give its profile's "
                          f"accelerator budget (device_seconds) with clock='wall'")
+
+
+def on_device(c: FitConfig, device: str, device_seconds: float | None) -> FitConfig:
+    """A CPU recipe moved to an accelerator, one rule for every trained thing: its budget becomes the profile's
+    wall seconds there (a counted-steps recipe stays counted), in bf16 autocast, which every GPU the fit supports
+    runs natively; on the CPU the recipe is returned as it is."""
+    if device == "cpu":
+        return c
+    return replace(c, seconds=device_seconds if c.seconds else None, bf16=True, clock="wall", device=device)
 
 
 def work_clock() -> float:

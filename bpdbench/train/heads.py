@@ -24,7 +24,7 @@ from .. import paths
 from ..store import seal
 from ..nets.heads import Heads, HeadsInfo, save
 from . import distill, objectives
-from .fit import FitConfig
+from .fit import FitConfig, on_device
 from .fit import fit as fit_loop
 from .greedy import base_on, device_for
 from .pacing import quality_warning, resolve_dtype
@@ -139,9 +139,7 @@ def fit(lm_w: torch.Tensor, ds: distill.DistillData, seqs: list[int], shortlist,
     obj = objectives.Packed(objectives.PackedHeads(ds.d, p.num_heads))
     cfg = FitConfig(p.fit_seconds, p.steps, p.lr, p.batch_positions, negatives=p.negatives,
                     greedy_weight=p.greedy_weight, bf16=p.bf16_fit, seed=p.seed, clip=None, clock=p.clock)
-    if device != "cpu":
-        cfg = replace(cfg, seconds=p.device_seconds if p.fit_seconds else None, bf16=True, clock="wall",
-                      device=device)
+    cfg = on_device(cfg, device, p.device_seconds)
     stats = fit_loop(obj, objectives.DistillRows.of(ds), ds.rows(seqs), lm_w, shortlist, cfg, log)
     return obj.model.w.detach().cpu(), obj.model.b.detach().cpu(), stats
 

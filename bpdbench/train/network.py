@@ -28,7 +28,7 @@ from ..nets import registry as networks
 from ..nets.checkpoint import save
 from . import distill, prefill
 from .data import data_path, is_prefill, load_data
-from .fit import FitConfig, fit
+from .fit import FitConfig, fit, on_device
 from .objectives import DistillRows, agreement, objective
 from .pacing import quality_warning
 from .profiles import name_of, named, resolve, settings
@@ -202,13 +202,11 @@ def fit_config(p: NetworkProfile, fam, adversarial: float, device: str | None) -
     """The fit's settings on `device` (None: the CPU): core-seconds and the CPU's fast dtype there, wall seconds
     and bf16 autocast on an accelerator."""
     dev = models.resolve_device(device or "cpu")
-    if dev == "cpu":
-        from ..hardware.dtype import choose as fast_dtype
-        budget, bf16, clock = p.cpu_seconds, fast_dtype().dtype == "bfloat16", "cpu"
-    else:
-        budget, bf16, clock = p.device_seconds, True, "wall"
-    return FitConfig(budget, p.steps, fam.lr, fam.batch, bf16=bf16, feature_weight=fam.feature_weight,
-                     adversarial=adversarial, seed=p.seed, ramp=fam.ramp, clock=clock, device=dev)
+    from ..hardware.dtype import choose as fast_dtype
+    bf16 = dev != "cpu" or fast_dtype().dtype == "bfloat16"      # a GPU fit never probes the CPU's dtype
+    cfg = FitConfig(p.cpu_seconds, p.steps, fam.lr, fam.batch, bf16=bf16, feature_weight=fam.feature_weight,
+                    adversarial=adversarial, seed=p.seed, ramp=fam.ramp, clock="cpu")
+    return on_device(cfg, dev, p.device_seconds)
 
 
 def _emb_scale(ds: distill.DistillData, embed: torch.Tensor) -> float:

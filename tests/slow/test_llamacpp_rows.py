@@ -45,15 +45,3 @@ def test_llamacpp_and_its_prompt_lookup_decode_the_same_tokens(llamacpp_runtime)
     assert int(one.argmax()) == greedy.tokens[5] and block is not None
     assert abs(tf - one).max() < 5.0 and abs(block - one).max() < 5.0
 
-
-def test_the_prompt_lookup_takes_a_prompt_longer_than_a_batch(llamacpp_runtime):
-    """llama-cpp-python sizes its logits buffer by its `logits_all` argument (n_batch = 512 rows without it) but turns
-    every row's logits on itself when a draft model is given: a RAG or summarization prompt past 512 tokens failed in
-    the prefill until the argument was given (methods/llamacpp.py: _build)."""
-    from bpdbench.experiments.session import open_session
-    cfg = RunConfig(task="spec_bench", limit=1, max_new_tokens=8, max_prompt_tokens=768, threads=2)
-    plan = prepare(cfg, "speed", "llamacpp,llamacpp-pld")
-    s = open_session(plan, log=print)
-    fns, _ = speed.decoders(s, list(plan.methods), print)
-    prompt = (s.prompt(s.examples[0]) * 40)[:700]
-    assert fns["llamacpp-pld"](prompt, 0).tokens == fns["llamacpp"](prompt, 0).tokens

@@ -14,7 +14,7 @@ import torch
 
 from bpdbench.nets.checkpoint import load
 from bpdbench.train import distill, heads, network
-from bpdbench.train.fit import FitConfig, check_clock
+from bpdbench.train.fit import FitConfig, check_clock, on_device
 from tests.drafter_fixtures import tiny_prefill
 from tests.unit.test_device import DEVICES
 from tests.unit.test_drafters import tiny  # noqa: F401 (the trained tiny drafters, one fixture)
@@ -87,3 +87,9 @@ def test_an_accelerators_fit_counts_wall_seconds():
     assert heads.PROFILES["bench"].device_seconds == bench.device_seconds   # compared at one budget, as on the CPU
     cfg = network.fit_config(bench, network.networks.get("eagle3").defaults, 0.0, "cpu")
     assert (cfg.seconds, cfg.clock, cfg.device) == (bench.cpu_seconds, "cpu", "cpu")
+    # one rule moves any recipe to an accelerator (network.fit_config and heads.fit both call it)
+    moved = on_device(FitConfig(8400.0, 0, 1e-3, 4, bf16=False), "cuda", 100.0)
+    assert (moved.seconds, moved.clock, moved.bf16, moved.device) == (100.0, "wall", True, "cuda")
+    check_clock(moved)
+    assert on_device(FitConfig(None, 12, 1e-3, 4), "cuda", 100.0).seconds is None   # counted steps stay counted
+    assert on_device(FitConfig(8400.0, 0, 1e-3, 4), "cpu", 100.0) == FitConfig(8400.0, 0, 1e-3, 4)
