@@ -1,7 +1,8 @@
 """llama-cpp-python's prompt lookup on a prompt past one batch (512 tokens), on the real model: a regression test
-for a failure in the prefill. In the heavy tier: two prefills of 700 tokens with every row's logits took 43 s beside the
-other test worker on an AVX2-only EPYC, for one argument of one constructor (methods/llamacpp.py: _build); the rows' own agreement is
-tests/slow/test_llamacpp_rows.py's, in `make test`. Skipped without llama.cpp unless BPDBENCH_REQUIRE_LLAMACPP=1."""
+for a failure in the prefill. In the heavy tier: two prefills of 700 tokens with every row's logits took 43 s
+beside the other test worker on an AVX2-only EPYC, for one argument of one constructor (methods/llamacpp.py:
+_build); the rows' own agreement is tests/slow/test_llamacpp_rows.py's, in `make test`. Skipped without llama.cpp
+unless BPDBENCH_REQUIRE_LLAMACPP=1."""
 from __future__ import annotations
 
 from bpdbench.config import RunConfig

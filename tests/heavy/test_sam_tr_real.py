@@ -1,6 +1,6 @@
-"""SAM[TR] against SAM alone on the real model. In the heavy tier: each of SAM[TR]'s verify steps scores its tree
-with a forward of the 0.5B model, 42 s beside the other test worker on an AVX2-only EPYC; that it is lossless and
-replays exactly is tests/unit/test_sam.py's check on the tiny model, in `make test`."""
+"""SAM[TR] against SAM alone on the real model, in the heavy tier: its tree forwards of the 0.5B model took 42 s
+beside the other test worker on an AVX2-only EPYC. That it is lossless and replays exactly is tests/unit/test_sam.py's
+check on the tiny model, in `make test`."""
 from __future__ import annotations
 
 from bpdbench import models

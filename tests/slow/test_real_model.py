@@ -42,7 +42,8 @@ def test_ar_matches_transformers_generate(fp32_model):
 def test_bpd_smoke_run_is_lossless(loads_once, tmp_path):
     """Two XSum examples, 16 new tokens, float32, with the heads `make demo` trained (the `quick` profile, the
     default). Why not the smaller `ci` heads: after the demo, training those was the slowest thing `make test` did
-    (124 s cold, 11 s warm, with torch held to its AVX2 kernels on an AMD EPYC), and what is checked here is decoding."""
+    (124 s cold, 11 s warm, with torch held to its AVX2 kernels on an AMD EPYC), and what is checked here is
+    decoding."""
     cfg = RunConfig(task="xsum", limit=2, max_new_tokens=16, dtype="float32", heads_profile="quick",
                     max_prompt_tokens=192, out=str(tmp_path / "smoke"))
     row = execute(prepare(cfg, "run"), log=print)
